@@ -1,0 +1,242 @@
+"""The decoding engine: one streaming loop for plain and speculative decoding.
+
+Plain decoding is the same loop with no drafter (every round verifies zero draft tokens).
+Each round: the drafter proposes k tokens; one target forward over [last token, d_1..d_k] gives
+k+1 distributions; the speculative-sampling rule (``sampling.verify``) keeps a prefix and adds
+one correction or bonus token; the KV caches are rolled back past the rejected tokens.
+Structure after gpt-fast's ``speculative_decode`` (pytorch-labs/gpt-fast, generate.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .drafters import Drafter
+from .kv import KVModel
+from .policy import DraftLengthPolicy, FixedDraftLength
+from .sampling import SamplingParams, choose, next_token_probs, verify
+from .stats import DecodeStats
+
+
+@dataclass
+class DecodeEvent:
+    """One streamed step.
+
+    Attributes:
+        token_ids: the new token ids of this step (may be empty on the final event).
+        from_draft: per new token, True when it is an accepted draft token, False when the
+            target produced it (plain step, correction or bonus token).
+        text: the new text since the previous event (held back while it could still turn into
+            a stop string or an incomplete character).
+        stats: a snapshot of the statistics so far (final on the last event).
+        done: True on the last event.
+    """
+
+    token_ids: list[int]
+    from_draft: list[bool]
+    text: str
+    stats: DecodeStats
+    done: bool = False
+
+
+@dataclass
+class DecodeResult:
+    """A whole decode, as :func:`generate` returns it."""
+
+    text: str
+    token_ids: list[int]
+    from_draft: list[bool]
+    stats: DecodeStats
+    events: int = 0
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for queued device work so that a clock read measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+class TextTracker:
+    """Incremental detokenisation with stop strings.
+
+    Decodes the generated ids as a whole each time (no drift between deltas and the final text),
+    holds back a trailing incomplete character and any tail that could begin a stop string.
+
+    Args:
+        tokenizer: a transformers tokenizer (``decode``).
+        stop_strings: strings that end generation; the output text ends before the first one.
+    """
+
+    def __init__(self, tokenizer, stop_strings: tuple[str, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(s for s in stop_strings if s)
+        self.ids: list[int] = []
+        self.text = ""  # decoded text, cut at a stop string once one appeared
+        self.sent = 0  # characters already streamed
+        self.stopped = False
+
+    def add(self, token_id: int) -> None:
+        """Append one token; sets ``stopped`` when the text now contains a stop string."""
+        self.ids.append(token_id)
+        if self.stop_strings:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        cut = min((i for i in (self.text.find(s) for s in self.stop_strings) if i >= 0), default=-1)
+        if cut >= 0:
+            self.text, self.stopped = self.text[:cut], True
+
+    def delta(self, final: bool = False) -> str:
+        """Text not yet streamed that can be streamed safely now (everything when final)."""
+        if not self.stop_strings:
+            self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        end = len(self.text)
+        if not (final or self.stopped):
+            if self.text.endswith("\ufffd"):
+                end -= 1
+            for s in self.stop_strings:  # hold back a tail that may grow into a stop string
+                for n in range(min(len(s) - 1, end), 0, -1):
+                    if self.text[:end].endswith(s[:n]):
+                        end -= n
+                        break
+        end = max(end, self.sent)
+        out, self.sent = self.text[self.sent:end], end
+        return out
+
+
+def decode(
+    target: KVModel,
+    prompt_ids: list[int],
+    tokenizer,
+    *,
+    drafter: Drafter | None = None,
+    policy: DraftLengthPolicy | None = None,
+    params: SamplingParams = SamplingParams(),
+    max_new_tokens: int = 128,
+    eos_token_ids: frozenset[int] = frozenset(),
+    stop_strings: tuple[str, ...] = (),
+    cancel: threading.Event | None = None,
+) -> Iterator[DecodeEvent]:
+    """Decode ``prompt_ids`` with the target, speculatively when a drafter is given.
+
+    Args:
+        target: the target model with its KV cache (reset here).
+        prompt_ids: the P >= 1 prompt token ids.
+        tokenizer: used for text deltas and stop strings.
+        drafter: None for plain decoding.
+        policy: draft length per round; default fixed k = 4. Ignored without a drafter.
+        params: sampling parameters, identical for both modes.
+        max_new_tokens: generation stops after this many new tokens.
+        eos_token_ids: generation stops after emitting any of these (included in token_ids).
+        stop_strings: generation stops once the text contains one; the text ends before it.
+        cancel: when set, generation stops after the current round (finish_reason "cancelled").
+    Yields:
+        DecodeEvent per round; the last has ``done=True`` and the final stats.
+    Raises:
+        ValueError: on an empty prompt or max_new_tokens < 1.
+    """
+    if not prompt_ids:
+        raise ValueError("the prompt is empty: nothing to condition on")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    policy = policy or FixedDraftLength(4)
+    generator = None
+    if params.seed is not None:
+        generator = torch.Generator(device="cpu").manual_seed(params.seed)
+    device = target.device
+    stats = DecodeStats(prompt_tokens=len(prompt_ids),
+                        extra_memory_bytes=drafter.extra_memory_bytes if drafter else 0)
+    context = list(prompt_ids)
+    text = TextTracker(tokenizer, stop_strings)
+    penalised = params.repetition_penalty != 1.0
+
+    def probs_at(logits: torch.Tensor, upto: list[int]) -> torch.Tensor:
+        seen = torch.tensor(upto, device=logits.device) if penalised else _NO_IDS
+        return next_token_probs(logits, seen, params).cpu()
+
+    def emit(tokens: list[int], flags: list[bool]) -> DecodeEvent:
+        """Append tokens one at a time, stopping exactly where plain decoding would."""
+        kept = 0
+        for token in tokens:
+            context.append(token)
+            text.add(token)
+            kept += 1
+            stats.new_tokens += 1
+            if token in eos_token_ids:
+                stats.finish_reason = "eos"
+            elif text.stopped:
+                stats.finish_reason = "stop"
+            elif stats.new_tokens >= max_new_tokens:
+                stats.finish_reason = "length"
+            if stats.finish_reason:
+                break
+        _sync(device)
+        now = time.perf_counter()
+        stats.elapsed_s = now - start
+        if stats.ttft_s is None:
+            stats.ttft_s = stats.elapsed_s
+        done = stats.finish_reason is not None
+        return DecodeEvent(tokens[:kept], flags[:kept], text.delta(final=done), stats.copy(), done)
+
+    start = time.perf_counter()
+    target.reset()
+    logits = target.forward(context, logits_to_keep=1)
+    first = choose(probs_at(logits[-1], context), params, generator)
+    stats.prefill_s = time.perf_counter() - start
+    yield emit([first], [False])
+
+    while stats.finish_reason is None:
+        if cancel is not None and cancel.is_set():
+            stats.finish_reason = "cancelled"
+            yield DecodeEvent([], [], text.delta(final=True), stats.copy(), True)
+            return
+        t0 = time.perf_counter()
+        k = min(policy.choose(), max_new_tokens - stats.new_tokens - 1) if drafter else 0
+        proposal = drafter.propose(context, k, params, generator) if k > 0 else None
+        drafts = proposal.ids[:k] if proposal else []
+        _sync(device)
+        t1 = time.perf_counter()
+        logits = target.forward([context[-1]] + drafts, logits_to_keep=len(drafts) + 1)
+        target_probs = torch.stack([probs_at(logits[i], context + drafts[:i])
+                                    for i in range(len(drafts) + 1)])  # (k+1, V)
+        q = proposal.probs[:len(drafts)].cpu() if proposal and proposal.probs is not None else None
+        n_accepted, next_token = verify(drafts, q, target_probs, params, generator)
+        target.rollback(len(context) + n_accepted)  # keep last token + accepted drafts
+        _sync(device)
+        t2 = time.perf_counter()
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        if drafter:
+            policy.update(len(drafts) + 1, t2 - t1, len(drafts), n_accepted, t1 - t0)
+            drafter.feedback(n_accepted)
+        event = emit(drafts[:n_accepted] + [next_token], [True] * n_accepted + [False])
+        # Count what was verified, but accepted tokens only as far as they were emitted.
+        stats.record_round(len(drafts), min(n_accepted, len(event.token_ids)))
+        stats.extra_memory_bytes = drafter.extra_memory_bytes if drafter else 0
+        event.stats = stats.copy()
+        yield event
+
+
+_NO_IDS = torch.empty(0, dtype=torch.long)
+
+
+def generate(target: KVModel, prompt_ids: list[int], tokenizer, **kwargs) -> DecodeResult:
+    """Run :func:`decode` to the end and collect its events (same arguments)."""
+    ids: list[int] = []
+    flags: list[bool] = []
+    pieces: list[str] = []
+    n = 0
+    for event in decode(target, prompt_ids, tokenizer, **kwargs):
+        ids += event.token_ids
+        flags += event.from_draft
+        pieces.append(event.text)
+        n += 1
+    return DecodeResult("".join(pieces), ids, flags, event.stats, n)

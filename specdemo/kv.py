@@ -1,0 +1,74 @@
+"""A causal LM with its own KV cache: incremental forwards and rollback in one place.
+
+Rollback after a rejection is ``DynamicCache.crop`` (transformers); gpt-fast's position-indexed
+cache is the same idea. Both the target and model drafters use this class.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+
+def cache_bytes(cache: DynamicCache) -> int:
+    """Bytes held by the key/value tensors of a transformers cache."""
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name, None)
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """transformers >= 5.x names the cache argument ``cache``; earlier releases ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class KVModel:
+    """A model plus a KV cache holding the first ``length`` tokens of the sequence it was fed.
+
+    Args:
+        model: a transformers causal LM (``logits_to_keep`` supported), batch size 1.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self._cache_arg = _cache_kwarg(model)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (a fresh, empty cache)."""
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    @torch.inference_mode()
+    def forward(self, ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
+        """Feed ``ids`` after the cached tokens; return the logits of the last positions.
+
+        Args:
+            ids: the S new token ids (S >= 1).
+            logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
+        Returns:
+            (logits_to_keep, V) float logits; row j predicts the token after ids[S - n + j].
+        """
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, S)
+        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep,
+                         **{self._cache_arg: self.cache})
+        self.length += len(ids)
+        return out.logits[0]  # (n, V)
+
+    def rollback(self, length: int) -> None:
+        """Drop cached tokens beyond ``length`` (a no-op when nothing is beyond it)."""
+        if length < self.length:
+            self.cache.crop(length - self.length)  # negative: tokens to remove (old and new API)
+            self.length = length
+
+    @property
+    def cache_bytes(self) -> int:
+        return cache_bytes(self.cache)

@@ -1,0 +1,130 @@
+"""Draft length: fixed k, or adaptive ("auto") by a cost model measured on this machine.
+
+The adaptive rule picks, each round, the k that maximises expected new tokens per unit of time:
+
+    E[tokens | k] = 1 + sum_{i=1..k} prod_{j<=i} a_j        (Leviathan et al. 2023, eq. 1, with
+                                                             per-position acceptance a_j)
+    cost(k)       = t_forward(k + 1) + k * t_draft
+
+where a_j is a running estimate of P(draft token j accepted | tokens before it were),
+t_forward(n) the measured time of a target forward over n tokens, and t_draft the measured time
+per drafted token. k = 0 is a plain step (E = 1, cost = t_forward(1)), so speculation is chosen
+only when it is expected to pay. On a GPU t_forward is nearly flat in n, so long drafts win; on
+a CPU it grows with n (1.3-2.6x for a few tokens), so the rule drafts less or not at all.
+While k = 0 wins, it still probes with a short draft now and then, with a backing-off interval,
+so that it notices when the text becomes predictable again.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class DraftLengthPolicy(Protocol):
+    def choose(self) -> int: ...
+
+    def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
+               draft_s: float) -> None: ...
+
+
+class FixedDraftLength:
+    """Always propose k tokens."""
+
+    def __init__(self, k: int) -> None:
+        if k < 1:
+            raise ValueError(f"draft length must be >= 1, got {k}")
+        self.k = k
+
+    def choose(self) -> int:
+        return self.k
+
+    def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
+               draft_s: float) -> None:
+        pass
+
+
+class AdaptiveDraftLength:
+    """Cost-model draft length (module docstring).
+
+    Args:
+        max_k: longest draft considered.
+        prior_acceptance: a_j before anything was measured.
+        prior_slope: t_forward(n) / t_forward(1) grows by this per extra token before measured.
+        smoothing: weight of a new observation in the running averages.
+    """
+
+    def __init__(self, max_k: int = 8, prior_acceptance: float = 0.6, prior_slope: float = 0.15,
+                 smoothing: float = 0.2) -> None:
+        self.max_k = max_k
+        self.acceptance = [prior_acceptance] * max_k
+        self.prior_slope = prior_slope
+        self.smoothing = smoothing
+        self.forward_s: dict[int, float] = {}  # n tokens -> running mean seconds
+        self.draft_token_s = 0.0
+        self._idle_rounds = 0
+        self._probe_every = 4
+
+    def _avg(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.smoothing * (new - old)
+
+    def forward_time(self, n: int) -> float:
+        """Estimated seconds of a target forward over n tokens (interpolated from measurements)."""
+        if n in self.forward_s:
+            return self.forward_s[n]
+        t1 = self.forward_s.get(1)
+        known = sorted(self.forward_s)
+        if t1 is None:
+            if not known:
+                return 1.0 + self.prior_slope * (n - 1)
+            m = known[0]
+            t1 = self.forward_s[m] / (1.0 + self.prior_slope * (m - 1))
+        below = max((m for m in known if m < n), default=1)
+        above = min((m for m in known if m > n), default=None)
+        t_below = self.forward_s.get(below, t1)
+        if above is None:  # extrapolate with the measured slope, never flatter than the prior's half
+            slope = (t_below - t1) / (below - 1) if below > 1 else self.prior_slope * t1
+            return t_below + max(slope, 0.5 * self.prior_slope * t1) * (n - below)
+        return t_below + (self.forward_s[above] - t_below) * (n - below) / (above - below)
+
+    def expected_rate(self, k: int) -> float:
+        """Expected new tokens per second with draft length k."""
+        tokens, survive = 1.0, 1.0
+        for a in self.acceptance[:k]:
+            survive *= a
+            tokens += survive
+        return tokens / (self.forward_time(k + 1) + k * self.draft_token_s)
+
+    def choose(self) -> int:
+        if 1 not in self.forward_s:
+            return 0  # measure a plain step first: the baseline every choice is compared with
+        best = max(range(self.max_k + 1), key=self.expected_rate)
+        if best > 0:
+            self._idle_rounds, self._probe_every = 0, 4
+            return best
+        self._idle_rounds += 1
+        if self._idle_rounds >= self._probe_every:  # look again, then wait twice as long
+            self._idle_rounds, self._probe_every = 0, min(self._probe_every * 2, 64)
+            return 2
+        return 0
+
+    def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
+               draft_s: float) -> None:
+        self.forward_s[n_forward_tokens] = self._avg(self.forward_s.get(n_forward_tokens), forward_s)
+        if n_drafted:
+            self.draft_token_s = self._avg(self.draft_token_s or None, draft_s / n_drafted)
+            for j in range(min(n_drafted, n_accepted + 1)):
+                self.acceptance[j] = self._avg(self.acceptance[j], 1.0 if j < n_accepted else 0.0)
+
+
+def make_policy(draft_length: int | str) -> DraftLengthPolicy:
+    """``"auto"`` -> AdaptiveDraftLength, an int (or digit string) k -> FixedDraftLength(k).
+
+    Raises:
+        ValueError: for anything else or k outside 1..64.
+    """
+    if draft_length == "auto":
+        return AdaptiveDraftLength()
+    k = int(draft_length)
+    if not 1 <= k <= 64:
+        raise ValueError(f"draft length must be 1..64 or 'auto', got {draft_length!r}")
+    return FixedDraftLength(k)

@@ -1,0 +1,127 @@
+"""Decode statistics: one dataclass, computed in the engine, formatted elsewhere.
+
+Metric names and definitions follow ``DESIGN.md`` ("Metric names"). Every ratio is guarded: a run
+with nothing to divide by reports ``None`` (JSON ``null``), never NaN and never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    """``numerator / denominator``, or ``None`` when the denominator is zero or negative."""
+    return numerator / denominator if denominator > 0 else None
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one decode (plain or speculative). Times are seconds of wall clock.
+
+    The raw counters are filled by the engine while it decodes; the derived metrics are
+    properties, so a snapshot is always self-consistent.
+
+    Attributes:
+        new_tokens: tokens generated, prompt excluded.
+        prompt_tokens: tokens in the prompt (prefill length).
+        ttft_s: seconds from request to first new token (prefill included); None before it.
+        elapsed_s: seconds from request to the last new token.
+        target_forwards: target forward passes after prefill.
+        drafted: draft tokens proposed and verified.
+        accepted: draft tokens accepted.
+        draft_s: seconds spent drafting.
+        verify_s: seconds spent in target forwards after prefill (verification, or plain steps).
+        prefill_s: seconds spent in the prefill forward.
+        position_drafted: ``position_drafted[i]`` = rounds in which draft position i+1 was verified.
+        position_accepted: ``position_accepted[i]`` = rounds in which draft position i+1 was accepted.
+        draft_length: draft length used in the latest round (0 for plain decoding).
+        extra_memory_bytes: bytes the drafter adds (its weights not shared with the target + its
+            KV cache); 0 for plain decoding and for the n-gram drafter.
+        finish_reason: "eos", "stop", "length", "cancelled" or None while running.
+    """
+
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    ttft_s: float | None = None
+    elapsed_s: float = 0.0
+    target_forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    draft_length: int = 0
+    extra_memory_bytes: int = 0
+    finish_reason: str | None = None
+
+    # --- derived metrics (DESIGN.md names) -------------------------------------------------
+    @property
+    def tokens_per_s(self) -> float | None:
+        """new_tokens / seconds from request to last token."""
+        return ratio(self.new_tokens, self.elapsed_s) if self.new_tokens else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """(new_tokens - 1) / seconds from first to last token."""
+        if self.ttft_s is None or self.new_tokens < 2:
+            return None
+        return ratio(self.new_tokens - 1, self.elapsed_s - self.ttft_s)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted (llama.cpp's "draft acceptance rate")."""
+        return ratio(self.accepted, self.drafted)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """New tokens per target forward after prefill (vLLM's definition, bonus token counted).
+
+        The first token comes from prefill, so it is excluded: (new_tokens - 1) / target_forwards.
+        None for a run without speculation (nothing drafted).
+        """
+        if self.drafted == 0:
+            return None
+        return ratio(self.new_tokens - 1, self.target_forwards)
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        """For i = 1..k: P(draft token i accepted | tokens 1..i-1 were)."""
+        return [ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    # --- recording ---------------------------------------------------------------------------
+    def record_round(self, n_drafted: int, n_accepted: int) -> None:
+        """Record one verification round: ``n_drafted`` proposed, the first ``n_accepted`` kept."""
+        self.drafted += n_drafted
+        self.accepted += n_accepted
+        self.target_forwards += 1
+        self.draft_length = n_drafted
+        missing = n_drafted - len(self.position_drafted)
+        if missing > 0:
+            self.position_drafted.extend([0] * missing)
+            self.position_accepted.extend([0] * missing)
+        # Position i is verified only if positions 1..i-1 were accepted (a rejection ends the round).
+        for i in range(min(n_drafted, n_accepted + 1)):
+            self.position_drafted[i] += 1
+            if i < n_accepted:
+                self.position_accepted[i] += 1
+
+    def as_dict(self) -> dict:
+        """All raw counters and derived metrics, JSON-ready (None stays None)."""
+        out = asdict(self)
+        for name in ("tokens_per_s", "decode_tokens_per_s", "acceptance_rate",
+                     "mean_acceptance_length", "per_position_acceptance"):
+            out[name] = getattr(self, name)
+        return out
+
+    def copy(self) -> "DecodeStats":
+        """An independent snapshot (lists copied)."""
+        return DecodeStats(**{**asdict(self)})
+
+
+def speedup(plain: DecodeStats, speculative: DecodeStats) -> float | None:
+    """tokens_per_s(speculative) / tokens_per_s(plain); None when either is unknown."""
+    if plain.tokens_per_s is None or speculative.tokens_per_s is None:
+        return None
+    return ratio(speculative.tokens_per_s, plain.tokens_per_s)
