@@ -228,15 +228,20 @@ def decode(
 _NO_IDS = torch.empty(0, dtype=torch.long)
 
 
-def generate(target: KVModel, prompt_ids: list[int], tokenizer, **kwargs) -> DecodeResult:
-    """Run :func:`decode` to the end and collect its events (same arguments)."""
+def collect(events: Iterator[DecodeEvent]) -> DecodeResult:
+    """Run a decode's events to the end and join them into one result."""
     ids: list[int] = []
     flags: list[bool] = []
     pieces: list[str] = []
     n = 0
-    for event in decode(target, prompt_ids, tokenizer, **kwargs):
+    for event in events:
         ids += event.token_ids
         flags += event.from_draft
         pieces.append(event.text)
         n += 1
     return DecodeResult("".join(pieces), ids, flags, event.stats, n)
+
+
+def generate(target: KVModel, prompt_ids: list[int], tokenizer, **kwargs) -> DecodeResult:
+    """:func:`decode` run to the end (same arguments)."""
+    return collect(decode(target, prompt_ids, tokenizer, **kwargs))

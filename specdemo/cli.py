@@ -1,0 +1,35 @@
+"""Command line: ``python -m specdemo {run,compare,bench,check,presets}``.
+
+Each subcommand lives in the module that owns it; a module takes part by defining
+``register(subparsers)`` which adds its parser and sets ``func`` (args -> exit status).
+Imports are lazy: ``--help`` loads no model and imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that define ``register(subparsers)``; one line each.
+COMMAND_MODULES = (
+    "specdemo.decode_cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specdemo",
+                                     description="Plain vs speculative decoding, measured honestly.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

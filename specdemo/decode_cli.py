@@ -1,0 +1,174 @@
+"""``run`` and ``compare`` subcommands (DESIGN.md, "Command line")."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+NON_MODEL_DRAFTS = ("none", "ngram", "self")
+
+
+def is_model_draft(spec: str) -> bool:
+    """True when ``spec`` names a draft model (not none, ngram, self or early-exit:N)."""
+    return spec not in NON_MODEL_DRAFTS and not spec.startswith("early-exit")
+
+
+def draft_length_arg(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"draft length must be an integer or 'auto', got {value!r}")
+    if not 1 <= k <= 64:
+        raise argparse.ArgumentTypeError(f"draft length must be 1..64 or 'auto', got {k}")
+    return k
+
+
+def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> None:
+    """Flags shared by run, compare and bench."""
+    parser.add_argument("--target", default="builtin:smollm2-135m",
+                        help="HF id, local dir, .gguf file or builtin:<name> (default %(default)s)")
+    parser.add_argument("--draft", default=draft_default,
+                        help="none, ngram, self, early-exit:<layers>, or a model like --target "
+                             "(default %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--draft-length", type=draft_length_arg, default=4, help="k or auto")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--system", default=None, help="system prompt")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--quantization", default=None, choices=["4bit", "8bit"],
+                        help="bitsandbytes quantisation of the target (CUDA only)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow code from the model repository to run (off by default)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def register(sub) -> None:
+    run = sub.add_parser("run", help="decode one prompt (speculatively when --draft is given)")
+    add_decode_flags(run, draft_default="none")
+    run.add_argument("--prompt", required=True)
+    run.set_defaults(func=cmd_run)
+    compare = sub.add_parser("compare", help="plain then speculative on the same prompt")
+    add_decode_flags(compare, draft_default="ngram")
+    compare.add_argument("--prompt", required=True)
+    compare.set_defaults(func=cmd_compare)
+
+
+def settings_from_args(args):
+    from .pipeline import DecodeSettings
+    return DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p,
+                          repetition_penalty=args.repetition_penalty, seed=args.seed,
+                          draft_length=args.draft_length, stop_strings=tuple(args.stop))
+
+
+def pipeline_from_args(args):
+    """Load target (+ draft model) and refuse an incompatible draft with the reason.
+
+    Raises:
+        SystemExit(2) with the reason printed, for load failures and incompatible drafts.
+    """
+    from .models import ModelLoadError, load_model
+    from .pipeline import Pipeline
+    try:
+        target = load_model(args.target, args.device, args.dtype,
+                            trust_remote_code=args.trust_remote_code, quantization=args.quantization)
+        draft = None
+        if is_model_draft(args.draft):
+            refuse_incompatible(args.target, args.draft, args.trust_remote_code)
+            draft = load_model(args.draft, str(target.device), args.dtype,
+                               trust_remote_code=args.trust_remote_code)
+        return Pipeline(target, args.draft, draft)
+    except ModelLoadError as exc:
+        fail(str(exc))
+
+
+def refuse_incompatible(target_spec: str, draft_spec: str, trust_remote_code: bool) -> None:
+    """Exit with the verdict's reasons when the draft's tokenizer cannot serve the target."""
+    from .compat import check_specs
+    verdict = check_specs(target_spec, draft_spec, trust_remote_code=trust_remote_code)
+    if verdict.status == "incompatible":
+        fail(f"draft {draft_spec} is incompatible with target {target_spec}: "
+             + "; ".join(verdict.reasons))
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def cmd_run(args) -> int:
+    pipe = pipeline_from_args(args)
+    settings = settings_from_args(args)
+    try:
+        ids = pipe.prompt_ids(args.prompt, args.system)
+        result = pipe.run(ids, settings, speculative=args.draft != "none") if args.json else None
+        if result is None:
+            result = stream_to_terminal(pipe, ids, settings, args.draft != "none")
+    except ValueError as exc:
+        fail(str(exc))
+    from .pipeline import result_dict
+    if args.json:
+        print(json.dumps(result_dict(result)))
+    else:
+        print()
+        print(format_stats("result", result.stats))
+    return 0
+
+
+def stream_to_terminal(pipe, ids, settings, speculative):
+    from .engine import collect
+
+    def echo(events):
+        for event in events:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+            yield event
+    return collect(echo(pipe.stream(ids, settings, speculative)))
+
+
+def cmd_compare(args) -> int:
+    pipe = pipeline_from_args(args)
+    try:
+        ids = pipe.prompt_ids(args.prompt, args.system)
+        comparison = pipe.compare(ids, settings_from_args(args))
+    except ValueError as exc:
+        fail(str(exc))
+    if args.json:
+        print(json.dumps(comparison.as_dict()))
+        return 0
+    print("plain:\n" + comparison.plain.text + "\n")
+    print(f"speculative ({args.draft}):\n" + comparison.speculative.text + "\n")
+    print(format_stats("plain", comparison.plain.stats))
+    print(format_stats("speculative", comparison.speculative.stats))
+    speed = "n/a" if comparison.speedup is None else f"{comparison.speedup:.2f}x"
+    same = "yes" if comparison.identical else f"no, first divergence at token {comparison.first_divergence}"
+    print(f"speedup: {speed}   identical: {same}")
+    return 0
+
+
+def _fmt(value, spec: str = ".2f", unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def format_stats(label: str, s) -> str:
+    """A few lines of human-readable metrics (DESIGN.md names)."""
+    lines = [f"[{label}] new_tokens={s.new_tokens} tokens_per_s={_fmt(s.tokens_per_s)} "
+             f"decode_tokens_per_s={_fmt(s.decode_tokens_per_s)} ttft_s={_fmt(s.ttft_s, '.3f')} "
+             f"target_forwards={s.target_forwards} finish_reason={s.finish_reason}"]
+    if s.drafted:
+        per_pos = ", ".join(_fmt(a) for a in s.per_position_acceptance)
+        lines.append(f"    drafted={s.drafted} accepted={s.accepted} "
+                     f"acceptance_rate={_fmt(s.acceptance_rate)} "
+                     f"mean_acceptance_length={_fmt(s.mean_acceptance_length)} "
+                     f"per_position_acceptance=[{per_pos}] draft_s={s.draft_s:.2f} "
+                     f"verify_s={s.verify_s:.2f} extra_memory_bytes={s.extra_memory_bytes}")
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""From text to decodes: chat template, settings, drafter per run, plain-vs-speculative comparison.
+
+This is the one place the CLI, the app's race and the benchmark share: they pass a target (and
+optionally a draft model) plus :class:`DecodeSettings`, and get engine events or results back.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .drafters import make_drafter
+from .engine import DecodeEvent, DecodeResult, collect, decode
+from .kv import KVModel
+from .policy import make_policy
+from .sampling import SamplingParams
+from .stats import speedup
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """User-facing knobs, identical for both modes.
+
+    Attributes:
+        max_new_tokens: tokens to generate at most.
+        temperature, top_k, top_p, repetition_penalty, seed: see :class:`SamplingParams`.
+        draft_length: k (int) or "auto".
+        stop_strings: generation ends before the first of these in the text.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    draft_length: int | str = 4
+    stop_strings: tuple[str, ...] = ()
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.repetition_penalty,
+                              self.seed)
+
+
+@dataclass
+class Comparison:
+    """Plain and speculative decodes of one prompt, run one after the other."""
+
+    plain: DecodeResult
+    speculative: DecodeResult
+    speedup: float | None = field(init=False)
+    identical: bool = field(init=False)
+    first_divergence: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.speedup = speedup(self.plain.stats, self.speculative.stats)
+        self.first_divergence = first_divergence(self.plain.token_ids, self.speculative.token_ids)
+        self.identical = self.first_divergence is None
+
+    def as_dict(self) -> dict:
+        return {"plain": result_dict(self.plain), "speculative": result_dict(self.speculative),
+                "speedup": self.speedup, "identical": self.identical,
+                "first_divergence": self.first_divergence}
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (a length difference counts), None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def result_dict(result: DecodeResult) -> dict:
+    """Metric names of DESIGN.md plus ``text``, ``token_ids`` and ``from_draft``."""
+    return {**result.stats.as_dict(), "text": result.text, "token_ids": result.token_ids,
+            "from_draft": result.from_draft}
+
+
+class Pipeline:
+    """A target, a drafter spec and (for model drafts) the draft model.
+
+    Args:
+        target: a loaded target (``models.LoadedModel``: model, tokenizer, vocab_size, eos_token_ids).
+        draft_spec: ``none``, ``ngram``, ``self``, ``early-exit:N`` or the spec of ``draft``.
+        draft: the loaded draft model for model specs, else None.
+    """
+
+    def __init__(self, target, draft_spec: str = "none", draft=None) -> None:
+        self.target = target
+        self.draft_spec = draft_spec
+        self.draft = draft
+        self.kv = KVModel(target.model)
+
+    @property
+    def context_length(self) -> int | None:
+        return getattr(self.target.model.config, "max_position_embeddings", None)
+
+    def prompt_ids(self, messages: list[dict] | str, system: str | None = None) -> list[int]:
+        """Token ids of a prompt: the chat template when the tokenizer has one, else raw text.
+
+        Args:
+            messages: a user message, or a list of {"role", "content"} dicts (multi-turn).
+            system: an optional system prompt.
+        Raises:
+            ValueError: when the prompt is empty.
+        """
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        if not any(m["content"].strip() for m in messages):
+            raise ValueError("the prompt is empty: type something to send")
+        if system:
+            messages = [{"role": "system", "content": system}] + messages
+        tok = self.target.tokenizer
+        if getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "keys"):  # BatchEncoding in newer transformers
+                ids = ids["input_ids"]
+            return list(ids)
+        return tok.encode("\n\n".join(m["content"] for m in messages))
+
+    def check_length(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        """Raise ValueError when prompt + max_new_tokens exceeds the target's context."""
+        limit = self.context_length
+        if limit and len(prompt_ids) >= limit:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens but the model's context is "
+                             f"{limit}; shorten it")
+        if limit and len(prompt_ids) + max_new_tokens > limit:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max new tokens ({max_new_tokens}) "
+                             f"exceeds the model's context of {limit}; lower max new tokens to "
+                             f"{limit - len(prompt_ids)} or less")
+
+    def stream(self, prompt_ids: list[int], settings: DecodeSettings, speculative: bool,
+               cancel: threading.Event | None = None) -> Iterator[DecodeEvent]:
+        """Engine events of one decode; a fresh drafter each call (no state leaks between runs)."""
+        self.check_length(prompt_ids, settings.max_new_tokens)
+        drafter = None
+        if speculative:
+            drafter = make_drafter(self.draft_spec, self.target.model, self.target.vocab_size,
+                                   self.draft.model if self.draft is not None else None)
+        return decode(self.kv, prompt_ids, self.target.tokenizer, drafter=drafter,
+                      policy=make_policy(settings.draft_length), params=settings.sampling,
+                      max_new_tokens=settings.max_new_tokens,
+                      eos_token_ids=self.target.eos_token_ids,
+                      stop_strings=settings.stop_strings, cancel=cancel)
+
+    def run(self, prompt_ids: list[int], settings: DecodeSettings, speculative: bool) -> DecodeResult:
+        """One whole decode."""
+        return collect(self.stream(prompt_ids, settings, speculative))
+
+    def compare(self, prompt_ids: list[int], settings: DecodeSettings) -> Comparison:
+        """Plain, then speculative, each timed alone on the same prompt and settings."""
+        return Comparison(self.run(prompt_ids, settings, False), self.run(prompt_ids, settings, True))

@@ -1,0 +1,45 @@
+"""Stats arithmetic on hand-made runs."""
+
+import json
+import math
+
+from specdemo.stats import DecodeStats, speedup
+
+
+def test_no_drafting_reports_null_not_nan():
+    s = DecodeStats(new_tokens=10, ttft_s=0.5, elapsed_s=2.5, target_forwards=9)
+    d = s.as_dict()
+    assert d["acceptance_rate"] is None
+    assert d["mean_acceptance_length"] is None
+    assert d["per_position_acceptance"] == []
+    assert d["tokens_per_s"] == 4.0
+    assert d["decode_tokens_per_s"] == 9 / 2.0
+    json.dumps(d, allow_nan=False)
+
+
+def test_empty_run():
+    d = DecodeStats().as_dict()
+    assert d["tokens_per_s"] is None and d["decode_tokens_per_s"] is None
+    json.dumps(d, allow_nan=False)
+
+
+def test_rounds_and_positions():
+    s = DecodeStats(new_tokens=1)
+    s.record_round(4, 4)  # all accepted: +5 tokens
+    s.record_round(4, 1)  # position 2 rejected: +2 tokens
+    s.record_round(2, 0)  # first rejected: +1 token
+    s.new_tokens += 5 + 2 + 1
+    assert (s.drafted, s.accepted, s.target_forwards) == (10, 5, 3)
+    assert s.acceptance_rate == 0.5
+    assert s.mean_acceptance_length == 8 / 3
+    assert s.position_drafted == [3, 2, 1, 1]
+    assert s.position_accepted == [2, 1, 1, 1]
+    assert s.per_position_acceptance == [2 / 3, 0.5, 1.0, 1.0]
+    assert s.draft_length == 2
+
+
+def test_speedup():
+    plain = DecodeStats(new_tokens=10, elapsed_s=2.0)
+    spec = DecodeStats(new_tokens=10, elapsed_s=1.0)
+    assert math.isclose(speedup(plain, spec), 2.0)
+    assert speedup(DecodeStats(), spec) is None
