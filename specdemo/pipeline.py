@@ -13,7 +13,7 @@ from typing import Iterator
 from .drafters import make_drafter
 from .engine import DecodeEvent, DecodeResult, collect, decode
 from .kv import KVModel
-from .policy import make_policy
+from .policy import AdaptiveDraftLength, make_policy, measure_forward_s
 from .sampling import SamplingParams
 from .stats import speedup
 
@@ -93,6 +93,13 @@ class Pipeline:
         self.draft_spec = draft_spec
         self.draft = draft
         self.kv = KVModel(target.model)
+        self._forward_s: dict[int, float] | None = None
+
+    def forward_costs(self) -> dict[int, float]:
+        """Seconds of a target forward by width, measured once per pipeline (for ``auto``)."""
+        if self._forward_s is None:
+            self._forward_s = measure_forward_s(self.kv, AdaptiveDraftLength().max_k + 1)
+        return self._forward_s
 
     @property
     def context_length(self) -> int | None:
@@ -136,12 +143,14 @@ class Pipeline:
                cancel: threading.Event | None = None) -> Iterator[DecodeEvent]:
         """Engine events of one decode; a fresh drafter each call (no state leaks between runs)."""
         self.check_length(prompt_ids, settings.max_new_tokens)
-        drafter = None
+        drafter, costs = None, None
+        if speculative and settings.draft_length == "auto":
+            costs = self.forward_costs()  # measured before the clock of this decode starts
         if speculative:
             drafter = make_drafter(self.draft_spec, self.target.model, self.target.vocab_size,
                                    self.draft.model if self.draft is not None else None)
         return decode(self.kv, prompt_ids, self.target.tokenizer, drafter=drafter,
-                      policy=make_policy(settings.draft_length), params=settings.sampling,
+                      policy=make_policy(settings.draft_length, costs), params=settings.sampling,
                       max_new_tokens=settings.max_new_tokens,
                       eos_token_ids=self.target.eos_token_ids,
                       stop_strings=settings.stop_strings, cancel=cancel)

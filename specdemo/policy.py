@@ -17,7 +17,10 @@ so that it notices when the text becomes predictable again.
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
+
+import torch
 
 
 class DraftLengthPolicy(Protocol):
@@ -51,15 +54,18 @@ class AdaptiveDraftLength:
         prior_acceptance: a_j before anything was measured.
         prior_slope: t_forward(n) / t_forward(1) grows by this per extra token before measured.
         smoothing: weight of a new observation in the running averages.
+        forward_s: measured seconds of a target forward over n tokens, n -> s (see
+            :func:`measure_forward_s`); refined while decoding. Without it the first round is a
+            plain step and other widths are extrapolated with ``prior_slope``.
     """
 
     def __init__(self, max_k: int = 8, prior_acceptance: float = 0.6, prior_slope: float = 0.15,
-                 smoothing: float = 0.2) -> None:
+                 smoothing: float = 0.2, forward_s: dict[int, float] | None = None) -> None:
         self.max_k = max_k
         self.acceptance = [prior_acceptance] * max_k
         self.prior_slope = prior_slope
         self.smoothing = smoothing
-        self.forward_s: dict[int, float] = {}  # n tokens -> running mean seconds
+        self.forward_s: dict[int, float] = dict(forward_s or {})  # n tokens -> running mean seconds
         self.draft_token_s = 0.0
         self._idle_rounds = 0
         self._probe_every = 4
@@ -97,14 +103,14 @@ class AdaptiveDraftLength:
     def choose(self) -> int:
         if 1 not in self.forward_s:
             return 0  # measure a plain step first: the baseline every choice is compared with
-        best = max(range(self.max_k + 1), key=self.expected_rate)
-        if best > 0:
+        best = max(range(1, self.max_k + 1), key=self.expected_rate)
+        if self.expected_rate(best) > self.expected_rate(0):
             self._idle_rounds, self._probe_every = 0, 4
             return best
         self._idle_rounds += 1
         if self._idle_rounds >= self._probe_every:  # look again, then wait twice as long
             self._idle_rounds, self._probe_every = 0, min(self._probe_every * 2, 64)
-            return 2
+            return best
         return 0
 
     def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
@@ -116,14 +122,42 @@ class AdaptiveDraftLength:
                 self.acceptance[j] = self._avg(self.acceptance[j], 1.0 if j < n_accepted else 0.0)
 
 
-def make_policy(draft_length: int | str) -> DraftLengthPolicy:
-    """``"auto"`` -> AdaptiveDraftLength, an int (or digit string) k -> FixedDraftLength(k).
+def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3) -> dict[int, float]:
+    """Median seconds of a target forward over n = 1..max_n new tokens after ``context`` tokens.
+
+    On a CPU the cost is not monotonic in n (matrix-multiply kernels change with the row count;
+    for SmolLM2-135M on 2 cores, 3 tokens took longer than 5), so the adaptive policy uses this
+    table instead of a formula. Takes about repeats * max_n forwards; resets ``kv``'s cache.
+
+    Args:
+        kv: a ``KVModel`` over the target.
+    Returns:
+        {n: seconds} for n = 1..max_n.
+    """
+    from .engine import _sync  # local: engine imports this module
+    kv.reset()
+    kv.forward(list(range(1, context + 1)))
+    times: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
+    for _ in range(repeats):
+        for n in times:
+            _sync(kv.device)
+            start = time.perf_counter()
+            kv.forward([1] * n, logits_to_keep=n)
+            _sync(kv.device)
+            times[n].append(time.perf_counter() - start)
+            kv.rollback(context)
+    kv.reset()
+    return {n: sorted(v)[len(v) // 2] for n, v in times.items()}
+
+
+def make_policy(draft_length: int | str, forward_s: dict[int, float] | None = None) -> DraftLengthPolicy:
+    """``"auto"`` -> AdaptiveDraftLength (seeded with ``forward_s``), an int k -> FixedDraftLength(k).
 
     Raises:
         ValueError: for anything else or k outside 1..64.
     """
     if draft_length == "auto":
-        return AdaptiveDraftLength()
+        return AdaptiveDraftLength(forward_s=forward_s)
     k = int(draft_length)
     if not 1 <= k <= 64:
         raise ValueError(f"draft length must be 1..64 or 'auto', got {draft_length!r}")
