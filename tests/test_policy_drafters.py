@@ -1,0 +1,94 @@
+"""Adaptive draft length and the n-gram drafter."""
+
+import pytest
+
+from specdemo.drafters import NgramDrafter, early_exit_view
+from specdemo.policy import AdaptiveDraftLength, FixedDraftLength, make_policy
+from specdemo.sampling import SamplingParams
+from tiny import tiny_llama
+
+CPU_COSTS = {1: 0.055, 2: 0.086, 3: 0.105, 4: 0.079, 5: 0.071, 6: 0.077, 7: 0.094, 8: 0.074, 9: 0.081}
+FLAT = {n: 0.020 for n in range(1, 10)}
+
+
+def feed(policy, rounds, accepted_of):
+    for _ in range(rounds):
+        k = policy.choose()
+        n_acc = accepted_of(k)
+        policy.update(k + 1, policy.forward_time(k + 1), k, n_acc, 0.0)
+
+
+def test_no_speculation_when_nothing_is_accepted():
+    policy = AdaptiveDraftLength(forward_s=CPU_COSTS)
+    feed(policy, 20, lambda k: 0)
+    assert policy.choose() == 0
+    ks = [policy.choose() for _ in range(64)]
+    assert ks.count(0) >= 56  # only occasional probes, backing off
+
+
+def test_long_drafts_when_everything_is_accepted_and_forwards_are_flat():
+    policy = AdaptiveDraftLength(forward_s=FLAT)
+    feed(policy, 20, lambda k: k)
+    assert policy.choose() == policy.max_k
+
+
+def test_avoids_widths_that_are_slow_on_this_machine():
+    """With the measured CPU table, 3 tokens cost more than 5: k=2 is never chosen over k=4."""
+    policy = AdaptiveDraftLength(forward_s=CPU_COSTS)
+    feed(policy, 20, lambda k: k)
+    assert policy.choose() not in (1, 2)
+    assert policy.expected_rate(4) > policy.expected_rate(2)
+
+
+def test_first_round_is_plain_without_measurements():
+    assert AdaptiveDraftLength().choose() == 0
+
+
+def test_make_policy():
+    assert isinstance(make_policy("auto"), AdaptiveDraftLength)
+    assert make_policy(3).choose() == 3
+    with pytest.raises(ValueError):
+        make_policy(0)
+    with pytest.raises(ValueError):
+        FixedDraftLength(0)
+
+
+GREEDY = SamplingParams()
+
+
+def test_ngram_proposes_the_continuation():
+    d = NgramDrafter()
+    context = [5, 6, 7, 8, 9, 1, 5, 6]
+    assert d.propose(context, 3, GREEDY, None).ids == [7, 8, 9]
+    assert d.propose(context + [7], 2, GREEDY, None).ids == [8, 9]  # incremental index
+
+
+def test_ngram_nothing_without_a_match():
+    d = NgramDrafter()
+    assert d.propose([1, 2, 3, 4], 4, GREEDY, None).ids == []
+    assert NgramDrafter(min_ngram=2).propose([1, 2, 3, 1], 4, GREEDY, None).ids == []
+    assert NgramDrafter(min_ngram=1).propose([1, 2, 3, 1], 4, GREEDY, None).ids == [2, 3, 1]
+
+
+def test_ngram_prefers_a_match_with_a_full_continuation():
+    d = NgramDrafter()
+    # (1, 2) occurs at 0 and 4; the latest leaves only 2 tokens before the end, the first gives 3.
+    assert d.propose([1, 2, 3, 4, 1, 2, 1, 2], 3, GREEDY, None).ids == [3, 4, 1]
+    # The latest occurrence wins when it can supply k tokens.
+    assert NgramDrafter().propose([1, 2, 9, 9, 9, 3, 4, 9, 9], 3, GREEDY, None).ids == [3, 4, 9]
+
+
+def test_ngram_rebuilds_when_the_context_is_not_an_extension():
+    d = NgramDrafter()
+    d.propose([1, 2, 3, 1, 2], 1, GREEDY, None)
+    assert d.propose([7, 8, 9, 7, 8], 1, GREEDY, None).ids == [9]
+
+
+def test_early_exit_view_shares_weights_and_runs_fewer_layers():
+    model = tiny_llama(layers=4)
+    view = early_exit_view(model, 2)
+    assert len(view.model.layers) == 2 and len(model.model.layers) == 4
+    assert view.lm_head.weight is model.lm_head.weight
+    assert view.model.layers[0] is model.model.layers[0]
+    with pytest.raises(ValueError, match="1..3"):
+        early_exit_view(model, 4)
