@@ -201,7 +201,7 @@ def decode(
         t0 = time.perf_counter()
         k = min(policy.choose(), max_new_tokens - stats.new_tokens - 1) if drafter else 0
         proposal = drafter.propose(context, k, params, generator) if k > 0 else None
-        drafts = proposal.ids[:k] if proposal else []
+        drafts = proposal.ids[:policy.limit(min(k, len(proposal.ids)))] if proposal else []
         _sync(device)
         t1 = time.perf_counter()
         logits = target.forward([context[-1]] + drafts, logits_to_keep=len(drafts) + 1)

@@ -26,6 +26,8 @@ import torch
 class DraftLengthPolicy(Protocol):
     def choose(self) -> int: ...
 
+    def limit(self, n_proposed: int) -> int: ...
+
     def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
                draft_s: float) -> None: ...
 
@@ -40,6 +42,10 @@ class FixedDraftLength:
 
     def choose(self) -> int:
         return self.k
+
+    def limit(self, n_proposed: int) -> int:
+        """Verify every proposed token."""
+        return n_proposed
 
     def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
                draft_s: float) -> None:
@@ -112,6 +118,12 @@ class AdaptiveDraftLength:
             self._idle_rounds, self._probe_every = 0, min(self._probe_every * 2, 64)
             return best
         return 0
+
+    def limit(self, n_proposed: int) -> int:
+        """How many of a proposal's tokens are worth verifying: a drafter may return fewer than
+        asked (n-gram lookup), and a forward over that width may cost more than a wider or a
+        plain one on this machine; verify the prefix with the best expected rate (0 = none)."""
+        return max(range(n_proposed + 1), key=lambda m: (self.expected_rate(m), -m))
 
     def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
                draft_s: float) -> None:

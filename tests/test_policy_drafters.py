@@ -92,3 +92,13 @@ def test_early_exit_view_shares_weights_and_runs_fewer_layers():
     assert view.model.layers[0] is model.model.layers[0]
     with pytest.raises(ValueError, match="1..3"):
         early_exit_view(model, 4)
+
+
+def test_limit_trims_short_proposals_that_do_not_pay():
+    policy = AdaptiveDraftLength(forward_s=CPU_COSTS)
+    feed(policy, 20, lambda k: 0)
+    assert policy.limit(5) == 0  # nothing gets accepted: verify nothing, take a plain step
+    policy = AdaptiveDraftLength(forward_s=CPU_COSTS)
+    feed(policy, 20, lambda k: k)
+    assert policy.limit(8) == 8
+    assert FixedDraftLength(4).limit(3) == 3
