@@ -14,6 +14,8 @@ import sys
 # Modules that define ``register(subparsers)``; one line each.
 COMMAND_MODULES = (
     "specdemo.decode_cli",
+    "specdemo.presets",
+    "specdemo.compat",
 )
 
 

@@ -1,0 +1,167 @@
+"""Compatibility verdicts from tokenizers built in-process, the CLI, and the real refusal
+(Gemma 3 270M drafting for SmolLM2-135M)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from specdemo.compat import check_compatibility, check_specs, non_model_verdict
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<eot>"]
+WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
+TEMPLATE = "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}"
+
+
+def make_tokenizer(words=WORDS, specials=SPECIALS, bos="<s>", eos="</s>", template=TEMPLATE,
+                   extra_special=()) -> PreTrainedTokenizerFast:
+    """A WordLevel tokenizer: ids 0..3 are specials, then ``words`` in order."""
+    vocab = {tok: i for i, tok in enumerate(list(specials) + list(words))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token=bos,
+                                  eos_token=eos, additional_special_tokens=list(extra_special) or None)
+    tok.chat_template = template
+    return tok
+
+
+def test_identical_tokenizers_are_compatible():
+    verdict = check_compatibility(make_tokenizer(), make_tokenizer())
+    assert verdict.status == "compatible"
+    assert verdict.exit_status == 0 and verdict.ok
+    assert "same vocabulary: 14 tokens with identical token->id maps" in verdict.reasons[0]
+
+
+def test_padded_embedding_rows_are_compatible():
+    """Same tokenizer, target model padded to more rows (Qwen2.5-7B vs 0.5B): compatible."""
+    from tiny import tiny_llama
+
+    tok = make_tokenizer()
+    target, draft = tiny_llama(vocab_size=64), tiny_llama(vocab_size=14)
+    verdict = check_compatibility(tok, make_tokenizer(),
+                                  target_rows=target.get_input_embeddings().num_embeddings,
+                                  draft_rows=draft.get_input_embeddings().num_embeddings)
+    assert verdict.status == "compatible"
+    assert any("target pads its embeddings to 64 rows for 14 token ids" in r for r in verdict.reasons)
+
+
+def test_too_few_embedding_rows_are_incompatible():
+    verdict = check_compatibility(make_tokenizer(), make_tokenizer(), draft_rows=10)
+    assert verdict.status == "incompatible"
+    assert verdict.exit_status == 2
+    assert any("draft model has 10 embedding rows but its tokenizer uses ids up to 13" in r
+               for r in verdict.reasons)
+
+
+def test_one_token_text_differing_is_incompatible_and_named():
+    draft_words = [w if w != "cat" else "cow" for w in WORDS]
+    verdict = check_compatibility(make_tokenizer(), make_tokenizer(words=draft_words))
+    assert verdict.status == "incompatible"
+    text = " ".join(verdict.reasons)
+    assert "1 token id(s) mean different text: id 5 is 'cat' to the target but 'cow' to the draft" in text
+    assert "draft vocabulary lacks 1 of the target's 14 tokens; first: 'cat'" in text
+
+
+def test_different_eos_is_compatible_with_warnings_naming_both():
+    verdict = check_compatibility(make_tokenizer(eos="</s>"), make_tokenizer(eos="<eot>"))
+    assert verdict.status == "compatible with warnings"
+    assert verdict.exit_status == 0
+    assert any("EOS differs: target '</s>' (id 2), draft '<eot>' (id 3)" in r for r in verdict.reasons)
+
+
+def test_different_bos_is_compatible_with_warnings_naming_both():
+    verdict = check_compatibility(make_tokenizer(bos="<s>"), make_tokenizer(bos="<eot>"))
+    assert verdict.status == "compatible with warnings"
+    assert any("BOS differs: target '<s>' (id 1), draft '<eot>' (id 3)" in r for r in verdict.reasons)
+
+
+def test_different_chat_template_is_a_warning():
+    verdict = check_compatibility(make_tokenizer(), make_tokenizer(template="{{ messages }}"))
+    assert verdict.status == "compatible with warnings"
+    assert any("chat templates differ" in r for r in verdict.reasons)
+    only = check_compatibility(make_tokenizer(), make_tokenizer(template=None))
+    assert any("only the target has a chat template" in r for r in only.reasons)
+
+
+def test_extra_special_token_in_target_only_is_a_warning():
+    target = make_tokenizer(extra_special=["<think>"])
+    verdict = check_compatibility(target, make_tokenizer())
+    assert verdict.status == "compatible with warnings"
+    assert any("draft lacks 1 of the target's special tokens: '<think>'" in r for r in verdict.reasons)
+
+
+def test_disjoint_vocabularies_are_incompatible_with_the_missing_tokens_named():
+    other = ["le", "chat", "assis", "sur", "tapis", "un", "chien", "couru", "loin", "parti"]
+    verdict = check_compatibility(make_tokenizer(), make_tokenizer(words=other))
+    assert verdict.status == "incompatible"
+    text = " | ".join(verdict.reasons)
+    assert "different tokenizers: target WordLevel tokenizer" in text and "with 14 tokens" in text
+    assert ("draft vocabulary lacks 10 of the target's 14 tokens; "
+            "first: 'the', 'cat', 'sat', 'on', 'mat', ...") in text
+
+
+def test_missing_regular_tokens_are_incompatible_even_with_the_same_prefix():
+    verdict = check_compatibility(make_tokenizer(), make_tokenizer(words=WORDS[:7]))
+    assert verdict.status == "incompatible"
+    assert any("lacks 3 of the target's 14 tokens; first: 'ran', 'far', 'away'" in r for r in verdict.reasons)
+
+
+def test_extra_draft_tokens_are_a_warning():
+    verdict = check_compatibility(make_tokenizer(), make_tokenizer(words=WORDS + ["extra"]))
+    assert verdict.status == "compatible with warnings"
+    assert any("draft has 1 tokens the target lacks (never accepted): 'extra'" in r for r in verdict.reasons)
+
+
+@pytest.mark.parametrize("spec", ["none", "ngram", "self", "early-exit:8"])
+def test_non_model_drafters_are_always_compatible_without_loading(spec):
+    verdict = check_specs("no/such-model-anywhere", spec)
+    assert verdict.status == "compatible"
+    assert verdict.reasons and verdict == non_model_verdict(spec)
+
+
+# --- through models.load_tokenizer (specdemo.models) -----------------------------------------
+
+@pytest.fixture
+def models_module():
+    return pytest.importorskip("specdemo.models", reason="specdemo.models not written yet")
+
+
+def test_verdict_is_recomputed_when_files_change(tmp_path, monkeypatch, models_module):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    make_tokenizer().save_pretrained(target)
+    make_tokenizer().save_pretrained(draft)
+    assert check_specs(str(target), str(draft)).status == "compatible"
+    make_tokenizer(words=[w.upper() for w in WORDS]).save_pretrained(draft)  # edit the draft in place
+    assert check_specs(str(target), str(draft)).status == "incompatible"
+
+
+def test_real_refusal_gemma3_draft_for_smollm2_target(models_module):
+    verdict = check_specs("builtin:smollm2-135m", "builtin:gemma3-270m")
+    assert verdict.status == "incompatible"
+    text = " | ".join(verdict.reasons)
+    assert ("different tokenizers: target BPE tokenizer of 'builtin:smollm2-135m' with 49,152 tokens, "
+            "draft BPE tokenizer of 'builtin:gemma3-270m' with 262,144 tokens") in text
+    assert "draft vocabulary lacks" in text and "of the target's 49,152 tokens; first: " in text
+
+
+def test_check_command_exit_status_and_json(models_module, capsys):
+    from specdemo.cli import main
+
+    status = main(["check", "--target", "builtin:smollm2-135m", "--draft", "builtin:gemma3-270m", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert status == 2
+    assert out["status"] == "incompatible" and out["reasons"]
+    assert main(["check", "--target", "builtin:smollm2-135m", "--draft", "builtin:smollm2-135m"]) == 0
+    assert "builtin:smollm2-135m -> builtin:smollm2-135m: compatible" in capsys.readouterr().out
+
+
+def test_check_command_reports_unloadable_tokenizer(tmp_path, models_module, capsys):
+    from specdemo.cli import main
+
+    status = main(["check", "--target", str(tmp_path / "missing"), "--draft", str(tmp_path / "gone")])
+    assert status == 1
+    assert capsys.readouterr().out.startswith("error: cannot load a tokenizer")
