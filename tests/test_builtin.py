@@ -1,0 +1,77 @@
+"""The real built-in model (SmolLM2-135M-Instruct from the PyPI wheel), through the command line."""
+
+import json
+
+import pytest
+
+from specdemo.cli import main
+from specdemo.prompts import load_prompts
+
+METRICS = {"new_tokens", "ttft_s", "tokens_per_s", "decode_tokens_per_s", "target_forwards",
+           "drafted", "accepted", "acceptance_rate", "mean_acceptance_length",
+           "per_position_acceptance", "draft_s", "verify_s", "extra_memory_bytes"}
+COPY_PROMPT = load_prompts(["grounded"])["grounded"][0]
+
+
+def run_cli(capsys, *argv):
+    status = main(list(argv))
+    out = capsys.readouterr().out
+    return status, out
+
+
+def test_run_json_has_every_metric(capsys):
+    status, out = run_cli(capsys, "run", "--target", "builtin:smollm2-135m", "--prompt",
+                          "What is the capital of France?", "--max-new-tokens", "12", "--json")
+    assert status == 0
+    result = json.loads(out)
+    assert METRICS | {"text", "token_ids"} <= set(result)
+    assert result["new_tokens"] == len(result["token_ids"]) <= 12
+    assert result["drafted"] == 0 and result["acceptance_rate"] is None
+    assert "Paris" in result["text"]
+
+
+@pytest.mark.parametrize("draft", ["ngram", "self", "early-exit:8"])
+def test_compare_is_lossless_on_the_copy_prompt(capsys, draft):
+    status, out = run_cli(capsys, "compare", "--target", "builtin:smollm2-135m", "--draft", draft,
+                          "--prompt", COPY_PROMPT, "--max-new-tokens", "40", "--json")
+    assert status == 0
+    result = json.loads(out)
+    assert result["identical"] is True and result["first_divergence"] is None
+    spec = result["speculative"]
+    assert spec["token_ids"] == result["plain"]["token_ids"]
+    assert 0 < spec["accepted"] <= spec["drafted"]
+    assert sum(spec["from_draft"]) == spec["accepted"]
+    assert spec["mean_acceptance_length"] == (spec["new_tokens"] - 1) / spec["target_forwards"]
+    if draft == "self":
+        assert spec["acceptance_rate"] == 1.0
+    if draft == "ngram":
+        assert spec["extra_memory_bytes"] == 0
+    else:
+        assert spec["extra_memory_bytes"] > 0  # its own KV cache
+
+
+def test_sampling_with_a_seed_is_reproducible(capsys):
+    argv = ["run", "--target", "builtin:smollm2-135m", "--draft", "ngram", "--prompt", COPY_PROMPT,
+            "--max-new-tokens", "16", "--temperature", "0.8", "--top-p", "0.9", "--seed", "3", "--json"]
+    first = json.loads(run_cli(capsys, *argv)[1])
+    second = json.loads(run_cli(capsys, *argv)[1])
+    assert first["token_ids"] == second["token_ids"]
+
+
+def test_stop_string_on_the_real_model(capsys):
+    status, out = run_cli(capsys, "compare", "--target", "builtin:smollm2-135m", "--draft", "ngram",
+                          "--prompt", COPY_PROMPT, "--max-new-tokens", "40", "--stop", "return",
+                          "--json")
+    result = json.loads(out)
+    assert result["identical"] is True
+    for side in ("plain", "speculative"):
+        assert "return" not in result[side]["text"]
+        assert result[side]["finish_reason"] == "stop"
+
+
+def test_context_overflow_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--target", "builtin:smollm2-135m", "--prompt", "hi", "--max-new-tokens",
+              "100000"])
+    assert exc.value.code == 2
+    assert "exceeds the model's context" in capsys.readouterr().err
