@@ -1,0 +1,469 @@
+"""The fair race: plain decoding, then speculative decoding, each alone on the device.
+
+Running both decodes at the same time on one device would make each slow the other down, so
+neither pane's counters would be true. Instead the race runs the lanes one after the other, in a
+worker thread that never waits for the UI, and records every engine event with the time the
+engine measured for it (``stats.elapsed_s``, from that decode's own start). A replay then plays
+both lanes side by side at their measured pace, so the faster one visibly finishes first.
+
+One generator drives both panes (FastChat's side-by-side arena advances two generators in one
+event); it yields :class:`RaceSnapshot` objects that know nothing about the UI. An error in one
+lane (load failure, out of memory, bad input) is kept in that lane's record; the other lane runs.
+
+No metric is computed here: stats come from the engine, speedup and first divergence from
+``stats`` and ``pipeline``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from .stats import DecodeStats, speedup
+
+if TYPE_CHECKING:  # torch loads with the pipeline: only when a race runs, not at import
+    from .pipeline import DecodeSettings, Pipeline
+
+PLAIN, SPECULATIVE = "plain", "speculative"
+
+# Lane states, in the order a lane goes through them.
+WAITING, LOADING, RUNNING, DONE, STOPPED, SKIPPED, ERROR = (
+    "waiting", "loading", "running", "done", "stopped", "skipped", "error")
+FINISHED = (DONE, STOPPED, SKIPPED, ERROR)
+
+
+@dataclass
+class Lane:
+    """One side of the race.
+
+    Attributes:
+        name: ``plain`` or ``speculative`` (any unique name works).
+        speculative: whether this lane decodes with the pipeline's drafter.
+        pipeline: returns the pipeline to decode with; called in the worker, so a slow model load
+            happens there (status ``loading``) and a failure becomes this lane's error.
+        messages: this lane's conversation, ``[{"role", "content"}, ...]`` ending with the user's
+            new message (each pane keeps its own history).
+    """
+
+    name: str
+    speculative: bool
+    pipeline: Callable[[], Pipeline]
+    messages: list[dict]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One engine event as the race recorded it.
+
+    Attributes:
+        t_s: the event's ``stats.elapsed_s``: seconds since that decode started.
+        token_ids, from_draft, text, stats: as in :class:`specdemo.engine.DecodeEvent`.
+    """
+
+    t_s: float
+    token_ids: tuple[int, ...]
+    from_draft: tuple[bool, ...]
+    text: str
+    stats: DecodeStats
+
+
+class TokenPieces:
+    """The text of each generated token, for highlighting: ``pieces[i]`` is what token i added.
+
+    Decodes growing prefixes of the ids with the tokenizer (the same call the engine uses for the
+    text), so the pieces join to the decoded text; a token that ends inside a multi-byte character
+    gets ``""`` and the next one carries the character.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.pieces: list[str] = []
+        self._text = ""
+
+    def extend(self, token_ids) -> None:
+        """Add the pieces of ``token_ids`` (appended after the ids seen so far)."""
+        for token in token_ids:
+            self.ids.append(token)
+            text = self.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd")
+            common = len(os.path.commonprefix([text, self._text]))
+            self.pieces.append(text[common:])
+            self._text = text
+
+
+@dataclass
+class LaneRecord:
+    """What one lane produced so far; written by the worker thread only.
+
+    Attributes:
+        status: waiting, loading, running, done, stopped (Stop pressed mid-run), skipped (Stop
+            pressed before it started) or error.
+        error: a readable sentence when status is error (or why it was skipped).
+        steps: every engine event, in order.
+        tokenizer: the target's tokenizer, once the pipeline is loaded (for token pieces).
+        speculative: whether the lane decodes speculatively.
+    """
+
+    name: str
+    speculative: bool
+    status: str = WAITING
+    error: str | None = None
+    steps: list[Step] = field(default_factory=list)
+    tokenizer: object = None
+
+
+@dataclass(frozen=True)
+class PaneView:
+    """One pane at one moment: what the UI shows.
+
+    Attributes:
+        tokens: (text piece, from_draft) per generated token, in order.
+        stats: the latest stats snapshot, None before the first token.
+        steps_shown: how many recorded steps this view includes.
+    """
+
+    name: str
+    status: str
+    error: str | None
+    text: str
+    token_ids: tuple[int, ...]
+    tokens: tuple[tuple[str, bool], ...]
+    stats: DecodeStats | None
+    steps_shown: int
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+
+@dataclass(frozen=True)
+class RaceSnapshot:
+    """Both panes at one moment, and how they compare.
+
+    Attributes:
+        panes: {lane name: PaneView}, in lane order.
+        phase: the lane running now, ``replay``, or ``done``.
+        clock_s: during a replay, the replay clock in measured seconds; else None.
+        speedup: tokens_per_s(speculative) / tokens_per_s(plain), once both have tokens.
+        first_divergence: index of the first differing token once both lanes finished, else None.
+        identical: True/False once both lanes finished with tokens, else None.
+    """
+
+    panes: dict[str, PaneView]
+    phase: str
+    clock_s: float | None = None
+    speedup: float | None = None
+    first_divergence: int | None = None
+    identical: bool | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+
+def describe_error(exc: BaseException) -> str:
+    """A readable sentence for an exception raised while loading or decoding."""
+    text = str(exc).strip() or type(exc).__name__
+    if "out of memory" in text.lower() or type(exc).__name__ == "OutOfMemoryError":
+        return ("out of memory: " + text.splitlines()[0] + ". Lower max new tokens, choose a smaller"
+                " preset or a smaller draft")
+    if isinstance(exc, (ValueError,)) or type(exc).__name__ == "ModelLoadError":
+        return text
+    return f"{type(exc).__name__}: {text}"
+
+
+def _free_device_memory() -> None:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # best effort after an out-of-memory error
+        pass
+
+
+class Race:
+    """Run lanes one after the other and expose their progress as snapshots.
+
+    Args:
+        lanes: the lanes, run one after the other in this order.
+        settings: decode settings, identical for every lane.
+        system: optional system prompt for every lane.
+        cancel: set it to stop the lane running now (it keeps what it produced) and skip the rest.
+        device_lock: held for the whole race, so that nothing else sharing it (model loads,
+            tokenizer checks) takes CPU or device time while a lane is being timed.
+    """
+
+    def __init__(self, lanes: list[Lane], settings: DecodeSettings, system: str | None = None,
+                 cancel: threading.Event | None = None,
+                 device_lock: threading.RLock | None = None) -> None:
+        if len({lane.name for lane in lanes}) != len(lanes):
+            raise ValueError("lane names must be unique")
+        self.lanes = list(lanes)
+        self.settings = settings
+        self.system = system or None
+        self.cancel = cancel or threading.Event()
+        self.device_lock = device_lock or threading.RLock()
+        self.records = {lane.name: LaneRecord(lane.name, lane.speculative) for lane in lanes}
+        self._changed = threading.Condition()
+        self._pieces: dict[str, TokenPieces] = {}
+        self._thread: threading.Thread | None = None
+
+    # --- the worker ------------------------------------------------------------------------
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _run_lane(self, lane: Lane, record: LaneRecord) -> None:
+        if self.cancel.is_set():
+            record.status, record.error = SKIPPED, "stopped before this run started"
+            return
+        try:
+            record.status = LOADING
+            self._notify()
+            pipe = lane.pipeline()
+            record.tokenizer = pipe.target.tokenizer
+            ids = pipe.prompt_ids(lane.messages, self.system)
+            events = pipe.stream(ids, self.settings, lane.speculative, self.cancel)
+            record.status = RUNNING
+            self._notify()
+            for event in events:  # nothing slow in this loop: the engine's clock is running
+                record.steps.append(Step(event.stats.elapsed_s, tuple(event.token_ids),
+                                         tuple(event.from_draft), event.text, event.stats))
+                self._notify()
+            last = record.steps[-1].stats if record.steps else None
+            record.status = STOPPED if last and last.finish_reason == "cancelled" else DONE
+        except Exception as exc:  # kept in this lane; the other lanes still run
+            record.status, record.error = ERROR, describe_error(exc)
+            _free_device_memory()
+
+    def _work(self) -> None:
+        try:
+            if self.lanes:  # waiting for the device (a load or check in progress) reads as loading
+                self.records[self.lanes[0].name].status = LOADING
+                self._notify()
+            with self.device_lock:
+                for lane in self.lanes:
+                    self._run_lane(lane, self.records[lane.name])
+                    self._notify()
+        finally:
+            self._notify()
+
+    def start(self) -> None:
+        """Start the worker thread (once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="specdemo-race", daemon=True)
+            self._thread.start()
+
+    @property
+    def finished(self) -> bool:
+        return all(r.status in FINISHED for r in self.records.values())
+
+    # --- snapshots ---------------------------------------------------------------------------
+    def _view(self, record: LaneRecord, upto: int | None = None, status: str | None = None) -> PaneView:
+        steps = record.steps[:upto] if upto is not None else list(record.steps)
+        ids = tuple(t for s in steps for t in s.token_ids)
+        flags = tuple(f for s in steps for f in s.from_draft)
+        pieces = self._pieces.get(record.name)
+        if pieces is None and record.tokenizer is not None:
+            pieces = self._pieces[record.name] = TokenPieces(record.tokenizer)
+        if pieces is not None and len(pieces.ids) < len(ids):
+            pieces.extend(ids[len(pieces.ids):])
+        texts = pieces.pieces[:len(ids)] if pieces is not None else [""] * len(ids)
+        return PaneView(record.name, status or record.status, record.error,
+                        "".join(s.text for s in steps), ids, tuple(zip(texts, flags)),
+                        steps[-1].stats if steps else None, len(steps))
+
+    def _snapshot(self, views: dict[str, PaneView], phase: str, clock_s: float | None = None) -> RaceSnapshot:
+        from .pipeline import first_divergence
+        plain, spec = views.get(PLAIN), views.get(SPECULATIVE)
+        gain = divergence = identical = None
+        if plain and spec and plain.stats and spec.stats:
+            gain = speedup(plain.stats, spec.stats)
+            if plain.finished and spec.finished:
+                divergence = first_divergence(list(plain.token_ids), list(spec.token_ids))
+                identical = divergence is None
+        return RaceSnapshot(views, phase, clock_s, gain, divergence, identical)
+
+    def snapshot(self) -> RaceSnapshot:
+        """Both panes as recorded so far."""
+        running = next((r.name for r in self.records.values() if r.status not in FINISHED), "done")
+        return self._snapshot({name: self._view(r) for name, r in self.records.items()}, running)
+
+    def run(self, min_interval_s: float = 0.1) -> Iterator[RaceSnapshot]:
+        """Start the race and yield snapshots as lanes progress, the last one with phase ``done``.
+
+        Yields at most one snapshot per ``min_interval_s`` (events in between are merged), so a
+        slow consumer never slows the decode. Closing the generator early stops the race.
+        """
+        self.start()
+        last_yield = 0.0
+        try:
+            while True:
+                with self._changed:
+                    if not self.finished:
+                        self._changed.wait(timeout=max(min_interval_s, 0.01))
+                if self.finished:
+                    break
+                now = time.monotonic()
+                if now - last_yield >= min_interval_s:
+                    last_yield = now
+                    yield self.snapshot()
+            self._thread.join()
+            yield self.snapshot()
+        finally:
+            if not self.finished:  # closed early (client gone): stop the decode
+                self.cancel.set()
+
+    # --- replay ------------------------------------------------------------------------------
+    def schedule(self) -> list[tuple[float, str, int]]:
+        """(measured time, lane name, steps shown) per recorded step, in time order.
+
+        Every lane's clock starts at 0 (its own decode start), so merging by time puts both lanes
+        on one clock as if they had run side by side, each at its measured pace.
+        """
+        points = [(step.t_s, name, i + 1)
+                  for name, record in self.records.items() for i, step in enumerate(record.steps)]
+        return sorted(points, key=lambda p: (p[0], p[2]))
+
+    def replay(self, speed: float = 1.0, fps: float = 20.0, cancel: threading.Event | None = None,
+               clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> Iterator[RaceSnapshot]:
+        """Play the recorded race back with both lanes side by side at their measured pace.
+
+        Args:
+            speed: playback rate (2.0 plays twice as fast).
+            fps: at most this many snapshots per second of wall time.
+            cancel: when set, the replay jumps to the end.
+            clock, sleep: injectable for tests.
+        Yields:
+            Snapshots with phase ``replay`` and ``clock_s`` in measured seconds, then one ``done``.
+        """
+        if self._thread is not None:
+            self._thread.join()
+        shown = {name: 0 for name in self.records}
+        start = clock()
+        frame_s = 1.0 / fps
+
+        def views(final: bool = False) -> dict[str, PaneView]:
+            out = {}
+            for name, record in self.records.items():
+                n = shown[name]
+                done = final or n == len(record.steps)
+                status = record.status if done else (RUNNING if n else WAITING)
+                out[name] = self._view(record, n, status)
+            return out
+
+        points = self.schedule()
+        i = 0
+        while i < len(points) and not (cancel and cancel.is_set()):
+            due_s = points[i][0] / speed
+            wait_s = due_s - (clock() - start)
+            if wait_s > 0:
+                sleep(wait_s)
+            # Take every step due within this frame, then show one snapshot.
+            horizon = (clock() - start + frame_s) * speed
+            while i < len(points) and points[i][0] <= horizon:
+                _, name, n = points[i]
+                shown[name] = max(shown[name], n)
+                i += 1
+            yield self._snapshot(views(), "replay", points[i - 1][0])
+        shown = {name: len(r.steps) for name, r in self.records.items()}
+        yield self._snapshot(views(final=True), "done")
+
+
+class PipelineCache:
+    """Pipelines by (target, draft, dtype, quantization, device); models load on first use.
+
+    Plain lanes use the target with draft ``none``; a model draft is checked with
+    ``compat.check_specs`` before it is loaded and refused with the verdict's reasons.
+
+    Args:
+        load: ``models.load_model`` (injectable for tests).
+        check: ``compat.check_specs`` (injectable for tests).
+        lock: held while loading; share it with other code that loads models or tokenizers so
+            that loads never run concurrently (transformers' lazy imports are not thread-safe).
+    """
+
+    def __init__(self, load: Callable | None = None, check: Callable | None = None,
+                 lock: threading.RLock | None = None) -> None:
+        self._load = load
+        self._check = check
+        self._pipelines: dict[tuple, Pipeline] = {}
+        self.lock = lock or threading.RLock()
+
+    def _loader(self) -> Callable:
+        if self._load is None:
+            from .models import load_model
+            self._load = load_model
+        return self._load
+
+    def _checker(self) -> Callable:
+        if self._check is None:
+            from .compat import check_specs
+            self._check = check_specs
+        return self._check
+
+    def get(self, target: str, draft: str = "none", dtype: str = "auto",
+            quantization: str | None = None, device: str = "auto") -> Pipeline:
+        """The pipeline for this pairing, loading what is missing.
+
+        Raises:
+            ModelLoadError: a model cannot be loaded.
+            ValueError: the draft is incompatible with the target (the reasons are in the message).
+        """
+        quantization = None if quantization in (None, "none") else quantization
+        key = (target, draft, dtype, quantization, device)
+        if key in self._pipelines:  # loaded: no need to wait for a load in progress elsewhere
+            return self._pipelines[key]
+        with self.lock:
+            from .decode_cli import is_model_draft
+            from .pipeline import Pipeline
+            if key in self._pipelines:
+                return self._pipelines[key]
+            loaded = self._loader()(target, device, dtype, quantization=quantization)
+            draft_model = None
+            if is_model_draft(draft):
+                verdict = self._checker()(target, draft)
+                if verdict.status == "incompatible":
+                    raise ValueError(f"draft {draft} cannot serve target {target}: "
+                                     + "; ".join(verdict.reasons[:2]))
+                draft_model = self._loader()(draft, str(loaded.device), dtype)
+            pipe = Pipeline(loaded, draft, draft_model)
+            warm_up(pipe)
+            self._pipelines[key] = pipe
+            return pipe
+
+    def loaded(self, target: str, draft: str = "none", dtype: str = "auto",
+               quantization: str | None = None, device: str = "auto") -> Pipeline | None:
+        """The pipeline if it is loaded already, else None (never loads)."""
+        quantization = None if quantization in (None, "none") else quantization
+        return self._pipelines.get((target, draft, dtype, quantization, device))
+
+
+def warm_up(pipe: Pipeline, prompt: str = "hi") -> None:
+    """Decode a few tokens in both modes, untimed, so that one-time costs (first forwards,
+    allocator growth, kernel selection) do not land in the first race's plain run only."""
+    from .pipeline import DecodeSettings
+    settings = DecodeSettings(max_new_tokens=4, draft_length=2)
+    ids = pipe.prompt_ids(prompt)
+    for speculative in (False, True):
+        for _ in pipe.stream(ids, settings, speculative):
+            pass
+
+
+def race_lanes(cache: PipelineCache, target: str, draft: str, histories: dict[str, list[dict]],
+               prompt: str, dtype: str = "auto", quantization: str | None = None) -> list[Lane]:
+    """The two standard lanes: plain (draft ``none``) then speculative (``draft``).
+
+    Args:
+        histories: {``plain``/``speculative``: earlier messages of that pane}.
+        prompt: the user's new message, appended to both histories.
+    """
+    def lane(name: str, speculative: bool, draft_spec: str) -> Lane:
+        messages = list(histories.get(name, [])) + [{"role": "user", "content": prompt}]
+        return Lane(name, speculative,
+                    lambda: cache.get(target, draft_spec, dtype, quantization), messages)
+    return [lane(PLAIN, False, "none"), lane(SPECULATIVE, True, draft)]

@@ -1,0 +1,260 @@
+"""The race scheduler on tiny random models: order, timing, replay, Stop and per-pane errors."""
+
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from specdemo.models import ModelLoadError
+from specdemo.pipeline import DecodeSettings, Pipeline
+from specdemo.race import (DONE, ERROR, PLAIN, RUNNING, SKIPPED, SPECULATIVE, STOPPED, WAITING,
+                           Lane, PipelineCache, Race, Step, TokenPieces, race_lanes)
+from specdemo.stats import DecodeStats
+from tiny import CharTokenizer, tiny_llama
+
+PROMPT = "the cat sat on the mat. the cat sat on the"
+
+
+@dataclass
+class FakeLoaded:
+    """What Pipeline needs from models.LoadedModel."""
+
+    model: torch.nn.Module
+    tokenizer: object = field(default_factory=CharTokenizer)
+    vocab_size: int = 32
+    eos_token_ids: frozenset = frozenset()
+    device: torch.device = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return FakeLoaded(tiny_llama(seed=0, layers=3))
+
+
+def lanes(loaded, draft="self", plain=None, spec=None):
+    messages = [{"role": "user", "content": PROMPT}]
+    plain = plain or (lambda: Pipeline(loaded, "none"))
+    spec = spec or (lambda: Pipeline(loaded, draft))
+    return [Lane(PLAIN, False, plain, messages), Lane(SPECULATIVE, True, spec, messages)]
+
+
+SETTINGS = DecodeSettings(max_new_tokens=30, draft_length=4)
+
+
+def test_race_runs_plain_then_speculative_and_matches(loaded):
+    race = Race(lanes(loaded), SETTINGS)
+    snaps = list(race.run(min_interval_s=0.0))
+    final = snaps[-1]
+    assert final.done and [s.phase for s in snaps].count("done") == 1
+    plain, spec = final.panes[PLAIN], final.panes[SPECULATIVE]
+    assert plain.status == DONE and spec.status == DONE
+    # Never concurrent: whenever the speculative lane shows tokens, plain had finished.
+    for snap in snaps:
+        if snap.panes[SPECULATIVE].steps_shown:
+            assert snap.panes[PLAIN].status == DONE
+    assert plain.stats.new_tokens == spec.stats.new_tokens == 30
+    assert spec.token_ids == plain.token_ids and final.identical is True
+    assert final.first_divergence is None
+    # Self-drafting: every token but the prefill one and the bonus tokens is an accepted draft.
+    flags = [f for _, f in spec.tokens]
+    assert sum(flags) == spec.stats.accepted == spec.stats.drafted
+    assert spec.stats.accepted == 30 - 1 - spec.stats.target_forwards
+    assert not any(f for _, f in plain.tokens)
+    # Token pieces join to the text of each pane.
+    assert "".join(t for t, _ in spec.tokens) == spec.text == plain.text
+    assert final.speedup == pytest.approx(spec.stats.tokens_per_s / plain.stats.tokens_per_s)
+
+
+def test_steps_carry_each_decodes_own_clock(loaded):
+    race = Race(lanes(loaded, draft="ngram"), SETTINGS)
+    list(race.run())
+    for record in race.records.values():
+        times = [s.t_s for s in record.steps]
+        assert times == sorted(times)
+        assert times[-1] == record.steps[-1].stats.elapsed_s
+        assert times[0] == record.steps[0].stats.ttft_s
+        assert sum(len(s.token_ids) for s in record.steps) == record.steps[-1].stats.new_tokens
+
+
+def manual_race(plain_times, spec_times):
+    """A race whose records are written by hand: one token per step at the given times."""
+    race = Race(lanes(None), SETTINGS)
+    for name, times in ((PLAIN, plain_times), (SPECULATIVE, spec_times)):
+        record = race.records[name]
+        for i, t in enumerate(times):
+            stats = DecodeStats(new_tokens=i + 1, elapsed_s=t, ttft_s=times[0],
+                                finish_reason="length" if i == len(times) - 1 else None)
+            record.steps.append(Step(t, (i + 1,), (name == SPECULATIVE,), "x", stats))
+        record.status = DONE
+    return race
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+        self.sleeps = []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_schedule_merges_lanes_by_measured_time():
+    race = manual_race([0.1, 0.2, 0.3, 0.4], [0.05, 0.25])
+    assert race.schedule() == [(0.05, SPECULATIVE, 1), (0.1, PLAIN, 1), (0.2, PLAIN, 2),
+                               (0.25, SPECULATIVE, 2), (0.3, PLAIN, 3), (0.4, PLAIN, 4)]
+
+
+def test_replay_plays_at_measured_pace():
+    race = manual_race([0.1, 0.2, 0.3, 0.4], [0.05, 0.25])
+    clock = FakeClock()
+    snaps = list(race.replay(fps=1000, clock=clock, sleep=clock.sleep))
+    replay = [s for s in snaps if s.phase == "replay"]
+    assert [s.clock_s for s in replay] == [0.05, 0.1, 0.2, 0.25, 0.3, 0.4]
+    assert clock.now == pytest.approx(0.4)  # played in real time, no faster, no slower
+    # The speculative lane finishes at 0.25 s while plain is still running.
+    at_spec_end = replay[3]
+    assert at_spec_end.panes[SPECULATIVE].status == DONE
+    assert at_spec_end.panes[PLAIN].status == RUNNING
+    assert at_spec_end.panes[PLAIN].steps_shown == 2
+    assert replay[0].panes[PLAIN].status == WAITING
+    assert snaps[-1].done and snaps[-1].panes[PLAIN].steps_shown == 4
+    # Half speed takes twice as long.
+    clock = FakeClock()
+    list(race.replay(speed=0.5, fps=1000, clock=clock, sleep=clock.sleep))
+    assert clock.now == pytest.approx(0.8)
+
+
+def test_replay_merges_steps_within_a_frame_and_stops_on_cancel():
+    race = manual_race([0.01, 0.02, 0.03, 1.0], [0.015])
+    clock = FakeClock()
+    snaps = list(race.replay(fps=10, clock=clock, sleep=clock.sleep))
+    assert [s.clock_s for s in snaps if s.phase == "replay"] == [0.03, 1.0]
+    cancel = threading.Event()
+    cancel.set()
+    snaps = list(race.replay(cancel=cancel, clock=clock, sleep=clock.sleep))
+    assert len(snaps) == 1 and snaps[0].done and snaps[0].panes[PLAIN].steps_shown == 4
+
+
+class StopAfter(Pipeline):
+    """Sets the race's cancel event after ``n`` events, as the Stop button would."""
+
+    def __init__(self, loaded, n, cancel):
+        super().__init__(loaded, "none")
+        self.n, self.cancel_event = n, cancel
+
+    def stream(self, prompt_ids, settings, speculative, cancel=None):
+        for i, event in enumerate(super().stream(prompt_ids, settings, speculative, cancel)):
+            if i + 1 == self.n:
+                self.cancel_event.set()
+            yield event
+
+
+def test_stop_keeps_what_was_produced(loaded):
+    cancel = threading.Event()
+    race = Race(lanes(loaded, plain=lambda: StopAfter(loaded, 4, cancel)), SETTINGS, cancel=cancel)
+    final = list(race.run())[-1]
+    plain, spec = final.panes[PLAIN], final.panes[SPECULATIVE]
+    assert plain.status == STOPPED and plain.stats.finish_reason == "cancelled"
+    assert plain.stats.new_tokens == 4 and len(plain.token_ids) == 4 and len(plain.text) == 4
+    assert spec.status == SKIPPED and spec.steps_shown == 0 and "stopped" in spec.error
+    assert final.identical is None
+
+
+def test_closing_the_generator_cancels_the_decode(loaded):
+    race = Race(lanes(loaded), DecodeSettings(max_new_tokens=400))
+    gen = race.run(min_interval_s=0.0)
+    next(gen)
+    gen.close()
+    assert race.cancel.is_set()
+    race._thread.join(timeout=30)
+    assert race.finished
+
+
+def test_error_in_one_pane_leaves_the_other(loaded):
+    def broken():
+        raise ModelLoadError("could not load the draft: file missing")
+    final = list(Race(lanes(loaded, spec=broken), SETTINGS).run())[-1]
+    assert final.panes[SPECULATIVE].status == ERROR
+    assert final.panes[SPECULATIVE].error == "could not load the draft: file missing"
+    assert final.panes[PLAIN].status == DONE and final.panes[PLAIN].stats.new_tokens == 30
+    assert final.identical is None and final.speedup is None
+
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    final = list(Race(lanes(loaded, plain=oom), SETTINGS).run())[-1]
+    assert final.panes[PLAIN].status == ERROR and final.panes[PLAIN].error.startswith("out of memory")
+    assert final.panes[SPECULATIVE].status == DONE
+
+
+def test_bad_input_is_a_readable_message_in_each_pane(loaded):
+    final = list(Race(lanes(loaded), DecodeSettings(max_new_tokens=600)).run())[-1]
+    for pane in final.panes.values():
+        assert pane.status == ERROR
+        assert "exceeds the model's context of 512" in pane.error
+
+
+class ByteTokenizer:
+    """Ids are UTF-8 bytes; decoding a cut character gives U+FFFD."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_token_pieces_keep_multibyte_characters_whole():
+    pieces = TokenPieces(ByteTokenizer())
+    pieces.extend(list("aé".encode()))
+    pieces.extend(list("€b".encode()))
+    assert pieces.pieces == ["a", "", "é", "", "", "€", "b"]
+
+
+def test_pipeline_cache_loads_once_and_refuses_incompatible_drafts(loaded):
+    calls = []
+
+    def load(spec, device="auto", dtype="auto", **kwargs):
+        calls.append(spec)
+        return loaded
+
+    @dataclass
+    class Verdict:
+        status: str
+        reasons: list
+
+    def check(target, draft):
+        return Verdict("incompatible", ["different tokenizers: 49,152 vs 262,144 tokens"])
+
+    cache = PipelineCache(load, check)
+    assert cache.loaded("t") is None
+    first = cache.get("t")
+    assert cache.get("t") is first and cache.loaded("t") is first and calls == ["t"]
+    assert cache.get("t", "ngram").draft_spec == "ngram"
+    with pytest.raises(ValueError, match="different tokenizers"):
+        cache.get("t", "other/model")
+    assert "other/model" not in calls
+    race = Race(race_lanes(cache, "t", "other/model", {PLAIN: [], SPECULATIVE: []}, PROMPT),
+                SETTINGS)
+    final = list(race.run())[-1]
+    assert final.panes[PLAIN].status == DONE
+    assert final.panes[SPECULATIVE].status == ERROR and "cannot serve" in final.panes[SPECULATIVE].error
+
+
+def test_race_holds_the_device_lock_while_it_runs(loaded):
+    lock = threading.RLock()
+    seen = []
+
+    def probe():
+        """Runs in the race's worker: can another thread take the lock now?"""
+        free = []
+        t = threading.Thread(target=lambda: free.append(lock.acquire(blocking=False)))
+        t.start()
+        t.join()
+        seen.append(free[0])
+        return Pipeline(loaded, "none")
+
+    final = list(Race(lanes(loaded, plain=probe), SETTINGS, device_lock=lock).run())[-1]
+    assert seen == [False] and final.panes[PLAIN].status == DONE
+    assert lock.acquire(blocking=False)  # released afterwards

@@ -1,0 +1,184 @@
+"""The real app on the built-in model, driven through gradio_client (as gradio's own tests do)."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+
+from gradio_client import Client  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+from gradio_client.utils import Status  # noqa: E402
+
+from specdemo import ui  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog by the river."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def other_address() -> str | None:
+    """A non-loopback address of this machine (``hostname -I``), or None."""
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    addresses = [a for a in out.split() if ":" not in a and not a.startswith("127.")]
+    return addresses[0] if addresses else None
+
+
+def answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    demo = ui.build_ui()
+    ui.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True)
+    yield port
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(f"http://127.0.0.1:{server}/", verbose=False)
+
+
+def race(client, **kwargs):
+    kwargs.setdefault("prompt", PROMPT)
+    kwargs.setdefault("max_new_tokens", 24)
+    return client.predict(api_name="/race", **kwargs)
+
+
+def check_pane(pane):
+    assert pane["status"] == "done" and pane["error"] is None
+    assert pane["new_tokens"] == len(pane["token_ids"]) == len(pane["from_draft"])
+    assert sum(pane["from_draft"]) == pane["accepted"] <= pane["drafted"]
+    assert pane["tokens_per_s"] == pytest.approx(pane["new_tokens"] / pane["elapsed_s"])
+    assert 0 < pane["ttft_s"] <= pane["elapsed_s"]
+
+
+def test_race_api_both_panes_finish_and_agree(client):
+    result = race(client, draft="ngram", draft_length="4")
+    plain, spec = result["plain"], result["speculative"]
+    check_pane(plain)
+    check_pane(spec)
+    assert plain["drafted"] == 0 and plain["acceptance_rate"] is None
+    assert spec["new_tokens"] == plain["new_tokens"]
+    assert spec["token_ids"] == plain["token_ids"] and spec["text"] == plain["text"]
+    assert result["identical"] is True and result["first_divergence"] is None
+    assert spec["drafted"] > 0  # the answer copies the prompt: prompt lookup has something to propose
+    assert spec["mean_acceptance_length"] == pytest.approx(
+        (spec["new_tokens"] - 1) / spec["target_forwards"])
+    assert result["speedup"] == pytest.approx(spec["tokens_per_s"] / plain["tokens_per_s"])
+    assert result["draft"] == "ngram"
+
+
+def test_self_draft_marks_every_drafted_token(client):
+    result = race(client, prompt="Write a long story about a lighthouse keeper.", draft="self",
+                  draft_length="4", max_new_tokens=17)
+    spec = result["speculative"]
+    check_pane(spec)
+    assert result["identical"] is True and spec["finish_reason"] == "length"
+    # 1 prefill token, 3 rounds of 4 accepted drafts + 1 bonus token, then 1 plain step (no room
+    # left to draft): 1 + 15 + 1 = 17 tokens, 12 drafted, 12 accepted, 4 target forwards.
+    assert spec["accepted"] == spec["drafted"] == 12 and spec["target_forwards"] == 4
+    assert spec["acceptance_rate"] == 1.0
+
+
+def test_stop_keeps_what_was_produced(client):
+    job = client.submit(api_name="/race", prompt="Write a long story about a lighthouse keeper.",
+                        max_new_tokens=400, draft="ngram")
+    time.sleep(3)
+    client.predict(api_name="/stop")
+    result = job.result(timeout=120)
+    plain, spec = result["plain"], result["speculative"]
+    assert plain["status"] == "stopped" and plain["finish_reason"] == "cancelled"
+    assert 1 <= plain["new_tokens"] < 400 and len(plain["token_ids"]) == plain["new_tokens"]
+    assert spec["status"] == "skipped" and "stopped" in spec["error"]
+    assert result["identical"] is None
+
+
+def test_bad_inputs_give_readable_messages(client):
+    with pytest.raises(AppError, match="prompt is empty"):
+        race(client, prompt="   ")
+    result = race(client, prompt="hi", max_new_tokens=9000)
+    for name in ("plain", "speculative"):
+        assert result[name]["status"] == "error"
+        assert "exceeds the model's context of 8192" in result[name]["error"]
+
+
+def test_refused_draft_fails_only_its_pane(client):
+    result = race(client, draft="builtin:gemma3-270m", max_new_tokens=8)
+    assert result["plain"]["status"] == "done" and result["plain"]["new_tokens"] == 8
+    assert result["speculative"]["status"] == "error"
+    assert "cannot serve" in result["speculative"]["error"]
+    assert "different tokenizers" in result["speculative"]["error"]
+
+
+def test_two_clients_are_queued_not_run_together(server):
+    first, second = (Client(f"http://127.0.0.1:{server}/", verbose=False) for _ in range(2))
+    job1 = first.submit(api_name="/race", prompt=PROMPT, max_new_tokens=24, draft="ngram")
+    time.sleep(0.5)
+    job2 = second.submit(api_name="/race", prompt=PROMPT, max_new_tokens=24, draft="ngram")
+    seen = set()
+    while not job1.done():
+        seen.add(job2.status().code)
+        time.sleep(0.05)
+    r1, r2 = job1.result(timeout=120), job2.result(timeout=120)
+    assert Status.IN_QUEUE in seen
+    assert r1["plain"]["token_ids"] == r2["plain"]["token_ids"]
+    assert r1["identical"] and r2["identical"]
+
+
+def test_listens_on_loopback_only(server):
+    assert answers("127.0.0.1", server)
+    other = other_address()
+    if other is None:
+        pytest.skip("this machine has no non-loopback address to test against")
+    assert not answers(other, server)
+
+
+def test_host_flag_changes_the_address():
+    other = other_address()
+    if other is None:
+        pytest.skip("this machine has no non-loopback address to test against")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "app.py", "--no-browser", "--host", other,
+                             "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not answers(other, port) and time.monotonic() < deadline:
+            assert proc.poll() is None, "app.py exited early"
+            time.sleep(0.3)
+        assert answers(other, port)
+        assert not answers("127.0.0.1", port)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_privacy_line_states_the_facts(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    line = ui.privacy_html("127.0.0.1", share=False)
+    for fact in ("listening on 127.0.0.1", "usage analytics off", "no share link",
+                 "HF_HUB_OFFLINE=1", "remote code from model repositories: off"):
+        assert fact in line
+    line = ui.privacy_html("0.0.0.0", share=True)
+    assert "reachable from your network" in line and "share link ON" in line
