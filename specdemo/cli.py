@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "specdemo.decode_cli",
     "specdemo.presets",
     "specdemo.compat",
+    "specdemo.bench",
 )
 
 

@@ -445,13 +445,16 @@ class PipelineCache:
 
 def warm_up(pipe: Pipeline, prompt: str = "hi") -> None:
     """Decode a few tokens in both modes, untimed, so that one-time costs (first forwards,
-    allocator growth, kernel selection) do not land in the first race's plain run only."""
+    allocator growth, kernel selection) do not land in the first race's plain run only; with a
+    drafter, also measure the forward costs that draft length ``auto`` needs."""
     from .pipeline import DecodeSettings
     settings = DecodeSettings(max_new_tokens=4, draft_length=2)
     ids = pipe.prompt_ids(prompt)
     for speculative in (False, True):
         for _ in pipe.stream(ids, settings, speculative):
             pass
+    if pipe.draft_spec != "none":
+        pipe.forward_costs()
 
 
 def race_lanes(cache: PipelineCache, target: str, draft: str, histories: dict[str, list[dict]],

@@ -43,7 +43,8 @@ FLOAT_REASON = (
 LOAD_LOCK = threading.RLock()
 UPDATE_INTERVAL_S = 0.15  # at most ~7 page updates a second while racing: cheap for the browser
 CACHE = PipelineCache(lock=LOAD_LOCK)
-_CANCELS: dict[str, threading.Event] = {}
+_CANCELS: dict[str, set[threading.Event]] = {}  # session hash -> Stop events of its runs
+_CANCELS_LOCK = threading.Lock()
 _VERDICTS: dict[tuple[str, str], Any] = {}
 
 
@@ -276,18 +277,28 @@ def chat_messages(turns: list[dict], speculative: bool, highlight: bool) -> list
     return out
 
 
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "default"
+
+
 def _session_cancel(request: gr.Request | None) -> threading.Event:
-    """A fresh Stop event for this browser session (Stop sets the latest one)."""
+    """A fresh Stop event for a race or replay of this browser session (Stop sets them all)."""
     event = threading.Event()
-    _CANCELS[getattr(request, "session_hash", None) or "default"] = event
+    with _CANCELS_LOCK:
+        _CANCELS.setdefault(_session(request), set()).add(event)
     return event
 
 
+def _forget_cancel(request: gr.Request | None, event: threading.Event) -> None:
+    with _CANCELS_LOCK:
+        _CANCELS.get(_session(request), set()).discard(event)
+
+
 def stop(request: gr.Request) -> None:
-    """End the running race or replay of this session; what was produced is kept."""
-    event = _CANCELS.get(getattr(request, "session_hash", None) or "default")
-    if event is not None:
-        event.set()
+    """End the running race and replay of this session; what was produced is kept."""
+    with _CANCELS_LOCK:
+        for event in _CANCELS.pop(_session(request), set()):
+            event.set()
 
 
 # --- handlers ------------------------------------------------------------------------------
@@ -336,10 +347,13 @@ def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, m
     race = _new_race(prompt, system, preset_name, draft, settings, conv, request)
     upto = len(conv[PLAIN])
     snap, box = None, ""  # empty the prompt box once, then leave what the user types next
-    for snap in race.run(min_interval_s=UPDATE_INTERVAL_S):
-        yield _render(snap, conv, prompt, upto, highlight, settings.temperature) + (
-            gr.skip(), gr.skip(), box, gr.skip())
-        box = gr.skip()
+    try:
+        for snap in race.run(min_interval_s=UPDATE_INTERVAL_S):
+            yield _render(snap, conv, prompt, upto, highlight, settings.temperature) + (
+                gr.skip(), gr.skip(), box, gr.skip())
+            box = gr.skip()
+    finally:
+        _forget_cancel(request, race.cancel)
     conv = {name: conv[name] + [turn_of(prompt, snap.panes[name])] for name in PANES}
     replayable = {"race": race, "prompt": prompt, "upto": upto}
     yield _render(snap, conv, prompt, upto, highlight, settings.temperature) + (
@@ -351,8 +365,12 @@ def replay(replayable, conv, highlight, request: gr.Request):
     if not replayable:
         raise gr.Error("Nothing to replay yet: send a prompt first.")
     race, prompt, upto = replayable["race"], replayable["prompt"], replayable["upto"]
-    for snap in race.replay(cancel=_session_cancel(request)):
-        yield _render(snap, conv, prompt, upto, highlight, race.settings.temperature)
+    cancel = _session_cancel(request)
+    try:
+        for snap in race.replay(cancel=cancel):
+            yield _render(snap, conv, prompt, upto, highlight, race.settings.temperature)
+    finally:
+        _forget_cancel(request, cancel)
 
 
 def rerender(conv, highlight):
@@ -504,7 +522,10 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     k = draft_length if draft_length not in (None, "") else pairing["draft_length"]
     settings = _settings(temperature, 1.0, max_new_tokens, -1, k)
     race = _new_race(prompt, None, preset, draft, settings, new_conversation(), request)
-    snap = list(race.run(min_interval_s=1.0))[-1]
+    try:
+        snap = list(race.run(min_interval_s=1.0))[-1]
+    finally:
+        _forget_cancel(request, race.cancel)
     return {PLAIN: _pane_dict(snap.panes[PLAIN]), SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE]),
             "speedup": snap.speedup, "identical": snap.identical,
             "first_divergence": snap.first_divergence, "preset": preset,

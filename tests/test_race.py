@@ -212,7 +212,9 @@ def test_token_pieces_keep_multibyte_characters_whole():
     assert pieces.pieces == ["a", "", "é", "", "", "€", "b"]
 
 
-def test_pipeline_cache_loads_once_and_refuses_incompatible_drafts(loaded):
+def test_pipeline_cache_loads_once_and_refuses_incompatible_drafts():
+    # 80 rows: warm-up measures forward costs (for draft length auto) on ids up to 64.
+    loaded = FakeLoaded(tiny_llama(seed=0, layers=2, vocab_size=80), vocab_size=80)
     calls = []
 
     def load(spec, device="auto", dtype="auto", **kwargs):

@@ -182,3 +182,46 @@ def test_privacy_line_states_the_facts(monkeypatch):
         assert fact in line
     line = ui.privacy_html("0.0.0.0", share=True)
     assert "reachable from your network" in line and "share link ON" in line
+
+
+# --- the page's helpers and the Send handler, in-process -----------------------------------
+
+def test_tokens_html_marks_one_span_per_token():
+    tokens = [("def", False), (" f", True), ("", True), ("<x>\n", False)]
+    out = ui.tokens_html(tokens, highlight=True)
+    assert out.count('class="sd-tok sd-draft"') == 2
+    assert out.count('class="sd-tok sd-target"') == 2
+    assert "&lt;x&gt;<br>" in out and "\n" not in out  # escaped, no newline for markdown to parse
+    assert "sd-tok " not in ui.tokens_html(tokens, highlight=False)
+
+
+def test_failed_turns_stay_visible_but_out_of_the_model_prompt():
+    turns = [{"user": "a", "text": "A", "tokens": [["A", False]], "status": "done", "error": None},
+             {"user": "b", "text": "", "tokens": [], "status": "error", "error": "out of memory"},
+             {"user": "c", "text": "C", "tokens": [["C", True]], "status": "stopped", "error": None}]
+    assert ui.model_messages(turns) == [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "A"},
+        {"role": "user", "content": "c"}, {"role": "assistant", "content": "C"}]
+    shown = ui.chat_messages(turns, speculative=True, highlight=True)
+    assert [m["role"] for m in shown] == ["user", "assistant"] * 3
+    assert "out of memory" in shown[3]["content"] and "sd-draft" in shown[5]["content"]
+
+
+def test_send_handler_keeps_two_multi_turn_histories(server):
+    """Two turns through the Send handler: each pane's second prompt holds its own first answer."""
+    from types import SimpleNamespace
+    request = SimpleNamespace(session_hash="test-multi-turn")
+    conv, outputs = ui.new_conversation(), None
+    for prompt in ("Name a colour.", "Name another one."):
+        for outputs in ui.send(prompt, "Answer in one word.", None, "ngram", "2", 0.0, 1.0, 8, -1,
+                               True, conv, request):
+            pass
+        conv, last = outputs[5], outputs[6]
+    assert [len(conv[name]) for name in ("plain", "speculative")] == [2, 2]
+    messages = last["race"].lanes[0].messages
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[1]["content"] == conv["plain"][0]["text"] and messages[2]["content"] == "Name another one."
+    assert last["race"].system == "Answer in one word."
+    plain_chat, spec_chat = outputs[0], outputs[1]
+    assert len(plain_chat) == len(spec_chat) == 4
+    assert 'data-identical="true"' in outputs[4]

@@ -1,0 +1,225 @@
+"""The app's Benchmark tab: the ``bench`` sweep with a progress bar, its plots and the CSV.
+
+:func:`build_benchmark_tab` adds the components to the gradio Blocks (or Tab) being built, so the
+app places it in a tab and a test can wrap it in ``gr.Blocks()`` alone. Every number comes from
+:mod:`specdemo.bench` (the same cells the CSV holds); this module only lays them out.
+Run standalone with ``python -m specdemo.bench_ui``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+
+import gradio as gr
+
+from . import bench
+from .prompts import TASKS, load_prompts
+
+DRAFT_LENGTH_CHOICES = ["1", "2", "3", "4", "6", "8", "12", "16", "auto"]
+CONCURRENCY_CHOICES = ["1", "2", "4", "8", "16"]
+TABLE_COLUMNS = ("task", "draft_length", "engine", "plain_tokens_per_s", "tokens_per_s", "speedup",
+                 "speedup_min", "speedup_max", "acceptance_rate", "mean_acceptance_length",
+                 "ttft_s", "identical", "status")
+FALLBACK = {"target": "builtin:smollm2-135m", "draft": "ngram", "dtype": "auto", "quantization": "none"}
+INTRO = (
+    "**Does speculation pay for this model, task and machine, and with which draft length?** "
+    "For every task prompt this runs plain decoding once, then speculative decoding at each draft "
+    "length, in our engine and (reference column) through transformers' own `generate()` on the "
+    "same model object. Decodes run one at a time, so each is timed alone; on a CPU a full sweep "
+    "takes minutes. The CSV and the report hold the same numbers as the plots.")
+
+
+@dataclass
+class BenchmarkTab:
+    """The tab's components (for the app to wire further and for tests)."""
+
+    preset: gr.Dropdown
+    target: gr.Textbox
+    draft: gr.Textbox
+    tasks: gr.CheckboxGroup
+    draft_lengths: gr.CheckboxGroup
+    max_new_tokens: gr.Slider
+    repeats: gr.Slider
+    prompts_per_task: gr.Slider
+    temperature: gr.Slider
+    reference: gr.Checkbox
+    concurrency: gr.CheckboxGroup
+    run: gr.Button
+    summary: gr.Markdown
+    table: gr.Dataframe
+    speedup_plot: gr.Plot
+    acceptance_plot: gr.Plot
+    tokens_plot: gr.Plot
+    concurrency_plot: gr.Plot
+    csv_file: gr.File
+    report_file: gr.File
+
+
+_PIPELINES = None  # a race.PipelineCache, made on first use (tests may put their own here)
+
+
+def pipelines():
+    """The tab's pipeline cache: ``get(target, draft, dtype, quantization) -> Pipeline``.
+    Weights are shared process-wide by ``models.load_model``, so this adds no model copies."""
+    global _PIPELINES
+    if _PIPELINES is None:
+        from .race import PipelineCache
+        _PIPELINES = PipelineCache()
+    return _PIPELINES
+
+
+def _presets() -> tuple[list, str | None]:
+    """(presets, default preset name); a broken preset file leaves the list empty."""
+    from .presets import PresetError, list_presets
+    try:
+        presets = list(list_presets())
+    except PresetError:
+        return [], None
+    default = next((p.name for p in presets if p.default), presets[0].name if presets else None)
+    return presets, default
+
+
+def pairing(preset_name: str | None) -> dict:
+    """target, draft, dtype and quantization of a preset (a fallback when there is none)."""
+    presets, _ = _presets()
+    for p in presets:
+        if p.name == preset_name:
+            return {"target": p.target, "draft": p.draft, "dtype": p.dtype,
+                    "quantization": p.quantization}
+    return dict(FALLBACK)
+
+
+def config_from_inputs(tasks, draft_lengths, max_new_tokens, repeats, prompts_per_task,
+                       temperature, reference, concurrency) -> bench.BenchConfig:
+    """The form's values as a :class:`bench.BenchConfig` (ValueError with what to fix)."""
+    lengths = bench.parse_draft_lengths(",".join(draft_lengths or []))
+    order = {k: i for i, k in enumerate(DRAFT_LENGTH_CHOICES)}
+    lengths = tuple(sorted(lengths, key=lambda k: order.get(str(k), len(order))))
+    return bench.BenchConfig(tasks=tuple(t for t in TASKS if t in (tasks or [])),
+                             draft_lengths=lengths, max_new_tokens=int(max_new_tokens),
+                             repeats=int(repeats), temperature=float(temperature),
+                             prompts_per_task=int(prompts_per_task), reference=bool(reference),
+                             concurrency=tuple(sorted(int(n) for n in concurrency or [])))
+
+
+def results_table(sweep: bench.Sweep):
+    """The cells as a DataFrame with the table's columns (values exactly as in the CSV)."""
+    import pandas as pd
+    return pd.DataFrame([[bench.fmt(c.get(col)) for col in TABLE_COLUMNS] for c in sweep.cells],
+                        columns=list(TABLE_COLUMNS))
+
+
+def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
+                  prompts_per_task, temperature, reference, concurrency, progress=gr.Progress()):
+    """The Run button: load, sweep with progress, write the files, show plots and table.
+
+    Raises:
+        gr.Error: bad settings, a model that cannot be loaded, or an incompatible draft.
+    """
+    try:
+        config = config_from_inputs(tasks, draft_lengths, max_new_tokens, repeats,
+                                    prompts_per_task, temperature, reference, concurrency)
+    except ValueError as exc:
+        raise gr.Error(str(exc))
+    pair = pairing(preset_name)
+    target, draft = (target or pair["target"]).strip(), (draft or pair["draft"]).strip()
+    progress(0, desc=f"loading {target} + {draft}")
+    try:
+        pipe = pipelines().get(target, draft, pair["dtype"] if target == pair["target"] else "auto",
+                   pair["quantization"] if target == pair["target"] else None)
+        sweep = bench.run_sweep(pipe, load_prompts(config.tasks), config, show_bar=False,
+                                progress=lambda done, total, desc: progress((done, total), desc=desc))
+    except Exception as exc:  # noqa: BLE001 - ModelLoadError, incompatible draft, out of memory
+        from .race import describe_error
+        raise gr.Error(describe_error(exc))
+    figs = bench.figures(sweep)
+    out = tempfile.mkdtemp(prefix="specdemo-bench-")
+    paths = bench.write_outputs(sweep, out, figs)
+    summary = "\n".join([f"{bench.summary_text(sweep).splitlines()[0]}. Best draft length per task:"]
+                        + [f"- {line}" for line in bench.best_lines(sweep)]
+                        + [f"\nFiles: `{out}`"])
+    concurrency_fig = figs.get("concurrency")
+    return (summary, results_table(sweep), figs["speedup"], figs["acceptance"], figs["tokens_per_s"],
+            gr.Plot(value=concurrency_fig, visible=concurrency_fig is not None),
+            str(paths["csv"]), str(paths["report"]))
+
+
+def on_preset(preset_name):
+    pair = pairing(preset_name)
+    return pair["target"], pair["draft"]
+
+
+def build_benchmark_tab() -> BenchmarkTab:
+    """Add the Benchmark components to the Blocks/Tab being built; returns them.
+
+    Nothing loads here: models load when Run is pressed. The run shares the app's ``device``
+    concurrency group, so it never overlaps a race (each would slow the other and both numbers
+    would be wrong).
+    """
+    presets, default = _presets()
+    start = pairing(default)
+    gr.Markdown(INTRO, elem_id="bench-intro")
+    with gr.Row():
+        preset = gr.Dropdown([p.name for p in presets], value=default, label="Preset",
+                             elem_id="bench-preset", interactive=bool(presets))
+        target = gr.Textbox(start["target"], label="Target", elem_id="bench-target")
+        draft = gr.Textbox(start["draft"], label="Draft (ngram, self, early-exit:N or a model)",
+                           elem_id="bench-draft")
+    with gr.Row():
+        tasks = gr.CheckboxGroup(list(TASKS), value=list(TASKS), label="Tasks", elem_id="bench-tasks")
+        draft_lengths = gr.CheckboxGroup(DRAFT_LENGTH_CHOICES, value=["1", "2", "4", "8", "auto"],
+                                         label="Draft lengths", elem_id="bench-draft-lengths")
+    with gr.Row():
+        max_new_tokens = gr.Slider(8, 512, value=64, step=8, label="Max new tokens",
+                                   elem_id="bench-max-new-tokens")
+        repeats = gr.Slider(1, 10, value=1, step=1, label="Repeats (median, min, max)",
+                            elem_id="bench-repeats")
+        prompts_per_task = gr.Slider(1, 8, value=2, step=1, label="Prompts per task",
+                                     elem_id="bench-prompts-per-task")
+        temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+                                elem_id="bench-temperature")
+    with gr.Row():
+        reference = gr.Checkbox(True, label="Reference column: transformers generate()",
+                                elem_id="bench-reference")
+        concurrency = gr.CheckboxGroup(CONCURRENCY_CHOICES, value=[],
+                                       label="Concurrency sweep (requests at once; empty = skip)",
+                                       elem_id="bench-concurrency")
+    run = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
+    summary = gr.Markdown("", elem_id="bench-summary")
+    with gr.Row():
+        speedup_plot = gr.Plot(label="Speedup vs draft length", elem_id="bench-speedup-plot")
+        tokens_plot = gr.Plot(label="Tokens/s", elem_id="bench-tokens-plot")
+    with gr.Row():
+        acceptance_plot = gr.Plot(label="Acceptance per draft position", elem_id="bench-acceptance-plot")
+        concurrency_plot = gr.Plot(label="Throughput under load", elem_id="bench-concurrency-plot",
+                                   visible=False)
+    table = gr.Dataframe(headers=list(TABLE_COLUMNS), label="Results (as in the CSV)",
+                         elem_id="bench-table", interactive=False, wrap=True)
+    with gr.Row():
+        csv_file = gr.File(label="bench.csv", elem_id="bench-csv", interactive=False)
+        report_file = gr.File(label="report.md", elem_id="bench-report", interactive=False)
+
+    preset.change(on_preset, preset, [target, draft], api_visibility="undocumented")
+    run.click(run_benchmark,
+              [preset, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
+               prompts_per_task, temperature, reference, concurrency],
+              [summary, table, speedup_plot, acceptance_plot, tokens_plot, concurrency_plot,
+               csv_file, report_file],
+              concurrency_id="device", concurrency_limit=1, api_name="benchmark",
+              api_visibility="undocumented")
+    return BenchmarkTab(preset, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
+                        prompts_per_task, temperature, reference, concurrency, run, summary, table,
+                        speedup_plot, acceptance_plot, tokens_plot, concurrency_plot, csv_file,
+                        report_file)
+
+
+def build_standalone() -> gr.Blocks:
+    """The tab alone in a page (``python -m specdemo.bench_ui``)."""
+    with gr.Blocks(title="specdemo benchmark", analytics_enabled=False) as demo:
+        build_benchmark_tab()
+    return demo
+
+
+if __name__ == "__main__":
+    build_standalone().launch(server_name="127.0.0.1")
