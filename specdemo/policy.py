@@ -147,8 +147,9 @@ def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3) -> di
         {n: seconds} for n = 1..max_n.
     """
     from .engine import _sync  # local: engine imports this module
+    vocab = kv.model.get_input_embeddings().num_embeddings
     kv.reset()
-    kv.forward(list(range(1, context + 1)))
+    kv.forward([i % vocab for i in range(1, context + 1)])
     times: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
     for _ in range(repeats):
         for n in times:

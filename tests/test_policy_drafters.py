@@ -102,3 +102,10 @@ def test_limit_trims_short_proposals_that_do_not_pay():
     feed(policy, 20, lambda k: k)
     assert policy.limit(8) == policy.choose() >= 4  # the best width it knows of
     assert FixedDraftLength(4).limit(3) == 3
+
+
+def test_measure_forward_s_on_a_tiny_vocabulary():
+    from specdemo.kv import KVModel
+    from specdemo.policy import measure_forward_s
+    costs = measure_forward_s(KVModel(tiny_llama(vocab_size=8)), max_n=5, repeats=1)
+    assert sorted(costs) == [1, 2, 3, 4, 5] and all(t > 0 for t in costs.values())
