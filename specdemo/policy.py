@@ -11,7 +11,7 @@ t_forward(n) the measured time of a target forward over n tokens, and t_draft th
 per drafted token. k = 0 is a plain step (E = 1, cost = t_forward(1)), so speculation is chosen
 only when it is expected to pay. On a GPU t_forward is nearly flat in n, so long drafts win; on
 a CPU it grows with n (1.3-2.6x for a few tokens), so the rule drafts less or not at all.
-While k = 0 wins, it still probes with a short draft now and then, with a backing-off interval,
+While k = 0 wins, it still probes with the cheapest draft now and then, with a backing-off interval,
 so that it notices when the text becomes predictable again.
 """
 
@@ -65,7 +65,7 @@ class AdaptiveDraftLength:
             plain step and other widths are extrapolated with ``prior_slope``.
     """
 
-    def __init__(self, max_k: int = 8, prior_acceptance: float = 0.6, prior_slope: float = 0.15,
+    def __init__(self, max_k: int = 16, prior_acceptance: float = 0.6, prior_slope: float = 0.15,
                  smoothing: float = 0.2, forward_s: dict[int, float] | None = None) -> None:
         self.max_k = max_k
         self.acceptance = [prior_acceptance] * max_k
@@ -73,11 +73,19 @@ class AdaptiveDraftLength:
         self.smoothing = smoothing
         self.forward_s: dict[int, float] = dict(forward_s or {})  # n tokens -> running mean seconds
         self.draft_token_s = 0.0
+        self._seen = [0] * max_k  # observations per position
         self._idle_rounds = 0
-        self._probe_every = 4
+        self._probe_every = 8
 
     def _avg(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
+
+    def _observe(self, j: int, accepted: bool) -> None:
+        """Running acceptance at position j: the prior counts as two observations, so the first
+        few rounds move it fast; later, an exponential average that follows changes in the text."""
+        self._seen[j] += 1
+        weight = max(1.0 / (self._seen[j] + 2), self.smoothing)
+        self.acceptance[j] += weight * ((1.0 if accepted else 0.0) - self.acceptance[j])
 
     def forward_time(self, n: int) -> float:
         """Estimated seconds of a target forward over n tokens (interpolated from measurements)."""
@@ -111,12 +119,12 @@ class AdaptiveDraftLength:
             return 0  # measure a plain step first: the baseline every choice is compared with
         best = max(range(1, self.max_k + 1), key=self.expected_rate)
         if self.expected_rate(best) > self.expected_rate(0):
-            self._idle_rounds, self._probe_every = 0, 4
+            self._idle_rounds, self._probe_every = 0, 8
             return best
         self._idle_rounds += 1
         if self._idle_rounds >= self._probe_every:  # look again, then wait twice as long
-            self._idle_rounds, self._probe_every = 0, min(self._probe_every * 2, 64)
-            return best
+            self._idle_rounds, self._probe_every = 0, min(self._probe_every * 2, 128)
+            return min(range(1, self.max_k + 1), key=lambda k: self.forward_time(k + 1))  # cheapest
         return 0
 
     def limit(self, n_proposed: int) -> int:
@@ -131,7 +139,7 @@ class AdaptiveDraftLength:
         if n_drafted:
             self.draft_token_s = self._avg(self.draft_token_s or None, draft_s / n_drafted)
             for j in range(min(n_drafted, n_accepted + 1)):
-                self.acceptance[j] = self._avg(self.acceptance[j], 1.0 if j < n_accepted else 0.0)
+                self._observe(j, j < n_accepted)
 
 
 def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3) -> dict[int, float]:

@@ -8,7 +8,7 @@ from specdemo.sampling import SamplingParams
 from tiny import tiny_llama
 
 CPU_COSTS = {1: 0.055, 2: 0.086, 3: 0.105, 4: 0.079, 5: 0.071, 6: 0.077, 7: 0.094, 8: 0.074, 9: 0.081}
-FLAT = {n: 0.020 for n in range(1, 10)}
+FLAT = {n: 0.020 for n in range(1, 18)}
 
 
 def feed(policy, rounds, accepted_of):
