@@ -28,13 +28,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from specdemo import ui
+    from specdemo import race, ui
 
+    # This (main) thread runs every load and decode, as `python -m specdemo compare` does, so the
+    # race measures what compare measures; the server runs on gradio's threads.
+    race.DEVICE.adopt_current_thread()
     demo = ui.build_ui(args.preset, host=args.host, share=args.share)
     ui.launch(demo, host=args.host, port=args.port, inbrowser=not args.no_browser,
               share=args.share, prevent_thread_lock=True)
     threading.Thread(target=ui.preload, args=(args.preset,), name="preload", daemon=True).start()
-    demo.block_thread()
+    try:
+        race.DEVICE.serve_forever()
+    except KeyboardInterrupt:
+        demo.close()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The fair race: plain decoding, then speculative decoding, each alone on the device.
 
 Running both decodes at the same time on one device would make each slow the other down, so
-neither pane's counters would be true. Instead the race runs the lanes one after the other, in a
-worker thread that never waits for the UI, and records every engine event with the time the
+neither pane's counters would be true. Instead the race runs the lanes one after the other, on
+the device thread (:data:`DEVICE`), which never waits for the UI, and records every engine event with the time the
 engine measured for it (``stats.elapsed_s``, from that decode's own start). A replay then plays
 both lanes side by side at their measured pace, so the faster one visibly finishes first.
 
@@ -17,8 +17,10 @@ No metric is computed here: stats come from the engine, speedup and first diverg
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -42,7 +44,7 @@ class Lane:
     Attributes:
         name: ``plain`` or ``speculative`` (any unique name works).
         speculative: whether this lane decodes with the pipeline's drafter.
-        pipeline: returns the pipeline to decode with; called in the worker, so a slow model load
+        pipeline: returns the pipeline to decode with; called on the device thread, so a slow model load
             happens there (status ``loading``) and a failure becomes this lane's error.
         messages: this lane's conversation, ``[{"role", "content"}, ...]`` ending with the user's
             new message (each pane keeps its own history).
@@ -96,7 +98,7 @@ class TokenPieces:
 
 @dataclass
 class LaneRecord:
-    """What one lane produced so far; written by the worker thread only.
+    """What one lane produced so far; written by the device thread only.
 
     Attributes:
         status: waiting, loading, running, done, stopped (Stop pressed mid-run), skipped (Stop
@@ -184,6 +186,66 @@ def _free_device_memory() -> None:
         pass
 
 
+class DeviceThread:
+    """One thread for all device work: model loads, warm-ups and timed decodes, one job at a time.
+
+    Decodes are timed where they run, and the thread matters: on a 2-core CPU the same
+    speculative decode measured 20% slower on a fresh Python thread than on the main thread
+    (torch's OpenMP teams are per calling thread), and ``specdemo compare`` runs on the main
+    thread. So ``app.py`` hands its main thread over (:meth:`adopt_current_thread`, then
+    :meth:`serve_forever`); elsewhere (tests, notebooks) a long-lived daemon thread starts on the
+    first job. Either way every load, warm-up and race runs on the same thread.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: "queue.Queue[tuple[Callable[[], object], Future]]" = queue.Queue()
+        self._owner: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def adopt_current_thread(self) -> None:
+        """Declare that the calling thread will serve jobs (call :meth:`serve_forever` later);
+        jobs submitted meanwhile wait in the queue."""
+        with self._lock:
+            if self._owner is None:
+                self._owner = threading.current_thread()
+
+    def on_device(self) -> bool:
+        """True when called from the device thread."""
+        return self._owner is threading.current_thread()
+
+    def submit(self, fn: Callable[[], object]) -> Future:
+        """Queue ``fn``; its result or exception arrives in the returned future."""
+        future: Future = Future()
+        with self._lock:
+            if self._owner is None:
+                self._owner = threading.Thread(target=self.serve_forever, name="specdemo-device",
+                                               daemon=True)
+                self._owner.start()
+        self._jobs.put((fn, future))
+        return future
+
+    def call(self, fn: Callable[[], object]):
+        """Run ``fn`` on the device thread and return its result (inline when already there)."""
+        return fn() if self.on_device() else self.submit(fn).result()
+
+    def serve_forever(self, stop: threading.Event | None = None, poll_s: float = 0.5) -> None:
+        """Run queued jobs on the calling thread until ``stop`` is set (never, by default)."""
+        self.adopt_current_thread()
+        while stop is None or not stop.is_set():
+            try:
+                fn, future = self._jobs.get(timeout=poll_s)
+            except queue.Empty:
+                continue
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # delivered to the submitter
+                    future.set_exception(exc)
+
+
+DEVICE = DeviceThread()
+
+
 class Race:
     """Run lanes one after the other and expose their progress as snapshots.
 
@@ -209,9 +271,9 @@ class Race:
         self.records = {lane.name: LaneRecord(lane.name, lane.speculative) for lane in lanes}
         self._changed = threading.Condition()
         self._pieces: dict[str, TokenPieces] = {}
-        self._thread: threading.Thread | None = None
+        self._future: Future | None = None
 
-    # --- the worker ------------------------------------------------------------------------
+    # --- on the device thread ------------------------------------------------------------------------
     def _notify(self) -> None:
         with self._changed:
             self._changed.notify_all()
@@ -252,10 +314,14 @@ class Race:
             self._notify()
 
     def start(self) -> None:
-        """Start the worker thread (once)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="specdemo-race", daemon=True)
-            self._thread.start()
+        """Queue the race on the device thread (once)."""
+        if self._future is None:
+            self._future = DEVICE.submit(self._work)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the race has run (no-op when it was never started)."""
+        if self._future is not None:
+            self._future.result(timeout)
 
     @property
     def finished(self) -> bool:
@@ -311,7 +377,7 @@ class Race:
                 if now - last_yield >= min_interval_s:
                     last_yield = now
                     yield self.snapshot()
-            self._thread.join()
+            self.join()
             yield self.snapshot()
         finally:
             if not self.finished:  # closed early (client gone): stop the decode
@@ -341,8 +407,7 @@ class Race:
         Yields:
             Snapshots with phase ``replay`` and ``clock_s`` in measured seconds, then one ``done``.
         """
-        if self._thread is not None:
-            self._thread.join()
+        self.join()
         shown = {name: 0 for name in self.records}
         start = clock()
         frame_s = 1.0 / fps
@@ -418,6 +483,12 @@ class PipelineCache:
         key = (target, draft, dtype, quantization, device)
         if key in self._pipelines:  # loaded: no need to wait for a load in progress elsewhere
             return self._pipelines[key]
+        # Load and warm up on the device thread, where this pipeline's races will run.
+        return DEVICE.call(lambda: self._build(target, draft, dtype, quantization, device))
+
+    def _build(self, target: str, draft: str, dtype: str, quantization: str | None,
+              device: str) -> Pipeline:
+        key = (target, draft, dtype, quantization, device)
         with self.lock:
             from .decode_cli import is_model_draft
             from .pipeline import Pipeline

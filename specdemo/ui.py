@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,10 @@ FLOAT_REASON = (
 # Held by every model or tokenizer load (Load, draft checks) and by a race for its whole run:
 # nothing else takes the CPU or device from a decode being timed.
 LOAD_LOCK = threading.RLock()
-UPDATE_INTERVAL_S = 0.15  # at most ~7 page updates a second while racing: cheap for the browser
+# While a decode is timed, the browser redraws on the same CPU: counters update often (a small
+# block), the chat text less often (the chatbot re-renders whole messages).
+COUNTER_INTERVAL_S = 0.25
+CHAT_INTERVAL_S = 1.0
 CACHE = PipelineCache(lock=LOAD_LOCK)
 _CANCELS: dict[str, set[threading.Event]] = {}  # session hash -> Stop events of its runs
 _CANCELS_LOCK = threading.Lock()
@@ -337,6 +341,19 @@ def _render(snap: RaceSnapshot, conv: dict, prompt: str, upto: int, highlight: b
             counters_html(snap.panes[SPECULATIVE], True), verdict_html(snap, temperature))
 
 
+def _statuses(view: tuple) -> tuple:
+    """The lane states shown in a rendered view (a change redraws the chat at once)."""
+    return tuple(v.split('data-status="', 1)[1].split('"', 1)[0] for v in view[2:4])
+
+
+def _only_changed(before: tuple | None, after: tuple) -> tuple:
+    """``after`` with gr.skip() where nothing changed: less for the browser to redraw while a
+    decode is being timed on the same machine."""
+    if before is None:
+        return after
+    return tuple(gr.skip() if old == new else new for old, new in zip(before, after))
+
+
 def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, max_new_tokens,
          seed, highlight, conv, request: gr.Request):
     """Race the prompt through both panes; yields the page's outputs as the race goes."""
@@ -346,12 +363,17 @@ def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, m
     settings = _settings(temperature, top_p, max_new_tokens, seed, draft_length)
     race = _new_race(prompt, system, preset_name, draft, settings, conv, request)
     upto = len(conv[PLAIN])
-    snap, box = None, ""  # empty the prompt box once, then leave what the user types next
+    snap, box, shown, chat_at = None, "", None, 0.0  # empty the prompt box once
     try:
-        for snap in race.run(min_interval_s=UPDATE_INTERVAL_S):
-            yield _render(snap, conv, prompt, upto, highlight, settings.temperature) + (
-                gr.skip(), gr.skip(), box, gr.skip())
-            box = gr.skip()
+        for snap in race.run(min_interval_s=COUNTER_INTERVAL_S):
+            view = _render(snap, conv, prompt, upto, highlight, settings.temperature)
+            if shown is not None and time.monotonic() - chat_at < CHAT_INTERVAL_S and \
+                    _statuses(view) == _statuses(shown):
+                view = shown[:2] + view[2:]  # keep the chat text as shown until its next turn
+            else:
+                chat_at = time.monotonic()
+            yield _only_changed(shown, view) + (gr.skip(), gr.skip(), box, gr.skip())
+            shown, box = view, gr.skip()
     finally:
         _forget_cancel(request, race.cancel)
     conv = {name: conv[name] + [turn_of(prompt, snap.panes[name])] for name in PANES}

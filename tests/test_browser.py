@@ -72,7 +72,7 @@ def test_race_in_the_browser(page):
     wait = WebDriverWait(page, 60)
     box = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#prompt textarea"))
     # Fewer new tokens so the race is quick: type into the slider's number box.
-    number = css(page, "#max-new-tokens input[type='number']")
+    number = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#max-new-tokens input[type='number']"))
     number.send_keys(Keys.CONTROL, "a")
     number.send_keys(str(MAX_NEW_TOKENS), Keys.TAB)
     # A fixed draft length, so prompt lookup drafts on every round (auto may fall back to plain).

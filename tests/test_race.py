@@ -171,7 +171,7 @@ def test_closing_the_generator_cancels_the_decode(loaded):
     next(gen)
     gen.close()
     assert race.cancel.is_set()
-    race._thread.join(timeout=30)
+    race.join(timeout=30)
     assert race.finished
 
 
@@ -260,3 +260,28 @@ def test_race_holds_the_device_lock_while_it_runs(loaded):
     final = list(Race(lanes(loaded, plain=probe), SETTINGS, device_lock=lock).run())[-1]
     assert seen == [False] and final.panes[PLAIN].status == DONE
     assert lock.acquire(blocking=False)  # released afterwards
+
+
+def test_device_thread_runs_every_job_on_one_thread_in_order():
+    from specdemo.race import DeviceThread
+    device = DeviceThread()
+    seen = []
+    futures = [device.submit(lambda i=i: seen.append((i, threading.current_thread())) or i)
+               for i in range(5)]
+    assert [f.result(timeout=30) for f in futures] == list(range(5))
+    assert [i for i, _ in seen] == list(range(5)) and len({t for _, t in seen}) == 1
+    assert seen[0][1] is not threading.current_thread()
+    assert device.call(lambda: device.on_device()) is True  # runs there...
+    assert device.submit(lambda: device.call(threading.current_thread)).result(30) is seen[0][1]
+    with pytest.raises(ZeroDivisionError):  # ...and errors come back to the caller
+        device.call(lambda: 1 / 0)
+
+
+def test_a_thread_can_adopt_the_device_role():
+    from specdemo.race import DeviceThread
+    device, stop = DeviceThread(), threading.Event()
+    device.adopt_current_thread()
+    future = device.submit(threading.current_thread)  # queued: no other thread is started
+    threading.Timer(0.2, stop.set).start()
+    device.serve_forever(stop, poll_s=0.05)
+    assert future.result(timeout=1) is threading.current_thread()
