@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-NON_MODEL_DRAFTS = ("none", "ngram", "self")
+from .compat import NON_MODEL_DRAFTS  # none, ngram, self: drafters that are not models
 
 
 def is_model_draft(spec: str) -> bool:

@@ -41,7 +41,6 @@ DEVICES = ("cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "4bit", "8bit")
 MAX_DRAFT_LENGTH = 64
-NON_MODEL_DRAFTS = ("none", "ngram", "self")
 
 # Bytes per parameter of the weights as loaded; 4-bit is nf4 plus one fp32 scale per 64 weights,
 # 8-bit is LLM.int8 (one byte; its per-row scales are negligible).
@@ -89,7 +88,8 @@ class Preset:
     @property
     def draft_is_model(self) -> bool:
         """True when the draft is a second model (not none, ngram, self or early-exit:N)."""
-        return self.draft not in NON_MODEL_DRAFTS and not self.draft.startswith("early-exit")
+        from .decode_cli import is_model_draft
+        return is_model_draft(self.draft)
 
     def weight_bytes(self, quantization: str | None = None) -> int:
         """Bytes of target + draft weights, with the target loaded as ``quantization``
