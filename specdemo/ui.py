@@ -11,7 +11,6 @@ from __future__ import annotations
 import html
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,9 @@ RACE_NOTE = (
     "**How the race is run.** Plain decoding runs first, alone on the device; then speculative "
     "decoding runs alone on the same prompt and settings. Running both at once on one device "
     "would slow each down and make both numbers wrong, so each pane's counters are what that "
-    "decode achieves by itself. **Replay race** then plays both side by side at their measured "
-    "pace, so you can see which one finishes first.")
+    "decode achieves by itself; while a decode is timed the page updates sparingly (once a second "
+    "on a small CPU, which the browser shares). **Replay race** then plays both side by side, "
+    "smoothly, at their measured pace, so you can see which one finishes first.")
 FLOAT_REASON = (
     "floating point: speculative decoding verifies k+1 tokens in one batched forward, plain "
     "decoding computes one token per forward; the sums round differently (often in "
@@ -42,10 +42,7 @@ FLOAT_REASON = (
 # Held by every model or tokenizer load (Load, draft checks) and by a race for its whole run:
 # nothing else takes the CPU or device from a decode being timed.
 LOAD_LOCK = threading.RLock()
-# While a decode is timed, the browser redraws on the same CPU: counters update often (a small
-# block), the chat text less often (the chatbot re-renders whole messages).
-COUNTER_INTERVAL_S = 0.25
-CHAT_INTERVAL_S = 1.0
+
 CACHE = PipelineCache(lock=LOAD_LOCK)
 _CANCELS: dict[str, set[threading.Event]] = {}  # session hash -> Stop events of its runs
 _CANCELS_LOCK = threading.Lock()
@@ -341,9 +338,18 @@ def _render(snap: RaceSnapshot, conv: dict, prompt: str, upto: int, highlight: b
             counters_html(snap.panes[SPECULATIVE], True), verdict_html(snap, temperature))
 
 
-def _statuses(view: tuple) -> tuple:
-    """The lane states shown in a rendered view (a change redraws the chat at once)."""
-    return tuple(v.split('data-status="', 1)[1].split('"', 1)[0] for v in view[2:4])
+def live_interval_s() -> float:
+    """Seconds between page updates while a decode is being timed.
+
+    The browser redraws the page on this machine's CPU. Measured on a 2-core CPU with headless
+    Chromium: updating 3-7 times a second cost the timed decodes 10-25% of their speed, once a
+    second about 8% (``specdemo compare`` as the reference). So a small CPU without a GPU gets one
+    update a second (Replay race then shows the run smoothly); a GPU or 8+ cores get ten.
+    """
+    import torch
+    mps = getattr(torch.backends, "mps", None)
+    accelerated = torch.cuda.is_available() or bool(mps and mps.is_available())
+    return 0.1 if accelerated or (os.cpu_count() or 1) >= 8 else 1.0
 
 
 def _only_changed(before: tuple | None, after: tuple) -> tuple:
@@ -363,15 +369,10 @@ def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, m
     settings = _settings(temperature, top_p, max_new_tokens, seed, draft_length)
     race = _new_race(prompt, system, preset_name, draft, settings, conv, request)
     upto = len(conv[PLAIN])
-    snap, box, shown, chat_at = None, "", None, 0.0  # empty the prompt box once
+    snap, box, shown = None, "", None  # empty the prompt box once, then leave it to the user
     try:
-        for snap in race.run(min_interval_s=COUNTER_INTERVAL_S):
+        for snap in race.run(min_interval_s=live_interval_s()):
             view = _render(snap, conv, prompt, upto, highlight, settings.temperature)
-            if shown is not None and time.monotonic() - chat_at < CHAT_INTERVAL_S and \
-                    _statuses(view) == _statuses(shown):
-                view = shown[:2] + view[2:]  # keep the chat text as shown until its next turn
-            else:
-                chat_at = time.monotonic()
             yield _only_changed(shown, view) + (gr.skip(), gr.skip(), box, gr.skip())
             shown, box = view, gr.skip()
     finally:

@@ -109,7 +109,15 @@ def test_race_in_the_browser(page):
     assert css(page, "#sd-privacy").is_displayed()
     assert "plain" in css(page, "#plain-chat").text.lower() or css(page, "#plain-chat").text
 
+    # The draft dropdown's check: a different-tokenizer built-in is refused, with the reason.
+    refused = WebDriverWait(page, 180).until(
+        lambda d: "Drafts offered" in css(d, "#draft-refused").text and css(d, "#draft-refused"))
+    assert "builtin:gemma3-270m" in refused.text and "different tokenizers" in refused.text
+
     SCREENSHOT.parent.mkdir(exist_ok=True)
+    for _ in range(3):  # the whole page, privacy line too (resizing reflows it)
+        height = page.execute_script("return document.documentElement.scrollHeight")
+        page.set_window_size(1500, min(max(height + 150, 1250), 4000))
     page.save_screenshot(str(SCREENSHOT))
     print(f"\nscreenshot: {SCREENSHOT}")
 
