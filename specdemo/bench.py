@@ -30,7 +30,6 @@ which is batch-1, one request after another. Total throughput = all new tokens /
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import dataclasses
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from .prompts import TASKS, load_prompts
+from .stats import count_positions, ratio
 
 ENGINES = ("specdemo", "transformers")
 DIGITS = 4  # decimals kept for every float written out
@@ -189,13 +189,7 @@ class Run:
         self.round_tokens += n_tokens
         self.drafted += n_drafted
         self.accepted += n_accepted
-        missing = n_drafted - len(self.position_drafted)
-        if missing > 0:
-            self.position_drafted += [0] * missing
-            self.position_accepted += [0] * missing
-        for i in range(min(n_drafted, n_accepted + 1)):
-            self.position_drafted[i] += 1
-            self.position_accepted[i] += int(i < n_accepted)
+        count_positions(self.position_drafted, self.position_accepted, n_drafted, n_accepted)
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -644,10 +638,6 @@ def _mark(run: Run, plain: Run, ours_plain: Run, greedy: bool) -> None:
 
 # ----------------------------------------------------------------------------- aggregation
 
-def _ratio(numerator: float, denominator: float) -> float | None:
-    return numerator / denominator if denominator > 0 else None
-
-
 def _mean(values: list[float | None]) -> float | None:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
@@ -655,19 +645,19 @@ def _mean(values: list[float | None]) -> float | None:
 
 def pool(plain: list[Run], spec: list[Run]) -> dict:
     """Metrics of one repeat of one cell: the task's prompts pooled (module docstring)."""
-    plain_tps = _ratio(sum(r.new_tokens for r in plain), sum(r.elapsed_s for r in plain))
-    tps = _ratio(sum(r.new_tokens for r in spec), sum(r.elapsed_s for r in spec))
+    plain_tps = ratio(sum(r.new_tokens for r in plain), sum(r.elapsed_s for r in plain))
+    tps = ratio(sum(r.new_tokens for r in spec), sum(r.elapsed_s for r in spec))
     drafted = sum(r.drafted for r in spec)
     width = max((len(r.position_drafted) for r in spec), default=0)
-    per_position = [_ratio(sum(r.position_accepted[i] for r in spec if i < len(r.position_accepted)),
+    per_position = [ratio(sum(r.position_accepted[i] for r in spec if i < len(r.position_accepted)),
                            sum(r.position_drafted[i] for r in spec if i < len(r.position_drafted)))
                     for i in range(width)]
     return {
         "plain_tokens_per_s": plain_tps,
         "tokens_per_s": tps,
-        "speedup": _ratio(tps, plain_tps) if tps is not None and plain_tps is not None else None,
-        "acceptance_rate": _ratio(sum(r.accepted for r in spec), drafted),
-        "mean_acceptance_length": _ratio(sum(r.round_tokens for r in spec),
+        "speedup": ratio(tps, plain_tps) if tps is not None and plain_tps is not None else None,
+        "acceptance_rate": ratio(sum(r.accepted for r in spec), drafted),
+        "mean_acceptance_length": ratio(sum(r.round_tokens for r in spec),
                                          sum(r.rounds for r in spec)) if drafted else None,
         "per_position_acceptance": per_position,
         "plain_ttft_s": _mean([r.ttft_s for r in plain]),
@@ -757,7 +747,7 @@ def aggregate(runs: list[Run], config: BenchConfig, unavailable: dict, methods: 
 
 
 def _ratio_or_none(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else _ratio(a, b)
+    return None if a is None or b is None else ratio(a, b)
 
 
 def _cell_of(task: str, k, engine: str, per_repeat: list[dict] | None, runs: list[Run],
@@ -876,7 +866,7 @@ def concurrency_sweep(pipe, requests: list[list[int]], config: BenchConfig,
                 "mean_latency_s": sum(finished) / n, "same_as_speculative": None})
         medians = {}
         for mode, values in measured.items():
-            tps = [_ratio(v["new_tokens"], v["seconds"]) for v in values]
+            tps = [ratio(v["new_tokens"], v["seconds"]) for v in values]
             medians[mode] = _median(tps)
             rows.append(_rounded({
                 "concurrency": n, "mode": mode,
@@ -887,8 +877,8 @@ def concurrency_sweep(pipe, requests: list[list[int]], config: BenchConfig,
                 "mean_latency_s": _median([v["mean_latency_s"] for v in values]),
                 "new_tokens": _median([v["new_tokens"] for v in values]),
                 "outputs_equal_speculative": _median([v["same_as_speculative"] for v in values])}))
-        ratio = _ratio(medians["speculative_sequential"] or 0.0, medians["plain_batched"] or 0.0)
-        rows[-1]["speculative_over_batched_plain"] = _rounded(ratio)
+        gain = ratio(medians["speculative_sequential"] or 0.0, medians["plain_batched"] or 0.0)
+        rows[-1]["speculative_over_batched_plain"] = _rounded(gain)
         rows[-2]["speculative_over_batched_plain"] = None
     return rows
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-import torch
-
 
 class DraftLengthPolicy(Protocol):
     def choose(self) -> int: ...

@@ -14,6 +14,22 @@ def ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator > 0 else None
 
 
+def count_positions(position_drafted: list[int], position_accepted: list[int], n_drafted: int,
+                    n_accepted: int) -> None:
+    """Add one verification round to per-position counters (lists grown in place).
+
+    Position i is verified only if positions 1..i-1 were accepted: a rejection ends the round.
+    """
+    missing = n_drafted - len(position_drafted)
+    if missing > 0:
+        position_drafted.extend([0] * missing)
+        position_accepted.extend([0] * missing)
+    for i in range(min(n_drafted, n_accepted + 1)):
+        position_drafted[i] += 1
+        if i < n_accepted:
+            position_accepted[i] += 1
+
+
 @dataclass
 class DecodeStats:
     """Counters of one decode (plain or speculative). Times are seconds of wall clock.
@@ -97,15 +113,7 @@ class DecodeStats:
         self.accepted += n_accepted
         self.target_forwards += 1
         self.draft_length = n_drafted
-        missing = n_drafted - len(self.position_drafted)
-        if missing > 0:
-            self.position_drafted.extend([0] * missing)
-            self.position_accepted.extend([0] * missing)
-        # Position i is verified only if positions 1..i-1 were accepted (a rejection ends the round).
-        for i in range(min(n_drafted, n_accepted + 1)):
-            self.position_drafted[i] += 1
-            if i < n_accepted:
-                self.position_accepted[i] += 1
+        count_positions(self.position_drafted, self.position_accepted, n_drafted, n_accepted)
 
     def as_dict(self) -> dict:
         """All raw counters and derived metrics, JSON-ready (None stays None)."""
