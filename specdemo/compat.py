@@ -233,6 +233,9 @@ def check_specs(target_spec: str, draft_spec: str, *, trust_remote_code: bool = 
     if verdict is not None:
         return verdict
     from . import models  # lazy: transformers is heavy
+    from .drafters.learned import is_learned, learned_verdict
+    if is_learned(draft_spec):  # EAGLE-3 / DFlash / MTP: checked against the target's weights
+        return learned_verdict(target_spec, draft_spec)
 
     target = models.load_tokenizer(target_spec, trust_remote_code=trust_remote_code)
     draft = models.load_tokenizer(draft_spec, trust_remote_code=trust_remote_code)

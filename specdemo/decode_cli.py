@@ -31,8 +31,9 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
     parser.add_argument("--target", default="builtin:smollm2-135m",
                         help="HF id, local dir, .gguf file or builtin:<name> (default %(default)s)")
     parser.add_argument("--draft", default=draft_default,
-                        help="none, ngram, self, early-exit:<layers>, or a model like --target "
-                             "(default %(default)s)")
+                        help="none, ngram, self, early-exit:<layers>, a learned drafter (EAGLE-3 "
+                             "folder or hub id, builtin:smollm2-135m-eagle3), or a model like "
+                             "--target (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=0)
@@ -82,7 +83,12 @@ def pipeline_from_args(args):
         target = load_model(args.target, args.device, args.dtype,
                             trust_remote_code=args.trust_remote_code, quantization=args.quantization)
         draft = None
-        if is_model_draft(args.draft):
+        from .drafters.learned import is_learned, load_learned
+        if is_learned(args.draft):  # EAGLE-3 / DFlash / MTP: checked against the target
+            draft = load_learned(args.draft, target)
+            for warning in draft.warnings:
+                print(f"warning: {warning}", file=sys.stderr)
+        elif is_model_draft(args.draft):
             refuse_incompatible(args.target, args.draft, args.trust_remote_code)
             draft = load_model(args.draft, str(target.device), args.dtype,
                                trust_remote_code=args.trust_remote_code)

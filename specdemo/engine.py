@@ -16,7 +16,7 @@ from typing import Iterator
 
 import torch
 
-from .drafters import Drafter
+from .drafters import Drafter, wants_features
 from .kv import KVModel
 from .policy import DraftLengthPolicy, FixedDraftLength
 from .sampling import SamplingParams, choose, next_token_probs, verify
@@ -186,9 +186,19 @@ def decode(
         done = stats.finish_reason is not None
         return DecodeEvent(tokens[:kept], flags[:kept], text.delta(final=done), stats.copy(), done)
 
+    layers = wants_features(drafter)
+
+    def target_forward(ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(keep, V) logits and, for a drafter that reads hidden states, (len(ids), F) features."""
+        if layers:
+            return target.forward_features(ids, keep, layers)
+        return target.forward(ids, logits_to_keep=keep), None
+
     start = time.perf_counter()
     target.reset()
-    logits = target.forward(context, logits_to_keep=1)
+    logits, features = target_forward(context, 1)
+    if features is not None:
+        drafter.observe(features)  # features of every prompt position
     first = choose(probs_at(logits[-1], context), params, generator)
     stats.prefill_s = time.perf_counter() - start
     yield emit([first], [False])
@@ -204,12 +214,14 @@ def decode(
         drafts = proposal.ids[:policy.limit(min(k, len(proposal.ids)))] if proposal else []
         _sync(device)
         t1 = time.perf_counter()
-        logits = target.forward([context[-1]] + drafts, logits_to_keep=len(drafts) + 1)
+        logits, features = target_forward([context[-1]] + drafts, len(drafts) + 1)
         target_probs = torch.stack([probs_at(logits[i], context + drafts[:i])
                                     for i in range(len(drafts) + 1)])  # (k+1, V)
         q = proposal.probs[:len(drafts)].cpu() if proposal and proposal.probs is not None else None
         n_accepted, next_token = verify(drafts, q, target_probs, params, generator)
         target.rollback(len(context) + n_accepted)  # keep last token + accepted drafts
+        if features is not None:  # the same positions the target keeps
+            drafter.observe(features[:n_accepted + 1])
         _sync(device)
         t2 = time.perf_counter()
         stats.draft_s += t1 - t0

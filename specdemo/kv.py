@@ -63,6 +63,26 @@ class KVModel:
         self.length += len(ids)
         return out.logits[0]  # (n, V)
 
+    @torch.inference_mode()
+    def forward_features(self, ids: list[int], logits_to_keep: int,
+                         layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` that also returns the hidden states a learned drafter reads, from the
+        same forward (transformers >= 5: ``output_hidden_states=[...]`` keeps only those).
+
+        Args:
+            ids, logits_to_keep: as :meth:`forward`.
+            layers: ``hidden_states`` indices (0 = embeddings, k = input of layer k).
+        Returns:
+            ((logits_to_keep, V) logits, (S, len(layers) * H) features of every fed position,
+            the layers concatenated in the order given).
+        """
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, S)
+        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep,
+                         output_hidden_states=list(layers), **{self._cache_arg: self.cache})
+        self.length += len(ids)
+        features = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)  # (S, F)
+        return out.logits[0], features
+
     def rollback(self, length: int) -> None:
         """Drop cached tokens beyond ``length`` (a no-op when nothing is beyond it)."""
         if length < self.length:

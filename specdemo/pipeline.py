@@ -85,7 +85,8 @@ class Pipeline:
     Args:
         target: a loaded target (``models.LoadedModel``: model, tokenizer, vocab_size, eos_token_ids).
         draft_spec: ``none``, ``ngram``, ``self``, ``early-exit:N`` or the spec of ``draft``.
-        draft: the loaded draft model for model specs, else None.
+        draft: for model specs the loaded draft model (``models.LoadedModel``), for learned
+            drafters what ``drafters.learned.load_learned`` returned, else None.
     """
 
     def __init__(self, target, draft_spec: str = "none", draft=None) -> None:
@@ -94,6 +95,13 @@ class Pipeline:
         self.draft = draft
         self.kv = KVModel(target.model)
         self._forward_s: dict[int, float] | None = None
+
+    @property
+    def draft_source(self):
+        """What ``make_drafter`` builds drafters from: a learned drafter, a draft model, or None."""
+        if self.draft is None or hasattr(self.draft, "new_drafter"):
+            return self.draft
+        return self.draft.model
 
     def forward_costs(self) -> dict[int, float]:
         """Seconds of a target forward by width, measured once per pipeline (for ``auto``)."""
@@ -148,7 +156,7 @@ class Pipeline:
             costs = self.forward_costs()  # measured before the clock of this decode starts
         if speculative:
             drafter = make_drafter(self.draft_spec, self.target.model, self.target.vocab_size,
-                                   self.draft.model if self.draft is not None else None)
+                                   self.draft_source)
         return decode(self.kv, prompt_ids, self.target.tokenizer, drafter=drafter,
                       policy=make_policy(settings.draft_length, costs), params=settings.sampling,
                       max_new_tokens=settings.max_new_tokens,

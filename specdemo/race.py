@@ -496,7 +496,10 @@ class PipelineCache:
                 return self._pipelines[key]
             loaded = self._loader()(target, device, dtype, quantization=quantization)
             draft_model = None
-            if is_model_draft(draft):
+            from .drafters.learned import is_learned, load_learned
+            if is_learned(draft):  # refused with its problems (DrafterRefused) when it cannot serve
+                draft_model = load_learned(draft, loaded)
+            elif is_model_draft(draft):
                 verdict = self._checker()(target, draft)
                 if verdict.status == "incompatible":
                     raise ValueError(f"draft {draft} cannot serve target {target}: "

@@ -36,3 +36,31 @@ def tiny_llama(seed: int = 0, vocab_size: int = 32, layers: int = 2, hidden: int
                          bos_token_id=None, eos_token_id=0, pad_token_id=None)
     model = LlamaForCausalLM(config).eval()
     return model
+
+
+def tiny_eagle(target, draft_vocab: int | None = None, seed: int = 0, layers=None, scale: float = 1.0):
+    """A random EAGLE-3 head for ``target`` (a tiny Llama): its hidden size and vocabulary, the
+    given feature layers (default: inputs of layers 0, L//2, L-1) and a draft vocabulary of the
+    first ``draft_vocab`` even-then-odd ids when smaller than the target's."""
+    from transformers import LlamaConfig as Config
+
+    from specdemo.drafters.eagle import Eagle3Head
+    cfg = target.config
+    torch.manual_seed(seed)
+    config = Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                    intermediate_size=cfg.intermediate_size, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=512)
+    n = cfg.num_hidden_layers
+    vd = draft_vocab or cfg.vocab_size
+    head = Eagle3Head(config, vd, tuple(layers or (0, n // 2, n - 1)),
+                      verifier={"name_or_path": "tiny-llama"}).eval()
+    if vd < cfg.vocab_size:
+        order = torch.cat([torch.arange(0, cfg.vocab_size, 2), torch.arange(1, cfg.vocab_size, 2)])
+        ids = order[:vd].sort().values
+        head.d2t.copy_(ids - torch.arange(vd))
+        head.t2d.zero_()
+        head.t2d[ids] = True
+    with torch.no_grad():
+        head.lm_head.weight.mul_(scale)
+    head.attach(target.get_input_embeddings())
+    return head

@@ -1,0 +1,117 @@
+"""The drafter protocol and what every drafter family shares.
+
+One small protocol (propose, then learn how many were accepted), after transformers'
+``CandidateGenerator`` (``get_candidates`` / ``update_candidate_strategy``) but returning only the
+new tokens. Drafters that read the target's hidden states (EAGLE-3, DFlash, MTP) add one method,
+``observe``, and name the hidden states they need (``feature_layers``); the engine asks the target
+for exactly those in the verification forward it runs anyway, so drafting costs no extra target
+forward (:class:`FeatureDrafter`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from ..sampling import SamplingParams, choose, next_token_probs
+
+
+@dataclass
+class Proposal:
+    """Draft tokens for one round.
+
+    Attributes:
+        ids: the proposed ids (0 <= len <= k requested), in the target's vocabulary.
+        probs: (len(ids), V) the distributions they were drawn from, or None when the drafter
+            has none (verification then treats q as one-hot).
+        source: which drafter proposed them (a combined drafter names the one it chose).
+    """
+
+    ids: list[int]
+    probs: torch.Tensor | None = None
+    source: str | None = None
+
+
+class Drafter(Protocol):
+    """Proposes up to k tokens after ``context``; then hears how many were accepted."""
+
+    name: str
+
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Proposal: ...
+
+    def feedback(self, n_accepted: int) -> None: ...
+
+    @property
+    def extra_memory_bytes(self) -> int: ...
+
+
+@runtime_checkable
+class FeatureDrafter(Protocol):
+    """A drafter that reads target hidden states.
+
+    ``feature_layers`` are indices into transformers' ``hidden_states`` tuple: 0 is the embedding
+    output, k is the *input* of decoder layer k (= the output of layer k-1), L the final output.
+    EAGLE-3 asks for inputs of layers [2, L//2, L-3]; DFlash for outputs of layer k (index k+1).
+
+    The engine keeps one invariant: after every target forward it calls ``observe`` with the
+    features of the context positions that forward settled, in order, so that the drafter holds
+    features for every context position except the last (whose token has just been chosen and
+    not yet been through the target). ``observe`` receives (n, F) with F = len(feature_layers) *
+    hidden size, the layers concatenated in the order given.
+    """
+
+    feature_layers: tuple[int, ...]
+
+    def observe(self, features: torch.Tensor) -> None: ...
+
+
+def wants_features(drafter: object) -> tuple[int, ...]:
+    """The hidden-state indices ``drafter`` needs (empty for drafters that need none)."""
+    return tuple(getattr(drafter, "feature_layers", ()) or ())
+
+
+def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Resize (..., V_draft) logits to (..., vocab_size): cut padded rows or pad with -inf.
+
+    Draft and target may share a tokenizer yet pad their embeddings differently
+    (Qwen2.5-7B: 152064 rows, Qwen2.5-0.5B: 151936); ids beyond either are never real tokens.
+    """
+    v = logits.shape[-1]
+    if v == vocab_size:
+        return logits
+    if v > vocab_size:
+        return logits[..., :vocab_size]
+    pad = logits.new_full((*logits.shape[:-1], vocab_size - v), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
+
+
+def param_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers (tied tensors once)."""
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+_EMPTY = torch.empty(0, dtype=torch.long)
+
+
+def draw(logits: torch.Tensor, context: list[int], params: SamplingParams,
+         generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
+    """One draft token from (V,) target-vocabulary logits with the target's sampling parameters.
+
+    The distribution is the one the token was drawn from (one-hot at the argmax when greedy),
+    so it is the q of the speculative-sampling rule.
+
+    Returns:
+        (token id, (V,) float32 probabilities).
+    """
+    seen = (torch.tensor(context, device=logits.device) if params.repetition_penalty != 1.0
+            else _EMPTY)
+    p = next_token_probs(logits, seen, params)
+    return choose(p, params, generator), p

@@ -1,0 +1,96 @@
+"""Independent draft models with their own KV cache (Leviathan et al. 2023), and views of the
+target that draft for it: ``self`` (the target itself: 100% acceptance at temperature 0, this
+hardware's ceiling) and ``early-exit:N`` (its first N layers with its final norm and head, as in
+LayerSkip, Elhoushi et al. 2024). Views share every weight with the target.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..kv import KVModel
+from ..sampling import SamplingParams
+from .base import Proposal, draw, fit_vocab, param_bytes
+
+
+class ModelDrafter:
+    """A draft model with its own KV cache, drafting autoregressively with the target's sampling
+    parameters. Its cache follows the context by common prefix: after a rejection the stale draft
+    tokens are cropped (KVModel.rollback) before the next proposal.
+
+    Args:
+        model: a transformers causal LM sharing the target's tokenizer (ids mean the same text).
+        vocab_size: the target's logits width; draft distributions are resized to it.
+        name: shown in stats and the UI.
+        shares_weights: True when ``model``'s weights are the target's (self, early-exit), so only
+            its KV cache counts as extra memory.
+    """
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, name: str = "model",
+                 shares_weights: bool = False) -> None:
+        self.kv = KVModel(model)
+        self.vocab_size = vocab_size
+        self.name = name
+        self._weight_bytes = 0 if shares_weights else param_bytes(model)
+        self._fed: list[int] = []  # ids whose keys/values are in self.kv's cache
+
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        if k <= 0:
+            return Proposal([])
+        common = 0
+        limit = min(len(self._fed), len(context) - 1)  # feed at least the last token
+        while common < limit and self._fed[common] == context[common]:
+            common += 1
+        self.kv.rollback(common)
+        pending, seq = context[common:], list(context)
+        ids, probs = [], []
+        for _ in range(k):
+            logits = fit_vocab(self.kv.forward(pending)[-1], self.vocab_size)
+            token, p = draw(logits, seq, params, generator)
+            ids.append(token)
+            probs.append(p)
+            seq.append(token)
+            pending = [token]
+        self._fed = seq[:-1]  # the last draft token was never fed
+        return Proposal(ids, torch.stack(probs), source=self.name)
+
+    def feedback(self, n_accepted: int) -> None:
+        pass
+
+    @property
+    def extra_memory_bytes(self) -> int:
+        return self._weight_bytes + self.kv.cache_bytes
+
+
+def early_exit_view(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
+    """A causal LM that runs only the first ``n_layers`` decoder layers of ``model``, then its
+    final norm and head. Shares every weight with ``model`` (no copy).
+
+    Works for the decoder-only layouts transformers uses for Llama, Qwen2/3, Gemma, Mistral and
+    SmolLM (``model.model.layers``).
+
+    Raises:
+        ValueError: if n_layers is not within 1..(number of layers - 1), or the layout differs.
+    """
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"early-exit needs a decoder with model.layers; {type(model).__name__} has none")
+    if not 1 <= n_layers < len(layers):
+        raise ValueError(f"early-exit layers must be in 1..{len(layers) - 1}, got {n_layers}")
+    config = copy.copy(model.config)
+    config.num_hidden_layers = n_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types)[:n_layers]
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    view.config = config
+    view_inner = copy.copy(inner)
+    view_inner._modules = dict(inner._modules)
+    view_inner.layers = torch.nn.ModuleList(list(layers)[:n_layers])
+    view_inner.config = config
+    view.model = view_inner
+    return view

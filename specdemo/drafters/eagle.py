@@ -1,0 +1,320 @@
+"""EAGLE-3: a one-layer draft head over fused target features (Li et al. 2025, "EAGLE-3: Scaling
+up Inference Acceleration of Large Language Models via Training-Time Test", arXiv:2503.01840).
+
+Per draft position t the head reads the target's features at t (the inputs of three target
+layers, concatenated: (3 * Ht,)) and the embedding of the token at t + 1, and predicts the token at
+t + 2::
+
+    h0 = fc(features)                                      # (H,), only for real target features
+    x  = concat(input_layernorm(embed(token)), hidden_norm(h))      # (2H,)
+    h  = h + attn(x);  h = h + mlp(post_attention_layernorm(h))      # one Llama-style layer
+    logits = lm_head(norm(h))                              # (Vd,), draft vocabulary
+    target_id = draft_id + d2t[draft_id]
+
+Each further draft step feeds the layer's output ``h`` back in place of ``fc(features)``. Weight
+names follow vLLM's speculators layout (``fc``, ``layers.0.*``, ``norm``, ``lm_head``, ``d2t``,
+``t2d``); the module after speculators ``Eagle3DraftModel`` / ``LlamaDecoderEagle3FirstLayer``.
+The attention is written out here (not transformers' kernels) because training-time test needs
+its own mask: see :func:`ttt_attention`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+from ..sampling import SamplingParams
+from .base import Proposal, draw, param_bytes
+from .vocab import expand_logits, target_ids
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on (B, heads, T, d) with (B, T, d) cos/sin (transformers' rotate_half layout)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Eagle3Layer(nn.Module):
+    """The head's decoder layer: attention over (2H,) inputs, then a SwiGLU MLP."""
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool = False) -> None:
+        super().__init__()
+        h, nh, kvh = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or h // nh
+        self.heads, self.kv_heads = nh, kvh
+        self.norm_before_residual = norm_before_residual
+        eps, bias = config.rms_norm_eps, bool(getattr(config, "attention_bias", False))
+        self.input_layernorm = LlamaRMSNorm(h, eps=eps)
+        self.hidden_norm = LlamaRMSNorm(h, eps=eps)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=eps)
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(2 * h, nh * self.head_dim, bias=bias)
+        self.self_attn.k_proj = nn.Linear(2 * h, kvh * self.head_dim, bias=bias)
+        self.self_attn.v_proj = nn.Linear(2 * h, kvh * self.head_dim, bias=bias)
+        self.self_attn.o_proj = nn.Linear(nh * self.head_dim, h, bias=bias)
+        mlp_bias = bool(getattr(config, "mlp_bias", False))
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(h, config.intermediate_size, bias=mlp_bias)
+        self.mlp.up_proj = nn.Linear(h, config.intermediate_size, bias=mlp_bias)
+        self.mlp.down_proj = nn.Linear(config.intermediate_size, h, bias=mlp_bias)
+
+    def qkv(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """(B, T, H) token embeddings and hidden inputs -> q (B, nh, T, d), k, v (B, kvh, T, d),
+        and the residual (B, T, H)."""
+        b, t, _ = hidden.shape
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # (B, T, 2H)
+        attn = self.self_attn
+        q = attn.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v, residual
+
+    def finish(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """(B, nh, T, d) attention output + residual -> (B, T, H) layer output."""
+        b, _, t, _ = attended.shape
+        h = residual + self.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
+        mlp = self.mlp
+        x = self.post_attention_layernorm(h)
+        return h + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+
+    def expand_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, kvh, S, d) -> (B, nh, S, d) for grouped-query attention."""
+        return x.repeat_interleave(self.heads // self.kv_heads, dim=1)
+
+
+def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
+                  ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
+    """Attention of training-time-test step j = len(ks) (EAGLE-3, section 3.3).
+
+    A step-j query at anchor t plays draft step j after the real position t: it sees the real
+    (step-0) keys at positions <= t and its own chain's keys of steps 1..j at the same anchor t,
+    exactly what it sees at inference.
+
+    Args:
+        q: (B, h, T, d) queries of step j; k0, v0: (B, h, T, d) step-0 keys/values;
+        ks, vs: j tensors (B, h, T, d), the keys/values of steps 1..j.
+    Returns:
+        (B, h, T, d).
+    """
+    scale = q.shape[-1] ** -0.5
+    t = q.shape[2]
+    main = (q @ k0.transpose(-1, -2)) * scale  # (B, h, T, T)
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    main = main.masked_fill(~causal, float("-inf"))
+    diag = [((q * k).sum(-1) * scale).unsqueeze(-1) for k in ks]  # j x (B, h, T, 1)
+    weights = torch.cat([main, *diag], dim=-1).softmax(dim=-1)
+    out = weights[..., :t] @ v0
+    for i, v in enumerate(vs):
+        out = out + weights[..., t + i:t + i + 1] * v
+    return out
+
+
+class Eagle3Head(nn.Module):
+    """The EAGLE-3 draft head (module docstring).
+
+    Args:
+        config: the decoder layer's LlamaConfig (hidden_size H, heads, intermediate_size,
+            rms_norm_eps, rope settings, vocab_size = the target's V).
+        draft_vocab_size: Vd, width of ``lm_head``.
+        feature_layers: ``hidden_states`` indices of the target it reads (inputs of layers).
+        target_hidden_size: Ht, the target's hidden size (default H).
+        norm_before_residual: speculators' option of that name.
+        verifier: {"name_or_path", "architectures"} of the target it was trained for.
+        own_embeddings: keep an embedding table of its own; else the target's is attached
+            (:meth:`attach`), as vLLM does when a checkpoint has no ``embed_tokens``.
+    """
+
+    def __init__(self, config: LlamaConfig, draft_vocab_size: int, feature_layers: tuple[int, ...],
+                 target_hidden_size: int | None = None, norm_before_residual: bool = False,
+                 verifier: dict | None = None, own_embeddings: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.draft_vocab_size = draft_vocab_size
+        self.feature_layers = tuple(int(i) for i in feature_layers)
+        self.target_hidden_size = target_hidden_size or config.hidden_size
+        self.norm_before_residual = norm_before_residual
+        self.verifier = dict(verifier or {})
+        h = config.hidden_size
+        self.fc = nn.Linear(len(self.feature_layers) * self.target_hidden_size, h, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(config, norm_before_residual)])
+        self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, h) if own_embeddings else None
+        self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
+        self._target_embed: tuple[nn.Module, ...] = ()  # a tuple: not registered, not saved
+
+    def attach(self, embeddings: nn.Module) -> None:
+        """Use the target's input embeddings (not copied, not saved, not counted as its memory)."""
+        self._target_embed = (embeddings,)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) target ids -> (B, T, H) embeddings.
+
+        Raises:
+            RuntimeError: the head has no embeddings of its own and none were attached.
+        """
+        table = self.embed_tokens if self.embed_tokens is not None else (self._target_embed or [None])[0]
+        if table is None:
+            raise RuntimeError("the EAGLE-3 head needs the target's embeddings: call attach()")
+        return table(ids).to(self.fc.weight.dtype)
+
+    def rope(self, hidden: torch.Tensor, positions: torch.Tensor):
+        """cos, sin (B, T, d) for (B, T) positions."""
+        return self.rotary_emb(hidden, positions)
+
+    def draft_ids(self) -> torch.Tensor:
+        """(Vd,) the target id of every draft id."""
+        return target_ids(self.d2t)
+
+    def step(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+             past: tuple[torch.Tensor, torch.Tensor] | None):
+        """One inference pass over T new draft positions with a KV cache.
+
+        Args:
+            hidden: (1, T, H) inputs (``fc(features)`` for real positions, or the previous
+                output for a draft step).
+            ids: (1, T) the target ids of the tokens after those positions.
+            positions: (1, T) positions (continuing the cache's).
+            past: cached (k, v), each (1, kvh, S, d), or None.
+        Returns:
+            (output (1, T, H), logits (1, T, Vd), (k, v) with S + T positions).
+        """
+        layer = self.layers[0]
+        cos, sin = self.rope(hidden, positions)
+        q, k, v, residual = layer.qkv(self.embed(ids), hidden, cos, sin)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        t, s = q.shape[2], k.shape[2]
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
+        attended = F.scaled_dot_product_attention(q, layer.expand_kv(k), layer.expand_kv(v),
+                                                  attn_mask=mask)
+        out = layer.finish(attended, residual)
+        return out, self.lm_head(self.norm(out)), (k, v)
+
+    def ttt_forward(self, features: torch.Tensor, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Training-time test: ``steps`` unrolled draft steps over whole sequences.
+
+        Step 0 reads real features; step j > 0 reads step j-1's outputs and the tokens one
+        further on (the target's own tokens: drafting continues only while they were accepted).
+
+        Args:
+            features: (B, T, 3 * Ht) target features at positions 0..T-1.
+            ids: (B, T + steps) token ids; pair t of step j takes ids[:, t + 1 + j].
+            steps: unrolled steps (>= 1).
+        Returns:
+            ``steps`` tensors (B, T, Vd) of draft logits; step j at anchor t predicts the token
+            at t + 2 + j.
+        """
+        b, t, _ = features.shape
+        layer = self.layers[0]
+        hidden = self.fc(features.to(self.fc.weight.dtype))
+        positions = torch.arange(t, device=features.device).expand(b, t)
+        out_logits, ks, vs, k0 = [], [], [], None
+        for j in range(steps):
+            cos, sin = self.rope(hidden, positions + j)
+            q, k, v, residual = layer.qkv(self.embed(ids[:, 1 + j:1 + j + t]), hidden, cos, sin)
+            k, v = layer.expand_kv(k), layer.expand_kv(v)
+            if j == 0:
+                k0, v0 = k, v
+                attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                ks.append(k)
+                vs.append(v)
+                attended = ttt_attention(q, k0, v0, ks, vs)
+            hidden = layer.finish(attended, residual)
+            out_logits.append(self.lm_head(self.norm(hidden)))
+        return out_logits
+
+
+class Eagle3Drafter:
+    """Drafting with an :class:`Eagle3Head` inside the engine (a FeatureDrafter).
+
+    The head keeps a KV cache over the real (target-feature) positions; draft steps are appended
+    for one round and cropped before the next, so a rejection needs no other rollback. Proposals
+    carry the distributions they were drawn from (the target's sampling parameters applied to
+    the head's logits), so speculative sampling keeps the target's distribution; greedy drafts
+    are one-hot.
+
+    Args:
+        head: the loaded head (embeddings attached or its own).
+        vocab_size: V, the target's logits width.
+        name: shown in stats and the UI.
+    """
+
+    def __init__(self, head: Eagle3Head, vocab_size: int, name: str = "eagle3") -> None:
+        self.head = head
+        self.name = name
+        self.vocab_size = vocab_size
+        self.feature_layers = head.feature_layers
+        self._ids = head.draft_ids()
+        self._pending: list[torch.Tensor] = []  # observed features not yet fed to the head
+        self._n_real = 0  # real positions in the cache
+        self._past: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._last_out: torch.Tensor | None = None  # (1, 1, H) output at the last real position
+        self._weight_bytes = param_bytes(head)  # attached target embeddings are not the head's
+
+    def observe(self, features: torch.Tensor) -> None:
+        self._pending.append(features)
+
+    @torch.inference_mode()
+    def _catch_up(self, context: list[int]) -> torch.Tensor:
+        """Feed the observed features (pairs (f_i, context[i + 1])); logits (Vd,) at the last."""
+        if self._past is not None:  # drop last round's draft steps
+            self._past = (self._past[0][:, :, :self._n_real], self._past[1][:, :, :self._n_real])
+        feats = torch.cat(self._pending).unsqueeze(0)  # (1, n, F)
+        self._pending.clear()
+        n = feats.shape[1]
+        start = self._n_real
+        if start + n != len(context) - 1:
+            raise RuntimeError(f"EAGLE-3 drafter out of step: features for {start + n} positions, "
+                               f"context has {len(context)} tokens")
+        ids = torch.tensor([context[start + 1:start + n + 1]], device=feats.device)
+        positions = torch.arange(start, start + n, device=feats.device).unsqueeze(0)
+        out, logits, self._past = self.head.step(self.head.fc(feats.to(self.head.fc.weight.dtype)),
+                                                 ids, positions, self._past)
+        self._n_real = start + n
+        self._last_out = out[:, -1:]
+        return logits[0, -1]
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        if k <= 0:
+            return Proposal([], source=self.name)
+        if not self._pending:  # the engine observes after every target forward
+            raise RuntimeError("EAGLE-3 drafter: no new target features since the last round")
+        logits = self._catch_up(context)
+        ids, probs, seq = [], [], list(context)
+        hidden, past = self._last_out, self._past
+        position = self._n_real
+        for step in range(k):
+            full = expand_logits(logits.float(), self._ids, self.vocab_size)
+            token, p = draw(full, seq, params, generator)
+            ids.append(token)
+            probs.append(p)
+            seq.append(token)
+            if step + 1 == k:
+                break
+            pos = torch.tensor([[position]], device=hidden.device)
+            hidden, out_logits, past = self.head.step(
+                hidden, torch.tensor([[token]], device=hidden.device), pos, past)
+            logits = out_logits[0, -1]
+            position += 1
+        self._past = past
+        return Proposal(ids, torch.stack(probs), source=self.name)
+
+    def feedback(self, n_accepted: int) -> None:
+        pass
+
+    @property
+    def extra_memory_bytes(self) -> int:
+        cache = sum(t.numel() * t.element_size() for t in self._past) if self._past else 0
+        return self._weight_bytes + cache

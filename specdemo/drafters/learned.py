@@ -1,0 +1,225 @@
+"""Learned drafters (EAGLE-3 heads, and the families registered in :data:`LOADERS`): finding
+them from a spec, checking them against a target, loading them.
+
+A spec names a learned drafter when it is ``builtin:<name>`` of a drafter shipped with the project
+(:data:`BUILTIN_DRAFTERS`), a local folder whose ``config.json`` declares a drafter family, or a
+hub id whose cached (or, when the hub is reachable, downloaded) ``config.json`` does.
+
+The most reported failure in the field is a drafter that loads, stays lossless and accepts ~1%
+(wrong feature layers, a missing vocabulary map, a head for another target), so every load is
+checked first and refused with one sentence per problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..models import ModelLoadError
+from . import eagle_io
+from .eagle import Eagle3Drafter, Eagle3Head
+from .features import index_problems, num_layers
+from .vocab import map_problems
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "builtin_drafters"
+#: name -> the built-in target it was trained for
+BUILTIN_DRAFTERS = {"smollm2-135m-eagle3": "builtin:smollm2-135m"}
+
+
+class DrafterRefused(ModelLoadError):
+    """A learned drafter that cannot serve this target; ``problems`` has one sentence each."""
+
+    def __init__(self, spec: str, target: str, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(f"draft {spec} cannot serve target {target}: " + "; ".join(problems))
+
+
+def _family(config: dict) -> str | None:
+    if eagle_io.layout(config):
+        return "eagle3"
+    for kind, detect in DETECTORS.items():
+        if detect(config):
+            return kind
+    return None
+
+
+def _hub_folder(spec: str) -> Path | None:
+    """The local snapshot of a hub drafter (downloaded when not cached and the hub answers)."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from ..models import _hub_offline, _hub_reachable
+    try:
+        config = Path(hf_hub_download(spec, "config.json", local_files_only=True))
+    except Exception:
+        if _hub_offline() or not _hub_reachable():
+            return None
+        try:
+            config = Path(hf_hub_download(spec, "config.json"))
+        except Exception:
+            return None
+    if _family(eagle_io.read_config(config.parent)) is None:
+        return None
+    try:
+        return Path(snapshot_download(spec, local_files_only=True))
+    except Exception:
+        return Path(snapshot_download(spec))
+
+
+def resolve(spec: str) -> tuple[Path, str] | None:
+    """(folder, family) when ``spec`` names a learned drafter, else None (a model, ngram, ...).
+
+    Raises:
+        ModelLoadError: ``builtin:`` names a shipped drafter whose files are missing.
+    """
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        if name not in BUILTIN_DRAFTERS:
+            return None
+        folder = BUILTIN_DIR / name
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(f"the built-in drafter {spec} is missing from {folder}; "
+                                 "reinstall specdemo or train it with "
+                                 f"`python -m specdemo train-draft --target {BUILTIN_DRAFTERS[name]}`")
+        return folder, _family(eagle_io.read_config(folder)) or "eagle3"
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            return None
+        try:
+            family = _family(eagle_io.read_config(path))
+        except eagle_io.Eagle3FormatError:
+            return None
+        return (path, family) if family else None
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        folder = _hub_folder(spec)
+        return (folder, _family(eagle_io.read_config(folder))) if folder else None
+    return None
+
+
+def is_learned(spec: str) -> bool:
+    """Whether ``spec`` names a learned drafter (never raises)."""
+    try:
+        return resolve(spec) is not None
+    except Exception:
+        return spec.startswith("builtin:") and spec.split(":", 1)[1] in BUILTIN_DRAFTERS
+
+
+@dataclass
+class LoadedEagle3:
+    """A loaded EAGLE-3 head, ready to make a fresh drafter per decode.
+
+    Attributes:
+        spec: as given.  head: the module.  info: layout and absent optional tensors.
+        warnings: checks that did not refuse it (e.g. a different verifier name).
+    """
+
+    spec: str
+    head: Eagle3Head
+    info: dict
+    warnings: list[str] = field(default_factory=list)
+
+    def new_drafter(self, target: torch.nn.Module, vocab_size: int, name: str) -> Eagle3Drafter:
+        if self.head.embed_tokens is None:
+            self.head.attach(target.get_input_embeddings())
+        return Eagle3Drafter(self.head, vocab_size, name=name)
+
+    @property
+    def weight_bytes(self) -> int:
+        from .base import param_bytes
+        return param_bytes(self.head)
+
+
+def _target_name(target) -> str:
+    return str(getattr(target.model.config, "_name_or_path", "") or target.spec)
+
+
+def eagle3_problems(head: Eagle3Head, info: dict, target) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) for an EAGLE-3 head against a loaded target (one sentence each)."""
+    config = target.model.config.get_text_config()
+    hidden, depth, vocab = int(config.hidden_size), num_layers(target.model), target.vocab_size
+    problems = index_problems(head.feature_layers, depth, "the EAGLE-3 head")
+    if head.target_hidden_size != hidden:
+        problems.append(f"the head reads features of width {head.target_hidden_size} per layer but "
+                        f"the target's hidden size is {hidden}: it was built for another target")
+    if head.embed_tokens is None and head.config.hidden_size != hidden:
+        problems.append(f"the head has no embeddings of its own and its width "
+                        f"{head.config.hidden_size} differs from the target's {hidden}")
+    tokens = len(target.tokenizer) if hasattr(target.tokenizer, "__len__") else vocab
+    if head.config.vocab_size not in (vocab, tokens):
+        problems.append(f"the head was built for a vocabulary of {head.config.vocab_size} ids, the "
+                        f"target has {vocab}")
+    d2t = None if "d2t" in info.get("missing", []) else head.d2t
+    t2d = None if "t2d" in info.get("missing", []) else head.t2d
+    problems += map_problems(d2t, t2d, head.draft_vocab_size, vocab)
+    warnings = []
+    verifier = head.verifier.get("name_or_path")
+    names = {target.spec, _target_name(target), *BUILTIN_ALIASES.get(target.spec, ())}
+    if verifier and verifier not in names:
+        warnings.append(f"the head was trained for {verifier}, not {target.spec}; expect low "
+                        "acceptance unless they are the same model")
+    return problems, warnings
+
+
+#: other names of built-in targets, as a head's verifier may record them
+BUILTIN_ALIASES = {"builtin:smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct",)}
+
+#: family -> config detector, for families other than EAGLE-3 (filled by their modules)
+DETECTORS: dict[str, Callable[[dict], bool]] = {}
+#: family -> loader(spec, folder, target) -> loaded drafter, for families other than EAGLE-3
+LOADERS: dict[str, Callable] = {}
+
+
+def load_learned(spec: str, target, dtype: torch.dtype = torch.float32):
+    """Load and check the learned drafter ``spec`` for a loaded ``target`` (models.LoadedModel).
+
+    Returns:
+        An object with ``new_drafter(target_model, vocab_size, name)`` and ``warnings``.
+    Raises:
+        DrafterRefused: it cannot serve this target (the problems, one sentence each).
+        ModelLoadError: it is not a learned drafter or its files cannot be read.
+    """
+    found = resolve(spec)
+    if found is None:
+        raise ModelLoadError(f"{spec} is not a learned drafter folder (no EAGLE-3, DFlash or MTP "
+                             "config.json)")
+    folder, family = found
+    if family != "eagle3":
+        return LOADERS[family](spec, folder, target)
+    try:
+        head, info = eagle_io.load_head(folder, num_layers(target.model), dtype)
+    except eagle_io.Eagle3FormatError as exc:
+        raise DrafterRefused(spec, target.spec, [str(exc)]) from None
+    problems, warnings = eagle3_problems(head, info, target)
+    if problems:
+        raise DrafterRefused(spec, target.spec, problems)
+    return LoadedEagle3(spec, head.to(target.device), info, warnings)
+
+
+def learned_verdict(target_spec: str, draft_spec: str, load_target: Callable | None = None):
+    """``compat.Verdict`` of a learned drafter against a target (loads both; no decoding).
+
+    Raises:
+        ModelLoadError: the target cannot be loaded.
+    """
+    from ..compat import COMPATIBLE, INCOMPATIBLE, WARNINGS, Verdict
+    from ..models import load_model
+    target = (load_target or load_model)(target_spec)
+    try:
+        loaded = load_learned(draft_spec, target)
+    except DrafterRefused as exc:
+        return Verdict(INCOMPATIBLE, exc.problems)
+    summary = describe(loaded)
+    return Verdict(WARNINGS, [summary] + loaded.warnings) if loaded.warnings \
+        else Verdict(COMPATIBLE, [summary])
+
+
+def describe(loaded) -> str:
+    """One line on what a loaded learned drafter reads and predicts."""
+    head = getattr(loaded, "head", None)
+    if head is None:
+        return getattr(loaded, "summary", type(loaded).__name__)
+    return (f"EAGLE-3 head ({loaded.info['layout']} layout) reading the inputs of target layers "
+            f"{list(head.feature_layers)}, predicting {head.draft_vocab_size:,} of the target's "
+            f"{head.config.vocab_size:,} ids")

@@ -1,0 +1,158 @@
+"""Training data from the target itself: its own answers to the prompt set, then its features.
+
+A drafter must predict what *this* target says, so the answers come from the target (batched
+``generate``: the first answer per prompt greedy, the others sampled at a modest temperature),
+as EAGLE-3 and SpecForge regenerate their data with the target. Both stages append to files in
+the output folder and skip what is there, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..drafters.features import capture
+
+ANSWERS = "answers.jsonl"
+FEATURES = "features"
+
+
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    """Prompt ids as the app builds them (chat template when the tokenizer has one)."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                            add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tokenizer.encode(prompt)
+
+
+def _done(path: Path) -> set[tuple[int, int]]:
+    if not path.exists():
+        return set()
+    done = set()
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+            done.add((row["prompt_index"], row["answer_index"]))
+        except (ValueError, KeyError):
+            continue  # a line cut by an interruption: regenerated
+    return done
+
+
+@torch.inference_mode()
+def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
+                     temperature: float = 0.7, max_new_tokens: int = 160, batch_size: int = 16,
+                     seed: int = 0) -> Path:
+    """Append the target's answers to ``out_dir/answers.jsonl`` (resumable).
+
+    Each line: {"prompt_index", "answer_index", "task", "ids" (prompt + answer ids),
+    "n_prompt"}; the answer ends at the first EOS (kept) or after ``max_new_tokens``.
+
+    Args:
+        target: a ``models.LoadedModel``.
+        rows: prompt rows ({"task", "prompt"}).
+        answers_per_prompt: answer 0 is greedy, the others sampled at ``temperature``.
+    Returns:
+        The answers file.
+    """
+    path = out_dir / ANSWERS
+    done = _done(path)
+    tok, model = target.tokenizer, target.model
+    pad = tok.pad_token_id if tok.pad_token_id is not None else min(target.eos_token_ids)
+    eos = target.eos_token_ids
+    todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
+    prompts = {i: chat_ids(tok, rows[i]["prompt"]) for i, _ in todo}
+    todo.sort(key=lambda ia: (ia[1], len(prompts[ia[0]])))  # similar lengths batch together
+    bar = tqdm(total=len(todo), desc="generating answers", unit="answer")
+    with path.open("a") as out:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start:start + batch_size]
+            width = max(len(prompts[i]) for i, _ in batch)
+            ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i, _ in batch])
+            mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i])
+                                 for i, _ in batch])
+            sample = batch[0][1] > 0
+            torch.manual_seed(seed + start + 1000 * batch[0][1])
+            gen = model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                                 max_new_tokens=max_new_tokens, do_sample=sample,
+                                 temperature=temperature if sample else None, top_p=None, top_k=None,
+                                 pad_token_id=pad, eos_token_id=sorted(eos))
+            for row_i, (i, a) in enumerate(batch):
+                answer = gen[row_i, width:].tolist()
+                cut = next((n + 1 for n, t in enumerate(answer) if t in eos), len(answer))
+                out.write(json.dumps({"prompt_index": i, "answer_index": a,
+                                      "task": rows[i].get("task", "chat"),
+                                      "ids": prompts[i] + answer[:cut], "n_prompt": len(prompts[i])}) + "\n")
+            out.flush()
+            bar.update(len(batch))
+    bar.close()
+    return path
+
+
+def load_answers(out_dir: Path) -> list[dict]:
+    """The complete lines of ``answers.jsonl``, in (prompt_index, answer_index) order."""
+    rows = []
+    for line in (out_dir / ANSWERS).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    rows.sort(key=lambda r: (r["prompt_index"], r["answer_index"]))
+    return rows
+
+
+@torch.inference_mode()
+def capture_features(target, answers: list[dict], indices: tuple[int, ...], out_dir: Path,
+                     shard_size: int = 64, batch_size: int = 8) -> list[Path]:
+    """Run the target over every answer once and store what training reads, in shards
+    (resumable: existing shards are kept).
+
+    Each shard ``features/NNNNN.pt`` is a list of {"ids" (N,) int32, "n_prompt",
+    "features" (N, F) float16, "last" (N, H) float16}: the drafter's input features and the
+    target's final hidden state (its logits are ``lm_head(last)``).
+    """
+    folder = out_dir / FEATURES
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = []
+    bar = tqdm(total=len(answers), desc="capturing features", unit="answer")
+    for s, start in enumerate(range(0, len(answers), shard_size)):
+        path = folder / f"{s:05d}.pt"
+        shards.append(path)
+        chunk = answers[start:start + shard_size]
+        if path.exists():
+            bar.update(len(chunk))
+            continue
+        items = []
+        for b in range(0, len(chunk), batch_size):
+            batch = chunk[b:b + batch_size]
+            width = max(len(r["ids"]) for r in batch)
+            ids = torch.tensor([r["ids"] + [0] * (width - len(r["ids"])) for r in batch])
+            mask = torch.tensor([[1] * len(r["ids"]) + [0] * (width - len(r["ids"])) for r in batch])
+            feats, last = capture(target.model, ids.to(target.device), indices, mask.to(target.device))
+            for j, r in enumerate(batch):
+                n = len(r["ids"])
+                items.append({"ids": torch.tensor(r["ids"], dtype=torch.int32), "n_prompt": r["n_prompt"],
+                              "features": feats[j, :n].to(torch.float16).cpu(),
+                              "last": last[j, :n].to(torch.float16).cpu()})
+            bar.update(len(batch))
+        tmp = path.with_suffix(".tmp")
+        torch.save(items, tmp)
+        tmp.rename(path)  # a shard exists only when complete
+    bar.close()
+    return shards
+
+
+def split_rows(rows: list[dict], heldout: bool) -> list[dict]:
+    """The rows of one split ("heldout" or "train")."""
+    want = "heldout" if heldout else "train"
+    return [r for r in rows if r.get("split", "train") == want]
+
+
+def shuffled(items: list, seed: int) -> list:
+    out = list(items)
+    random.Random(seed).shuffle(out)
+    return out

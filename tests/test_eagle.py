@@ -1,0 +1,131 @@
+"""EAGLE-3 heads: lossless in the engine, rollback, both folder layouts, load-time checks."""
+
+import json
+
+import pytest
+import torch
+
+from specdemo.drafters import eagle_io
+from specdemo.drafters.eagle import Eagle3Drafter
+from specdemo.drafters.learned import DrafterRefused, eagle3_problems, load_learned
+from specdemo.engine import generate
+from specdemo.kv import KVModel
+from specdemo.models import LoadedModel
+from specdemo.policy import FixedDraftLength, make_policy
+from specdemo.sampling import SamplingParams
+from tiny import CharTokenizer, tiny_eagle, tiny_llama
+
+PROMPT = CharTokenizer().encode("speculative decoding, made visible")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=3, layers=4)
+
+
+def loaded(target) -> LoadedModel:
+    return LoadedModel("tiny-llama", target, CharTokenizer(), torch.device("cpu"), torch.float32, 0.0, "test")
+
+
+@pytest.mark.parametrize("k", [1, 3, 6, "auto"])
+@pytest.mark.parametrize("draft_vocab", [None, 20])
+def test_greedy_equals_plain(target, k, draft_vocab):
+    kv = KVModel(target)
+    plain = generate(kv, PROMPT, CharTokenizer(), max_new_tokens=48)
+    head = tiny_eagle(target, draft_vocab, seed=1)
+    policy = make_policy(k, {n: 1.0 for n in range(1, 18)}) if k == "auto" else FixedDraftLength(k)
+    spec = generate(kv, PROMPT, CharTokenizer(), drafter=Eagle3Drafter(head, 32), policy=policy,
+                    max_new_tokens=48)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.drafted > 0 and spec.stats.extra_memory_bytes > 0
+
+
+def test_features_are_the_requested_hidden_states(target):
+    kv = KVModel(target)
+    logits, feats = kv.forward_features(PROMPT, 1, (0, 2, 4))
+    with torch.no_grad():
+        full = target(torch.tensor([PROMPT]), output_hidden_states=True)
+    expected = torch.cat([full.hidden_states[i][0] for i in (0, 2, 4)], dim=-1)
+    assert feats.shape == (len(PROMPT), 3 * 32)
+    assert torch.allclose(feats, expected, atol=1e-5)
+    assert torch.allclose(logits[-1], full.logits[0, -1], atol=1e-5)
+
+
+def _scratch_proposal(head, target, context, k):
+    """A fresh drafter fed the features of the whole context at once (no rollback involved)."""
+    kv = KVModel(target)
+    _, feats = kv.forward_features(context[:-1], 1, head.feature_layers)
+    drafter = Eagle3Drafter(head, 32)
+    drafter.observe(feats)
+    return drafter.propose(context, k, SamplingParams(), None).ids
+
+
+def test_rollback_matches_a_drafter_recomputed_from_scratch(target):
+    """Drive a drafter through rounds with rejections; each proposal must equal the proposal of
+    a drafter built from scratch on the same context."""
+    head = tiny_eagle(target, seed=2)
+    kv = KVModel(target)
+    drafter = Eagle3Drafter(head, 32)
+    context = list(PROMPT)
+    _, feats = kv.forward_features(context, 1, head.feature_layers)
+    drafter.observe(feats)
+    context.append(7)
+    rejected = 0
+    for round_ in range(6):
+        proposal = drafter.propose(context, 4, SamplingParams(), None).ids
+        assert proposal == _scratch_proposal(head, target, context, 4), round_
+        n_acc = round_ % 3  # 0, 1 or 2 accepted: the rest rejected
+        rejected += 4 - n_acc
+        _, feats = kv.forward_features([context[-1]] + proposal, 1, head.feature_layers)
+        kv.rollback(len(context) + n_acc)
+        drafter.observe(feats[:n_acc + 1])
+        context += proposal[:n_acc] + [(proposal[n_acc] + 1) % 32]
+    assert rejected > 0
+
+
+@pytest.mark.parametrize("layout", ["speculators", "safeailab"])
+def test_saved_head_loads_back_with_the_same_proposals(target, tmp_path, layout):
+    head = tiny_eagle(target, 20, seed=4)
+    folder = eagle_io.save_head(head, tmp_path / "head", dtype=torch.float32)
+    config = json.loads((folder / "config.json").read_text())
+    if layout == "safeailab":  # rewrite into SafeAILab's layout: flat config, midlayer.* weights
+        from safetensors.torch import load_file, save_file
+        state = {k.replace("layers.0.", "midlayer.", 1): v
+                 for k, v in load_file(str(folder / "model.safetensors")).items()}
+        save_file(state, str(folder / "model.safetensors"))
+        flat = {**config["transformer_layer_config"], "architectures": ["LlamaForCausalLMEagle3"],
+                "draft_vocab_size": 20,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": config["eagle_aux_hidden_state_layer_ids"]}}
+        (folder / "config.json").write_text(json.dumps(flat))
+    else:
+        assert config["speculators_model_type"] == "eagle3"
+        assert config["speculators_config"]["verifier"]["name_or_path"] == "tiny-llama"
+        assert set(load_file_keys(folder)) >= {"fc.weight", "layers.0.self_attn.q_proj.weight",
+                                               "norm.weight", "lm_head.weight", "d2t", "t2d"}
+    back = load_learned(str(folder), loaded(target))
+    assert back.info["layout"] == layout
+    context = PROMPT + [5]
+    assert _scratch_proposal(back.new_drafter(target, 32, "x").head, target, context, 5) == \
+        _scratch_proposal(head, target, context, 5)
+
+
+def load_file_keys(folder):
+    from safetensors.torch import load_file
+    return load_file(str(folder / "model.safetensors")).keys()
+
+
+def test_refusals_name_the_problem(target, tmp_path):
+    deep = tiny_eagle(target, seed=5, layers=(2, 6, 9))
+    folder = eagle_io.save_head(deep, tmp_path / "deep")
+    with pytest.raises(DrafterRefused, match="only 4 layers"):
+        load_learned(str(folder), loaded(target))
+    small = tiny_eagle(target, 20, seed=5)
+    folder = eagle_io.save_head(small, tmp_path / "nomap")
+    from safetensors.torch import load_file, save_file
+    state = load_file(str(folder / "model.safetensors"))
+    del state["d2t"]
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(DrafterRefused, match="no d2t map"):
+        load_learned(str(folder), loaded(target))
+    ok = tiny_eagle(target, 20, seed=5)
+    assert eagle3_problems(ok, {"missing": []}, loaded(target))[0] == []
