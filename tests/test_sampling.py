@@ -149,6 +149,7 @@ def marginals(target):
     return exact_marginals(target)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["plain", "model-draft", "no-probabilities"])
 def test_sampled_tokens_follow_the_target(target, marginals, kind):
     draft = sharp_model(12)
@@ -159,6 +160,7 @@ def test_sampled_tokens_follow_the_target(target, marginals, kind):
         assert chi2_pvalue(counts[position], marginals[position].float()) > ALPHA, position
 
 
+@pytest.mark.slow
 def test_end_to_end_test_detects_the_draft_distribution(target, marginals):
     """Negative control: sampling tokens 2-3 from the draft model instead fails the same test."""
     draft = sharp_model(12)

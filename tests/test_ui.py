@@ -73,6 +73,7 @@ def check_pane(pane):
     assert 0 < pane["ttft_s"] <= pane["elapsed_s"]
 
 
+@pytest.mark.slow
 def test_race_api_both_panes_finish_and_agree(client):
     result = race(client, draft="ngram", draft_length="4")
     plain, spec = result["plain"], result["speculative"]
@@ -89,6 +90,7 @@ def test_race_api_both_panes_finish_and_agree(client):
     assert result["draft"] == "ngram"
 
 
+@pytest.mark.slow
 def test_self_draft_marks_every_drafted_token(client):
     result = race(client, prompt="Write a long story about a lighthouse keeper.", draft="self",
                   draft_length="4", max_new_tokens=17)
@@ -101,6 +103,7 @@ def test_self_draft_marks_every_drafted_token(client):
     assert spec["acceptance_rate"] == 1.0
 
 
+@pytest.mark.slow
 def test_stop_keeps_what_was_produced(client):
     job = client.submit(api_name="/race", prompt="Write a long story about a lighthouse keeper.",
                         max_new_tokens=400, draft="ngram")
@@ -114,6 +117,7 @@ def test_stop_keeps_what_was_produced(client):
     assert result["identical"] is None
 
 
+@pytest.mark.slow
 def test_bad_inputs_give_readable_messages(client):
     with pytest.raises(AppError, match="prompt is empty"):
         race(client, prompt="   ")
@@ -123,6 +127,7 @@ def test_bad_inputs_give_readable_messages(client):
         assert "exceeds the model's context of 8192" in result[name]["error"]
 
 
+@pytest.mark.slow
 def test_refused_draft_fails_only_its_pane(client):
     result = race(client, draft="builtin:gemma3-270m", max_new_tokens=8)
     assert result["plain"]["status"] == "done" and result["plain"]["new_tokens"] == 8
@@ -131,6 +136,7 @@ def test_refused_draft_fails_only_its_pane(client):
     assert "different tokenizers" in result["speculative"]["error"]
 
 
+@pytest.mark.slow
 def test_two_clients_are_queued_not_run_together(server):
     first, second = (Client(f"http://127.0.0.1:{server}/", verbose=False) for _ in range(2))
     job1 = first.submit(api_name="/race", prompt=PROMPT, max_new_tokens=24, draft="ngram")
@@ -146,6 +152,7 @@ def test_two_clients_are_queued_not_run_together(server):
     assert r1["identical"] and r2["identical"]
 
 
+@pytest.mark.slow
 def test_listens_on_loopback_only(server):
     assert answers("127.0.0.1", server)
     other = other_address()
@@ -154,6 +161,7 @@ def test_listens_on_loopback_only(server):
     assert not answers(other, server)
 
 
+@pytest.mark.slow
 def test_host_flag_changes_the_address():
     other = other_address()
     if other is None:
@@ -207,6 +215,7 @@ def test_failed_turns_stay_visible_but_out_of_the_model_prompt():
     assert "out of memory" in shown[3]["content"] and "sd-draft" in shown[5]["content"]
 
 
+@pytest.mark.slow
 def test_send_handler_keeps_two_multi_turn_histories(server):
     """Two turns through the Send handler: each pane's second prompt holds its own first answer."""
     from types import SimpleNamespace
