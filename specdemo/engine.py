@@ -230,8 +230,8 @@ def decode(
             policy.update(len(drafts) + 1, t2 - t1, len(drafts), n_accepted, t1 - t0)
             drafter.feedback(n_accepted)
         event = emit(drafts[:n_accepted] + [next_token], [True] * n_accepted + [False])
-        # Count what was verified, but accepted tokens only as far as they were emitted.
-        stats.record_round(len(drafts), min(n_accepted, len(event.token_ids)))
+        # Drafts after a stop point (EOS, stop string, length) count neither way.
+        stats.record_round(len(drafts), n_accepted, len(event.token_ids))
         stats.extra_memory_bytes = drafter.extra_memory_bytes if drafter else 0
         event.stats = stats.copy()
         yield event

@@ -107,13 +107,27 @@ class DecodeStats:
         return [ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
 
     # --- recording ---------------------------------------------------------------------------
-    def record_round(self, n_drafted: int, n_accepted: int) -> None:
-        """Record one verification round: ``n_drafted`` proposed, the first ``n_accepted`` kept."""
-        self.drafted += n_drafted
-        self.accepted += n_accepted
+    def record_round(self, n_drafted: int, n_accepted: int, n_emitted: int | None = None) -> None:
+        """Record one verification round: ``n_drafted`` proposed, the first ``n_accepted`` kept.
+
+        Args:
+            n_drafted: draft tokens verified this round (the draft length used).
+            n_accepted: how many of them verification accepted.
+            n_emitted: tokens of the round that were emitted: the accepted drafts then the
+                correction/bonus token, cut at a stop point (EOS, stop string, max_new_tokens);
+                None means all ``n_accepted + 1``. When the cut falls inside the accepted drafts
+                (``n_emitted <= n_accepted``), the drafts after it were never refused, only not
+                needed: the round counts ``n_emitted`` drafted, all accepted (also per position).
+        """
+        counted_drafted, counted_accepted = n_drafted, n_accepted
+        if n_emitted is not None and n_emitted <= n_accepted:
+            counted_drafted = counted_accepted = n_emitted
+        self.drafted += counted_drafted
+        self.accepted += counted_accepted
         self.target_forwards += 1
         self.draft_length = n_drafted
-        count_positions(self.position_drafted, self.position_accepted, n_drafted, n_accepted)
+        count_positions(self.position_drafted, self.position_accepted, counted_drafted,
+                        counted_accepted)
 
     def as_dict(self) -> dict:
         """All raw counters and derived metrics, JSON-ready (None stays None)."""
