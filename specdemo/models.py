@@ -20,10 +20,10 @@ Nothing is loaded at import; torch and transformers are imported on first use.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -250,6 +250,15 @@ def _split_gguf(path: Path) -> tuple[Path, str]:
     return path.parent, path.name
 
 
+def _gguf_file_tokenizer(path: Path, quick: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer of a ``.gguf`` file, converted once into ``cache_dir()/gguf-tokenizers/``
+    (a folder per file path; a changed file converts again)."""
+    folder, name = _split_gguf(path)
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    return builtin.cached_gguf_tokenizer(cache_dir() / "gguf-tokenizers" / f"{path.stem}-{key}",
+                                         [path], lambda _workdir: folder / name, quick)
+
+
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?")
 _OFFLINE_VALUES = {"1", "on", "yes", "true"}
 
@@ -341,7 +350,7 @@ def _load(spec: str, device: torch.device, dtype: torch.dtype, quantization: str
         return _load_builtin(builtin._builtin(spec.split(":", 1)[1]), device, dtype, quantization)
     if kind == "gguf":
         folder, name = _split_gguf(Path(spec).expanduser())
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        tokenizer = _gguf_file_tokenizer(folder / name)
         return _from_pretrained(folder, device, dtype, quantization, gguf_file=name), tokenizer, \
             str(folder / name)
     if kind == "dir":
@@ -467,7 +476,8 @@ def load_tokenizer(spec: str, *, trust_remote_code: bool = False) -> PreTrainedT
     """The tokenizer of ``spec`` without loading weights (for compatibility checks).
 
     A model already loaded in this process lends its tokenizer; a built-in reads its converted
-    folder when fresh, else the tokenizer part of its GGUF.
+    folder when fresh; a tokenizer in a GGUF file is converted once and cached (minutes for a
+    large vocabulary), never rebuilt from the GGUF on each call.
     Raises:
         ModelLoadError: as :func:`load_model`.
     """
@@ -488,20 +498,9 @@ def _load_tokenizer(spec: str, trust_remote_code: bool) -> PreTrainedTokenizerBa
     from transformers import AutoTokenizer
     kind = _kind(spec)
     if kind == "builtin":
-        b = builtin._builtin(spec.split(":", 1)[1])
-        parts = builtin._locate_parts(b)
-        folder = cache_dir() / b.name
-        if builtin._stale_reason(folder, builtin._fingerprint(parts)) is None:
-            try:
-                return AutoTokenizer.from_pretrained(folder)
-            except Exception as exc:  # corrupt: fall back to the GGUF; load_model rebuilds
-                log.warning("tokenizer in %s unreadable (%s)", folder, _reason(exc))
-        with tempfile.TemporaryDirectory() as workdir:
-            gguf = builtin._assemble(b, parts, Path(workdir))
-            return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        return builtin.builtin_tokenizer(builtin._builtin(spec.split(":", 1)[1]), quick=True)
     if kind == "gguf":
-        folder, name = _split_gguf(Path(spec).expanduser())
-        return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        return _gguf_file_tokenizer(Path(spec).expanduser(), quick=True)
     if kind == "dir":
         return AutoTokenizer.from_pretrained(Path(spec).expanduser(),
                                              trust_remote_code=trust_remote_code)

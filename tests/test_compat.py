@@ -208,3 +208,26 @@ def test_vocabulary_comparison_grows_linearly():
     comparisons (a quadratic check costs sixteen times)."""
     small, large = _id_comparisons(500), _id_comparisons(2000)
     assert large <= 5 * max(small, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m"])
+def test_quick_tokenizer_read_matches_the_full_class(models_module, name):
+    """The compatibility check reads built-in tokenizers with transformers' generic class (3x
+    faster for Gemma 3); what the verdict reads and how text encodes must not change."""
+    from transformers import AutoTokenizer
+
+    from specdemo import builtin
+    folder = builtin._builtin_folder(builtin.BUILTINS[name])  # converted when it is not yet
+    quick = builtin.read_tokenizer(folder, quick=True)
+    full = AutoTokenizer.from_pretrained(folder)
+    assert quick.get_vocab() == full.get_vocab()
+    assert set(quick.added_tokens_decoder) == set(full.added_tokens_decoder)
+    assert quick.all_special_ids == full.all_special_ids
+    for which in ("bos", "eos"):
+        assert getattr(quick, f"{which}_token") == getattr(full, f"{which}_token")
+        assert getattr(quick, f"{which}_token_id") == getattr(full, f"{which}_token_id")
+    assert quick.chat_template == full.chat_template
+    text = "Hello 🦩 world,\n\tnaïve 日本語  <eos> x"
+    assert quick.encode(text) == full.encode(text)
+    assert quick.decode(full.encode(text)) == full.decode(full.encode(text))

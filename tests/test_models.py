@@ -255,8 +255,11 @@ def fake_builtin(monkeypatch, tmp_path):
         model = tiny_model()  # as transformers' GGUF loader marks it:
         model.config.quantization_config = {"quant_method": "gguf", "gguf_file": str(gguf),
                                             "dequantize": False}
-        return model, tiny_tokenizer()
+        return model
     monkeypatch.setattr(builtin, "_convert_gguf", convert)
+    convert.tokenizer_calls = []
+    monkeypatch.setattr(builtin, "_gguf_tokenizer",
+                        lambda gguf: convert.tokenizer_calls.append(gguf) or tiny_tokenizer())
     return calls, convert, source, tmp_path / "cache" / "tiny"
 
 
@@ -301,6 +304,40 @@ def test_builtin_cache_is_built_once_and_rebuilt_when_corrupt_or_stale(fake_buil
     os.utime(source, ns=(0, 10**9))  # the wheel changed
     _reload_matches_reference()
     assert len(calls) == 4
+
+
+def test_builtin_tokenizer_is_converted_once_without_the_weights(fake_builtin):
+    """Issue 11 item 1: a check before the model is converted rebuilt the tokenizer from the GGUF
+    on every call (minutes for Gemma 3). Now: once, cached; the model conversion reuses it."""
+    calls, convert, source, folder = fake_builtin
+    for _ in range(3):
+        tok = load_tokenizer("builtin:tiny")
+        assert tok.chat_template == CHAT and tok.eos_token == "<eos>"
+        assert tok.get_vocab() == tiny_tokenizer().get_vocab()
+    assert len(convert.tokenizer_calls) == 1 and calls == []  # no weights converted or read
+    assert (folder.parent / "tiny-tokenizer" / models.MANIFEST).is_file()
+
+    _reload_matches_reference()  # the model conversion takes the cached tokenizer
+    assert len(calls) == 1 and len(convert.tokenizer_calls) == 1
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["tiny"]  # tokenizer-only copy gone
+    load_tokenizer("builtin:tiny")  # now from the model folder
+    assert len(convert.tokenizer_calls) == 1
+
+    os.utime(source, ns=(0, 10**9))  # the wheel changed: stale everywhere, converted again
+    clear_loaded()  # (a loaded model lends its tokenizer)
+    load_tokenizer("builtin:tiny")
+    assert len(convert.tokenizer_calls) == 2
+
+
+def test_gguf_file_tokenizer_is_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    converted = []
+    monkeypatch.setattr(builtin, "_gguf_tokenizer", lambda path: converted.append(path) or tiny_tokenizer())
+    for _ in range(2):
+        assert load_tokenizer(str(gguf)).get_vocab() == tiny_tokenizer().get_vocab()
+    assert converted == [gguf]
 
 
 def test_builtin_cache_that_cannot_be_rebuilt_names_the_folder(fake_builtin):
