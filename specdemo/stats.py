@@ -111,17 +111,33 @@ class DecodeStats:
         return [ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
 
     # --- recording ---------------------------------------------------------------------------
-    def record_round(self, n_drafted: int, n_accepted: int, source: str | None = None) -> None:
+    def record_round(self, n_drafted: int, n_accepted: int, n_emitted: int | None = None,
+                     source: str | None = None) -> None:
         """Record one verification round: ``n_drafted`` proposed (by ``source``), the first
-        ``n_accepted`` kept."""
-        if source and n_drafted:
-            self.drafted_by[source] = self.drafted_by.get(source, 0) + n_drafted
-            self.accepted_by[source] = self.accepted_by.get(source, 0) + n_accepted
-        self.drafted += n_drafted
-        self.accepted += n_accepted
+        ``n_accepted`` kept.
+
+        Args:
+            n_drafted: draft tokens verified this round (the draft length used).
+            n_accepted: how many of them verification accepted.
+            n_emitted: tokens of the round that were emitted: the accepted drafts then the
+                correction/bonus token, cut at a stop point (EOS, stop string, max_new_tokens);
+                None means all ``n_accepted + 1``. When the cut falls inside the accepted drafts
+                (``n_emitted <= n_accepted``), the drafts after it were never refused, only not
+                needed: the round counts ``n_emitted`` drafted, all accepted (also per position).
+            source: the drafter that proposed them (counted in ``drafted_by``/``accepted_by``).
+        """
+        counted_drafted, counted_accepted = n_drafted, n_accepted
+        if n_emitted is not None and n_emitted <= n_accepted:
+            counted_drafted = counted_accepted = n_emitted
+        self.drafted += counted_drafted
+        self.accepted += counted_accepted
+        if source and counted_drafted:
+            self.drafted_by[source] = self.drafted_by.get(source, 0) + counted_drafted
+            self.accepted_by[source] = self.accepted_by.get(source, 0) + counted_accepted
         self.target_forwards += 1
         self.draft_length = n_drafted
-        count_positions(self.position_drafted, self.position_accepted, n_drafted, n_accepted)
+        count_positions(self.position_drafted, self.position_accepted, counted_drafted,
+                        counted_accepted)
 
     def as_dict(self) -> dict:
         """All raw counters and derived metrics, JSON-ready (None stays None)."""

@@ -95,12 +95,17 @@ def engine_imports() -> None:
 
 
 def _verdict(target: str, draft: str):
-    """compat.check_specs, remembered per pair for this process (``recheck`` forgets)."""
+    """compat.check_specs, remembered per pair for this process (``recheck`` forgets).
+
+    Waits while a race is being timed (it holds LOAD_LOCK) but computes without the lock, so a
+    race never waits for a check of the draft list.
+    """
     from .compat import check_specs
     key = (target, draft)
     if key not in _VERDICTS:
-        with LOAD_LOCK:
-            _VERDICTS[key] = check_specs(target, draft)
+        with LOAD_LOCK:  # not during a timed race...
+            pass
+        _VERDICTS[key] = check_specs(target, draft)  # ...and never in a race's way
     return _VERDICTS[key]
 
 
@@ -484,11 +489,12 @@ def check_drafts(preset_name, draft, recheck: bool = False):
     if p["draft"] not in values and p["draft"] not in [spec for spec, _ in refused]:
         choices.append((p["draft"], p["draft"]))
         values.append(p["draft"])
-    value = draft if draft in values else p["draft"]
     note = (f"Drafts offered for `{p['target']}`: {len(choices)}. "
             + ("Refused:  \n" + "  \n".join(f"✗ `{spec}`: {why}" for spec, why in refused) if refused
                else "None refused."))
-    return gr.update(choices=choices, value=value), note
+    if draft in values:  # keep what the user may have picked while the check ran
+        return gr.update(choices=choices), note
+    return gr.update(choices=choices, value=p["draft"]), note
 
 
 def on_draft(preset_name, draft):
@@ -731,15 +737,16 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
         preset.change(on_preset, preset, [draft, draft_length, info, refused, status],
                       api_visibility="undocumented").then(
             check_drafts, [preset, draft], [draft, refused], concurrency_id="compat",
-            api_visibility="undocumented")
+            show_progress="minimal", api_visibility="undocumented")
         recheck_btn.click(lambda p, d: check_drafts(p, d, recheck=True), [preset, draft],
-                          [draft, refused], concurrency_id="compat", api_visibility="undocumented")
+                          [draft, refused], concurrency_id="compat", show_progress="minimal",
+                          api_visibility="undocumented")
         draft.change(on_draft, [preset, draft], draft_note, concurrency_id="compat",
                      api_visibility="undocumented")
         demo.load(lambda p, d: (preset_info(p), model_status(p, d)), [preset, draft], [info, status],
                   api_visibility="undocumented").then(
             check_drafts, [preset, draft], [draft, refused], concurrency_id="compat",
-            api_visibility="undocumented")
+            show_progress="minimal", api_visibility="undocumented")
         gr.api(race_api, api_name="race", concurrency_id="device", concurrency_limit=1)
     return demo
 

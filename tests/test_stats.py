@@ -38,6 +38,17 @@ def test_rounds_and_positions():
     assert s.draft_length == 2
 
 
+def test_drafts_after_a_stop_point_are_not_counted():
+    s = DecodeStats()
+    s.record_round(4, 4, 2)  # EOS at draft 2: drafts 3 and 4 never refused
+    assert (s.drafted, s.accepted, s.draft_length) == (2, 2, 4)
+    s.record_round(4, 1, 2)  # draft 2 rejected, the correction token ends the run: counted
+    assert (s.drafted, s.accepted) == (6, 3)
+    assert s.position_drafted == [2, 2, 0, 0] and s.position_accepted == [2, 1, 0, 0]
+    s.record_round(4, 2, 3)  # nothing cut: the same as without n_emitted
+    assert (s.drafted, s.accepted) == (10, 5)
+
+
 def test_speedup():
     plain = DecodeStats(new_tokens=10, elapsed_s=2.0)
     spec = DecodeStats(new_tokens=10, elapsed_s=1.0)
