@@ -2,8 +2,9 @@
 them from a spec, checking them against a target, loading them.
 
 A spec names a learned drafter when it is ``builtin:<name>`` of a drafter shipped with the project
-(:data:`BUILTIN_DRAFTERS`), a local folder whose ``config.json`` declares a drafter family, or a
-hub id whose cached (or, when the hub is reachable, downloaded) ``config.json`` does.
+(:data:`BUILTIN_DRAFTERS`), a local folder whose ``config.json`` declares a drafter family, a
+hub id whose cached (or, when the hub is reachable, downloaded) ``config.json`` does, or ``mtp``
+(the target's own multi-token prediction layers, read from the target's checkpoint).
 
 The most reported failure in the field is a drafter that loads, stays lossless and accepts ~1%
 (wrong feature layers, a missing vocabulary map, a head for another target), so every load is
@@ -19,7 +20,7 @@ from typing import Callable
 import torch
 
 from ..models import ModelLoadError
-from . import eagle_io
+from . import dflash, eagle_io, mtp
 from .eagle import Eagle3Drafter, Eagle3Head
 from .features import index_problems, num_layers
 from .vocab import map_problems
@@ -100,6 +101,8 @@ def resolve(spec: str) -> tuple[Path, str] | None:
 
 def is_learned(spec: str) -> bool:
     """Whether ``spec`` names a learned drafter (never raises)."""
+    if spec == mtp.NATIVE:
+        return True
     try:
         return resolve(spec) is not None
     except Exception:
@@ -165,10 +168,12 @@ def eagle3_problems(head: Eagle3Head, info: dict, target) -> tuple[list[str], li
 #: other names of built-in targets, as a head's verifier may record them
 BUILTIN_ALIASES = {"builtin:smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct",)}
 
-#: family -> config detector, for families other than EAGLE-3 (filled by their modules)
-DETECTORS: dict[str, Callable[[dict], bool]] = {}
-#: family -> loader(spec, folder, target) -> loaded drafter, for families other than EAGLE-3
-LOADERS: dict[str, Callable] = {}
+#: family -> config detector, for families other than EAGLE-3
+DETECTORS: dict[str, Callable[[dict], bool]] = {dflash.FAMILY: dflash.detect,
+                                                mtp.ASSISTANT: mtp.detect_assistant}
+#: family -> loader(spec, folder, target, dtype) -> loaded drafter, for families other than EAGLE-3
+LOADERS: dict[str, Callable] = {dflash.FAMILY: dflash.load_checked,
+                                mtp.ASSISTANT: mtp.load_assistant_checked}
 
 
 def load_learned(spec: str, target, dtype: torch.dtype = torch.float32):
@@ -180,13 +185,15 @@ def load_learned(spec: str, target, dtype: torch.dtype = torch.float32):
         DrafterRefused: it cannot serve this target (the problems, one sentence each).
         ModelLoadError: it is not a learned drafter or its files cannot be read.
     """
+    if spec == mtp.NATIVE:
+        return mtp.load_native(target)
     found = resolve(spec)
     if found is None:
         raise ModelLoadError(f"{spec} is not a learned drafter folder (no EAGLE-3, DFlash or MTP "
                              "config.json)")
     folder, family = found
     if family != "eagle3":
-        return LOADERS[family](spec, folder, target)
+        return LOADERS[family](spec, folder, target, dtype)
     try:
         head, info = eagle_io.load_head(folder, num_layers(target.model), dtype)
     except eagle_io.Eagle3FormatError as exc:
