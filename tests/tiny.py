@@ -134,4 +134,11 @@ def tiny_mtp_target(seed: int = 0, vocab_size: int = 32, layers: int = 2, hidden
         max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None, eos_token_id=0,
         pad_token_id=None)
     model = Glm4MoeForCausalLM(config).eval()
-    return model, MtpModel(model, 1).eval()
+    mtp = MtpModel(model, 1).eval()
+    with torch.no_grad():  # MtpModel's own init leaves the fused expert tensors uninitialised
+        for name, p in mtp.layers.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.1)
+    return model, mtp

@@ -283,6 +283,7 @@ class LoadedDFlash:
     model: nn.Module
     info: dict
     warnings: list[str] = field(default_factory=list)
+    load_s: float = 0.0
 
     def new_drafter(self, target: nn.Module, vocab_size: int, name: str) -> DFlashDrafter:
         raw = self.info["config"]

@@ -13,6 +13,7 @@ checked first and refused with one sentence per problem.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -122,6 +123,7 @@ class LoadedEagle3:
     head: Eagle3Head
     info: dict
     warnings: list[str] = field(default_factory=list)
+    load_s: float = 0.0
 
     def new_drafter(self, target: torch.nn.Module, vocab_size: int, name: str) -> Eagle3Drafter:
         if self.head.embed_tokens is None:
@@ -180,11 +182,19 @@ def load_learned(spec: str, target, dtype: torch.dtype = torch.float32):
     """Load and check the learned drafter ``spec`` for a loaded ``target`` (models.LoadedModel).
 
     Returns:
-        An object with ``new_drafter(target_model, vocab_size, name)`` and ``warnings``.
+        An object with ``new_drafter(target_model, vocab_size, name)``, ``warnings``, ``spec``
+        and ``load_s`` (seconds the load and checks took).
     Raises:
         DrafterRefused: it cannot serve this target (the problems, one sentence each).
         ModelLoadError: it is not a learned drafter or its files cannot be read.
     """
+    start = time.perf_counter()
+    loaded = _load_learned(spec, target, dtype)
+    loaded.load_s = time.perf_counter() - start
+    return loaded
+
+
+def _load_learned(spec: str, target, dtype: torch.dtype):
     if spec == mtp.NATIVE:
         return mtp.load_native(target)
     found = resolve(spec)

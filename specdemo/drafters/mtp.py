@@ -267,6 +267,7 @@ class LoadedAssistant:
     model: nn.Module
     info: dict
     warnings: list[str] = field(default_factory=list)
+    load_s: float = 0.0
 
     def new_drafter(self, target: nn.Module, vocab_size: int, name: str) -> Gemma4AssistantDrafter:
         return Gemma4AssistantDrafter(self.model, target, vocab_size, name)
@@ -289,6 +290,7 @@ class LoadedNativeMtp:
     spec: str
     model: nn.Module
     warnings: list[str] = field(default_factory=list)
+    load_s: float = 0.0
 
     def new_drafter(self, target: nn.Module, vocab_size: int, name: str) -> NativeMtpDrafter:
         return NativeMtpDrafter(self.model, target, vocab_size, name)
