@@ -9,7 +9,10 @@ File format (every key is required unless marked optional)::
     name = "qwen2.5-7b-0.5b"          # must equal the file name without .toml
     default = false                    # optional; exactly one preset may say true
     target = "Qwen/Qwen2.5-7B-Instruct"   # anything --target accepts
-    draft = "Qwen/Qwen2.5-0.5B-Instruct"  # a model, or ngram / self / early-exit:<layers>
+    draft = "Qwen/Qwen2.5-0.5B-Instruct"  # a model, a learned drafter, ngram / self / early-exit:<layers> / mtp
+    draft_kind = "model"               # optional: model (default for model specs), eagle3, dflash,
+                                       # gemma4-assistant or mtp (learned drafters read the target's
+                                       # hidden states and are checked against its weights)
     draft_length = 5                   # 1..64, or "auto"
     dtype = "bfloat16"                 # auto, float32, bfloat16, float16
     quantization = "none"              # none, 4bit, 8bit (bitsandbytes, CUDA only)
@@ -41,6 +44,8 @@ DEVICES = ("cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "4bit", "8bit")
 MAX_DRAFT_LENGTH = 64
+#: what a model-like draft spec is: an independent draft model or a learned drafter family
+DRAFT_KINDS = ("model", "eagle3", "dflash", "gemma4-assistant", "mtp")
 
 # Bytes per parameter of the weights as loaded; 4-bit is nf4 plus one fp32 scale per 64 weights,
 # 8-bit is LLM.int8 (one byte; its per-row scales are negligible).
@@ -49,7 +54,7 @@ QUANT_BYTES_PER_PARAM = {"4bit": 4.5 / 8, "8bit": 1.0}
 
 REQUIRED_KEYS = ("name", "target", "draft", "draft_length", "dtype", "quantization",
                  "memory_bytes", "tasks", "licence", "gated", "devices", "note", "sources")
-OPTIONAL_KEYS = ("default", "target_params", "draft_params")
+OPTIONAL_KEYS = ("default", "target_params", "draft_params", "draft_kind")
 
 
 class PresetError(ValueError):
@@ -64,6 +69,8 @@ class Preset:
         memory_bytes: bytes the pairing needs on its device (weights + KV cache + margin).
         target_params, draft_params: parameter counts (0 when unknown or when the draft is not a
             model); they let a refusal estimate what a 4-bit target would need.
+        draft_kind: for model-like drafts, "model" or the learned-drafter family (DRAFT_KINDS);
+            "" for ngram / self / early-exit.
         path: the file it came from.
     """
 
@@ -83,13 +90,20 @@ class Preset:
     default: bool = False
     target_params: int = 0
     draft_params: int = 0
+    draft_kind: str = ""
     path: Path | None = None
 
     @property
     def draft_is_model(self) -> bool:
-        """True when the draft is a second model (not none, ngram, self or early-exit:N)."""
+        """True when the draft has weights of its own to fetch and load (a draft model or a learned
+        drafter; not none, ngram, self, early-exit:N or the target's own MTP layers)."""
         from .decode_cli import is_model_draft
-        return is_model_draft(self.draft)
+        return is_model_draft(self.draft) and self.draft_kind != "mtp"
+
+    @property
+    def draft_is_learned(self) -> bool:
+        """True for drafters that read the target's hidden states (EAGLE-3, DFlash, MTP)."""
+        return self.draft_kind not in ("", "model")
 
     def weight_bytes(self, quantization: str | None = None) -> int:
         """Bytes of target + draft weights, with the target loaded as ``quantization``
@@ -163,6 +177,22 @@ def _draft(path: Path, value: Any) -> str:
     return draft
 
 
+def _draft_kind(path: Path, data: dict[str, Any]) -> str:
+    """The declared kind of a model-like draft ("model" by default); "" for the others."""
+    from .decode_cli import is_model_draft
+    draft = data["draft"]
+    model_like = isinstance(draft, str) and is_model_draft(draft)
+    kind = data.get("draft_kind", ("mtp" if draft == "mtp" else "model") if model_like else "")
+    if not model_like and kind:
+        raise _fail(path, "draft_kind", f"only model-like drafts have a kind; {draft!r} has none")
+    if model_like:
+        _choice(path, "draft_kind", kind, DRAFT_KINDS)
+        if (kind == "mtp") != (draft == "mtp"):
+            raise _fail(path, "draft_kind", 'kind "mtp" goes with draft = "mtp" (the target\'s own '
+                                            f"MTP layers) and only with it; got {kind!r} for {draft!r}")
+    return kind
+
+
 def _check_keys(path: Path, data: dict[str, Any]) -> None:
     known = set(REQUIRED_KEYS) | set(OPTIONAL_KEYS)
     for key in data:
@@ -213,6 +243,7 @@ def parse_preset(data: dict[str, Any], path: Path) -> Preset:
         default=_boolean(path, "default", data.get("default", False)),
         target_params=_integer(path, "target_params", data.get("target_params", 0), 0),
         draft_params=_integer(path, "draft_params", data.get("draft_params", 0), 0),
+        draft_kind=_draft_kind(path, data),
         path=path,
     )
     _check_consistency(preset)

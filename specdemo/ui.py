@@ -113,31 +113,42 @@ def draft_options(target: str, presets: list) -> tuple[list[tuple[str, str]], li
     """Compatible drafts for ``target`` as (label, spec) choices, and (spec, reason) per refused one.
 
     Candidates: ngram and self (always compatible), early-exit drafts of presets for this target,
-    the model drafts of those presets and the other built-in models. Model drafts are checked
-    with ``compat.check_specs`` (tokenizers only, no weights).
+    learned drafters built for it (presets' EAGLE-3 / DFlash / MTP drafts and shipped
+    ``builtin:`` drafters), the model drafts of those presets and the other built-in models.
+    Model drafts are checked with ``compat.check_specs`` (tokenizers only, no weights); learned
+    drafters against the target's weights (``drafters.learned``).
     """
+    from .drafters.learned import BUILTIN_DRAFTERS
     from .models import ModelLoadError, builtin_names
     ours = [p for p in presets if p.target == target]
     non_model = list(NON_MODEL_DRAFTS) + sorted({p.draft for p in ours
                                                  if p.draft.startswith("early-exit")})
-    models = list(dict.fromkeys([p.draft for p in ours if p.draft_is_model]
+    kinds = {f"builtin:{n}": "eagle3" for n, t in BUILTIN_DRAFTERS.items() if t == target}
+    kinds.update({p.draft: p.draft_kind for p in ours if p.draft_is_learned})
+    models = list(dict.fromkeys(list(kinds) + [p.draft for p in ours if p.draft_is_model]
                                 + [f"builtin:{n}" for n in builtin_names()
                                    if f"builtin:{n}" != target]))
     choices = [(spec, spec) for spec in non_model]
     refused = []
     for spec in models:
+        kind = f" ({KIND_LABELS[kinds[spec]]})" if spec in kinds else ""
         try:
             verdict = _verdict(target, spec)
-        except (ModelLoadError, OSError, ValueError) as exc:
-            refused.append((spec, f"cannot check its tokenizer ({exc})"))
+        except (ModelLoadError, OSError, ValueError, RuntimeError) as exc:
+            what = "it" if kind else "its tokenizer"
+            refused.append((spec, f"cannot check {what} ({exc})"))
             continue
         if verdict.status == "incompatible":
             refused.append((spec, verdict.reasons[0]))
         elif verdict.status == "compatible":
-            choices.append((spec, spec))
+            choices.append((spec + kind, spec))
         else:
-            choices.append((f"{spec} (with warnings)", spec))
+            choices.append((f"{spec}{kind} (with warnings)", spec))
     return choices, refused
+
+
+KIND_LABELS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "gemma4-assistant": "Gemma 4 assistant",
+               "mtp": "MTP"}
 
 
 # --- formatting (numbers come from DecodeStats; nothing is computed here) -----------------

@@ -46,7 +46,7 @@ def test_shipped_presets_are_the_promised_set():
         "smollm2-135m-ngram", "smollm2-135m-self", "smollm2-135m-early-exit",
         "qwen2.5-1.5b-0.5b", "qwen2.5-7b-0.5b", "qwen2.5-14b-4bit-0.5b", "qwen2.5-coder-7b-0.5b",
         "llama3.1-8b-3.2-1b", "smollm2-1.7b-135m", "smollm2-1.7b-360m", "gemma2-9b-2b",
-        "qwen3-8b-0.6b",
+        "qwen3-8b-0.6b", "llama3.1-8b-eagle3", "qwen3-4b-dflash", "gemma4-e2b-assistant",
     ])
 
 
@@ -86,7 +86,16 @@ def test_builtin_presets_cover_ngram_self_and_early_exit():
 
 
 def test_gated_presets_are_llama_and_gemma():
-    assert sorted(p.name for p in P.list_presets() if p.gated) == ["gemma2-9b-2b", "llama3.1-8b-3.2-1b"]
+    assert sorted(p.name for p in P.list_presets() if p.gated) == [
+        "gemma2-9b-2b", "llama3.1-8b-3.2-1b", "llama3.1-8b-eagle3"]
+
+
+def test_learned_presets_declare_their_family():
+    kinds = {p.name: p.draft_kind for p in P.list_presets() if p.draft_is_learned}
+    assert kinds == {"llama3.1-8b-eagle3": "eagle3", "qwen3-4b-dflash": "dflash",
+                     "gemma4-e2b-assistant": "gemma4-assistant"}
+    assert P.get_preset("qwen2.5-7b-0.5b").draft_kind == "model"
+    assert P.get_preset("smollm2-135m-ngram").draft_kind == ""
 
 
 def test_quantized_presets_are_cuda_only():
@@ -124,6 +133,10 @@ BAD = [
     ("draft params for ngram", lambda t: t.replace('draft = "Qwen/Qwen2.5-0.5B-Instruct"', 'draft = "ngram"'),
      "draft_params", "not a model"),
     ("name differs from file", lambda t: t.replace('name = "bad"', 'name = "other"'), "name", "file name"),
+    ("unknown draft kind", lambda t: t + 'draft_kind = "medusa"\n', "draft_kind", "medusa"),
+    ("kind for ngram", lambda t: t.replace('draft = "Qwen/Qwen2.5-0.5B-Instruct"', 'draft = "ngram"')
+     .replace("draft_params = 494_032_768\n", "") + 'draft_kind = "eagle3"\n', "draft_kind", "no"),
+    ("mtp kind for a hub id", lambda t: t + 'draft_kind = "mtp"\n', "draft_kind", "mtp"),
 ]
 
 

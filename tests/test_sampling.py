@@ -10,7 +10,8 @@ from specdemo.engine import generate
 from specdemo.kv import KVModel
 from specdemo.policy import FixedDraftLength
 from specdemo.sampling import SamplingParams, next_token_probs, probs_from_logits, verify
-from tiny import CharTokenizer, tiny_llama
+from tiny import (CharTokenizer, tiny_dflash, tiny_eagle, tiny_gemma4, tiny_gemma4_assistant,
+                  tiny_llama, tiny_mtp_target)
 
 V = 8
 ALPHA = 1e-3  # a correct sampler fails this by chance once in a thousand; seeds are fixed
@@ -149,13 +150,51 @@ def marginals(target):
     return exact_marginals(target)
 
 
+def drafter_factory(kind: str, target):
+    """A function making fresh drafters of ``kind`` for ``target`` (the models built once)."""
+    from specdemo.drafters.dflash import DFlashDrafter
+    from specdemo.drafters.eagle import Eagle3Drafter
+    if kind == "plain":
+        return None
+    if kind == "model-draft":
+        draft = sharp_model(12)
+        return lambda: ModelDrafter(draft, V)
+    if kind == "no-probabilities":
+        return lambda: FixedDrafter([5, 6])
+    if kind == "eagle3":
+        head = tiny_eagle(target, seed=13, scale=4.0)
+        return lambda: Eagle3Drafter(head, V)
+    if kind == "dflash":
+        model = tiny_dflash(target, layer_ids=(0,), block_size=3, seed=14)
+        return lambda: DFlashDrafter(model, target, V)
+    raise ValueError(kind)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["plain", "model-draft", "no-probabilities"])
+@pytest.mark.parametrize("kind", ["plain", "model-draft", "no-probabilities", "eagle3", "dflash"])
 def test_sampled_tokens_follow_the_target(target, marginals, kind):
-    draft = sharp_model(12)
-    factories = {"plain": None, "model-draft": lambda: ModelDrafter(draft, V),
-                 "no-probabilities": lambda: FixedDrafter([5, 6])}
-    counts = sampled_counts(target, factories[kind], n=2500)
+    counts = sampled_counts(target, drafter_factory(kind, target), n=2500)
+    for position in range(2):
+        assert chi2_pvalue(counts[position], marginals[position].float()) > ALPHA, position
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gemma4-assistant", "mtp"])
+def test_sampled_tokens_follow_targets_with_mtp_drafters(kind):
+    """The same test with the targets MTP drafters need: Gemma 4 (assistant) and a GLM-4.5-style
+    model with its own MTP layer."""
+    from specdemo.drafters.mtp import Gemma4AssistantDrafter, NativeMtpDrafter
+    if kind == "gemma4-assistant":
+        target = tiny_gemma4(seed=15, vocab_size=V, hidden=16)
+        assistant = tiny_gemma4_assistant(target, seed=16, hidden=16, scale=4.0)
+        factory = lambda: Gemma4AssistantDrafter(assistant, target, V)  # noqa: E731
+    else:
+        target, mtp = tiny_mtp_target(seed=17, vocab_size=V, layers=1, hidden=16)
+        factory = lambda: NativeMtpDrafter(mtp, target, V)  # noqa: E731
+    with torch.no_grad():
+        target.lm_head.weight.mul_(6.0)  # peakier (Gemma ties it to the embeddings: also fine)
+    marginals = exact_marginals(target)
+    counts = sampled_counts(target, factory, n=2500)
     for position in range(2):
         assert chi2_pvalue(counts[position], marginals[position].float()) > ALPHA, position
 

@@ -64,3 +64,81 @@ def tiny_eagle(target, draft_vocab: int | None = None, seed: int = 0, layers=Non
         head.lm_head.weight.mul_(scale)
     head.attach(target.get_input_embeddings())
     return head
+
+
+def tiny_dflash(target, layer_ids=None, block_size: int = 5, seed: int = 0, mask_token_id: int | None = None,
+                layers: int = 2):
+    """A random DFlash assistant (transformers' MuseGlimmerAssistantModel) for ``target`` (a tiny
+    Llama): its hidden size, the outputs of the given target layers (default: 0 and L-1) and the
+    last id of its vocabulary as the mask token."""
+    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+    cfg = target.config
+    n = cfg.num_hidden_layers
+    torch.manual_seed(seed)
+    config = MuseGlimmerAssistantConfig(
+        hidden_size=cfg.hidden_size, intermediate_size=2 * cfg.hidden_size, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=cfg.hidden_size // 4,
+        max_position_embeddings=512, sliding_window=512, layer_types=["full_attention"] * layers,
+        block_size=block_size, target_layer_ids=list(layer_ids or (0, n - 1)),
+        mask_token_id=cfg.vocab_size - 1 if mask_token_id is None else mask_token_id,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=None, eos_token_id=0, pad_token_id=None)
+    return MuseGlimmerAssistantModel(config).eval()
+
+
+def tiny_gemma4(seed: int = 0, vocab_size: int = 32, hidden: int = 32):
+    """A random float32 Gemma 4 text model: 4 layers (sliding, full, sliding, full), the last two
+    sharing the keys/values of the first two (as Gemma 4 E2B does), per-layer embeddings on."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+    torch.manual_seed(seed)
+    config = Gemma4TextConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16,
+        max_position_embeddings=512, sliding_window=512, num_kv_shared_layers=2,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        hidden_size_per_layer_input=4, vocab_size_per_layer_input=vocab_size,
+        bos_token_id=None, eos_token_id=0, pad_token_id=None)
+    return Gemma4ForCausalLM(config).eval()
+
+
+def tiny_gemma4_assistant(target, seed: int = 0, hidden: int = 24, scale: float = 1.0):
+    """A random Gemma 4 assistant (Gemma4AssistantForCausalLM) for a :func:`tiny_gemma4` target."""
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4TextConfig
+    cfg = target.config
+    torch.manual_seed(seed)
+    text = Gemma4TextConfig(
+        vocab_size=cfg.vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        global_head_dim=16, max_position_embeddings=512, sliding_window=512,
+        layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=0, num_kv_shared_layers=2, bos_token_id=None, eos_token_id=0,
+        pad_token_id=None)
+    model = Gemma4AssistantForCausalLM(Gemma4AssistantConfig(
+        text_config=text, backbone_hidden_size=cfg.hidden_size)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def tiny_mtp_target(seed: int = 0, vocab_size: int = 32, layers: int = 2, hidden: int = 32):
+    """A random float32 GLM-4.5-style model (Glm4MoeForCausalLM, dense layers) declaring one MTP
+    layer, and that layer (transformers' MtpModel, random)."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+    from transformers.modeling_layers import MtpModel
+    torch.manual_seed(seed)
+    config = Glm4MoeConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+        moe_intermediate_size=hidden // 2, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=layers, num_mtp_layers=1,
+        max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None, eos_token_id=0,
+        pad_token_id=None)
+    model = Glm4MoeForCausalLM(config).eval()
+    mtp = MtpModel(model, 1).eval()
+    with torch.no_grad():  # MtpModel's own init leaves the fused expert tensors uninitialised
+        for name, p in mtp.layers.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.1)
+    return model, mtp

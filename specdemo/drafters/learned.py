@@ -2,8 +2,9 @@
 them from a spec, checking them against a target, loading them.
 
 A spec names a learned drafter when it is ``builtin:<name>`` of a drafter shipped with the project
-(:data:`BUILTIN_DRAFTERS`), a local folder whose ``config.json`` declares a drafter family, or a
-hub id whose cached (or, when the hub is reachable, downloaded) ``config.json`` does.
+(:data:`BUILTIN_DRAFTERS`), a local folder whose ``config.json`` declares a drafter family, a
+hub id whose cached (or, when the hub is reachable, downloaded) ``config.json`` does, or ``mtp``
+(the target's own multi-token prediction layers, read from the target's checkpoint).
 
 The most reported failure in the field is a drafter that loads, stays lossless and accepts ~1%
 (wrong feature layers, a missing vocabulary map, a head for another target), so every load is
@@ -12,6 +13,7 @@ checked first and refused with one sentence per problem.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -19,7 +21,7 @@ from typing import Callable
 import torch
 
 from ..models import ModelLoadError
-from . import eagle_io
+from . import dflash, eagle_io, mtp
 from .eagle import Eagle3Drafter, Eagle3Head
 from .features import index_problems, num_layers
 from .vocab import map_problems
@@ -107,6 +109,8 @@ def resolve(spec: str) -> tuple[Path, str] | None:
 
 def is_learned(spec: str) -> bool:
     """Whether ``spec`` names a learned drafter (never raises)."""
+    if spec == mtp.NATIVE:
+        return True
     try:
         return resolve(spec) is not None
     except Exception:
@@ -126,6 +130,7 @@ class LoadedEagle3:
     head: Eagle3Head
     info: dict
     warnings: list[str] = field(default_factory=list)
+    load_s: float = 0.0
 
     def new_drafter(self, target: torch.nn.Module, vocab_size: int, name: str) -> Eagle3Drafter:
         if self.head.embed_tokens is None:
@@ -192,21 +197,33 @@ def eagle3_problems(head: Eagle3Head, info: dict, target) -> tuple[list[str], li
 #: other names of built-in targets, as a head's verifier may record them
 BUILTIN_ALIASES = {"builtin:smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct",)}
 
-#: family -> config detector, for families other than EAGLE-3 (filled by their modules)
-DETECTORS: dict[str, Callable[[dict], bool]] = {}
-#: family -> loader(spec, folder, target) -> loaded drafter, for families other than EAGLE-3
-LOADERS: dict[str, Callable] = {}
+#: family -> config detector, for families other than EAGLE-3
+DETECTORS: dict[str, Callable[[dict], bool]] = {dflash.FAMILY: dflash.detect,
+                                                mtp.ASSISTANT: mtp.detect_assistant}
+#: family -> loader(spec, folder, target, dtype) -> loaded drafter, for families other than EAGLE-3
+LOADERS: dict[str, Callable] = {dflash.FAMILY: dflash.load_checked,
+                                mtp.ASSISTANT: mtp.load_assistant_checked}
 
 
 def load_learned(spec: str, target, dtype: torch.dtype = torch.float32):
     """Load and check the learned drafter ``spec`` for a loaded ``target`` (models.LoadedModel).
 
     Returns:
-        An object with ``new_drafter(target_model, vocab_size, name)`` and ``warnings``.
+        An object with ``new_drafter(target_model, vocab_size, name)``, ``warnings``, ``spec``
+        and ``load_s`` (seconds the load and checks took).
     Raises:
         DrafterRefused: it cannot serve this target (the problems, one sentence each).
         ModelLoadError: it is not a learned drafter or its files cannot be read.
     """
+    start = time.perf_counter()
+    loaded = _load_learned(spec, target, dtype)
+    loaded.load_s = time.perf_counter() - start
+    return loaded
+
+
+def _load_learned(spec: str, target, dtype: torch.dtype):
+    if spec == mtp.NATIVE:
+        return mtp.load_native(target)
     found = resolve(spec)
     if found is None:
         raise ModelLoadError(f"{spec} is not a learned drafter folder (no EAGLE-3, DFlash or MTP "
@@ -215,7 +232,7 @@ def load_learned(spec: str, target, dtype: torch.dtype = torch.float32):
     if spec.endswith(COMBINE):
         return Combined(load_learned(spec[:-len(COMBINE)], target, dtype))
     if family != "eagle3":
-        return LOADERS[family](spec, folder, target)
+        return LOADERS[family](spec, folder, target, dtype)
     try:
         head, info = eagle_io.load_head(folder, num_layers(target.model), dtype)
     except eagle_io.Eagle3FormatError as exc:
