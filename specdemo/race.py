@@ -20,10 +20,12 @@ import os
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from .startup import GUESS_S, STEPS
 from .stats import DecodeStats, speedup
 
 if TYPE_CHECKING:  # torch loads with the pipeline: only when a race runs, not at import
@@ -125,6 +127,7 @@ class PaneView:
         tokens: (text piece, from_draft) per generated token, in order.
         stats: the latest stats snapshot, None before the first token.
         steps_shown: how many recorded steps this view includes.
+        timeline: (seconds since the decode started, new tokens so far) per step shown.
     """
 
     name: str
@@ -135,6 +138,7 @@ class PaneView:
     tokens: tuple[tuple[str, bool], ...]
     stats: DecodeStats | None
     steps_shown: int
+    timeline: tuple[tuple[float, int], ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -278,15 +282,40 @@ class Race:
         with self._changed:
             self._changed.notify_all()
 
-    def _run_lane(self, lane: Lane, record: LaneRecord) -> None:
+    def _prepare(self) -> dict[str, Pipeline] | None:
+        """Load every lane's pipeline before any lane runs, so that a draft that cannot be
+        loaded (missing, unreachable, incompatible) stops the race before the plain run rather
+        than after it. On a failure that lane has the error, the others are skipped with the
+        reason, and None is returned."""
+        pipes: dict[str, Pipeline] = {}
+        for lane in self.lanes:
+            record = self.records[lane.name]
+            record.status = LOADING
+            self._notify()
+            try:
+                pipes[lane.name] = lane.pipeline()
+            except Exception as exc:  # kept in this lane; the others are not run
+                record.status, record.error = ERROR, describe_error(exc)
+                _free_device_memory()
+                for other in self.records.values():
+                    if other is not record:
+                        other.status = SKIPPED
+                        other.error = f"not run: the {lane.name} run cannot start ({record.error})"
+                return None
+            record.tokenizer = pipes[lane.name].target.tokenizer
+        for lane in self.lanes[1:]:
+            self.records[lane.name].status = WAITING
+        return pipes
+
+    def _run_lane(self, lane: Lane, record: LaneRecord, pipe: Pipeline) -> None:
         if self.cancel.is_set():
             record.status, record.error = SKIPPED, "stopped before this run started"
             return
         try:
             record.status = LOADING
             self._notify()
-            pipe = lane.pipeline()
-            record.tokenizer = pipe.target.tokenizer
+            if lane.speculative and self.settings.draft_length == "auto":
+                measure_forward_costs(pipe)  # once per pipeline, before this decode's clock
             ids = pipe.prompt_ids(lane.messages, self.system)
             events = pipe.stream(ids, self.settings, lane.speculative, self.cancel)
             record.status = RUNNING
@@ -307,8 +336,9 @@ class Race:
                 self.records[self.lanes[0].name].status = LOADING
                 self._notify()
             with self.device_lock:
-                for lane in self.lanes:
-                    self._run_lane(lane, self.records[lane.name])
+                pipes = self._prepare()
+                for lane in self.lanes if pipes is not None else ():
+                    self._run_lane(lane, self.records[lane.name], pipes[lane.name])
                     self._notify()
         finally:
             self._notify()
@@ -340,7 +370,8 @@ class Race:
         texts = pieces.pieces[:len(ids)] if pieces is not None else [""] * len(ids)
         return PaneView(record.name, status or record.status, record.error,
                         "".join(s.text for s in steps), ids, tuple(zip(texts, flags)),
-                        steps[-1].stats if steps else None, len(steps))
+                        steps[-1].stats if steps else None, len(steps),
+                        tuple((s.t_s, s.stats.new_tokens) for s in steps))
 
     def _snapshot(self, views: dict[str, PaneView], phase: str, clock_s: float | None = None) -> RaceSnapshot:
         from .pipeline import first_divergence
@@ -445,8 +476,11 @@ class PipelineCache:
     Plain lanes use the target with draft ``none``; a model draft is checked with
     ``compat.check_specs`` before it is loaded and refused with the verdict's reasons.
 
+    Loads, conversions, warm-ups and checks run as named steps (:data:`specdemo.startup.STEPS`),
+    so the page and the command line can show what is happening and for how long.
+
     Args:
-        load: ``models.load_model`` (injectable for tests).
+        load: ``startup.load_model`` (``models.load_model`` with steps; injectable for tests).
         check: ``compat.check_specs`` (injectable for tests).
         lock: held while loading; share it with other code that loads models or tokenizers so
             that loads never run concurrently (transformers' lazy imports are not thread-safe).
@@ -461,7 +495,7 @@ class PipelineCache:
 
     def _loader(self) -> Callable:
         if self._load is None:
-            from .models import load_model
+            from .startup import load_model
             self._load = load_model
         return self._load
 
@@ -497,7 +531,10 @@ class PipelineCache:
             loaded = self._loader()(target, device, dtype, quantization=quantization)
             draft_model = None
             if is_model_draft(draft):
-                verdict = self._checker()(target, draft)
+                with STEPS.step(f"tokenizer {target} {draft}",
+                                f"checking that {draft}'s tokenizer fits {target}",
+                                GUESS_S["tokenizer"]):
+                    verdict = self._checker()(target, draft)
                 if verdict.status == "incompatible":
                     raise ValueError(f"draft {draft} cannot serve target {target}: "
                                      + "; ".join(verdict.reasons[:2]))
@@ -514,18 +551,43 @@ class PipelineCache:
         return self._pipelines.get((target, draft, dtype, quantization, device))
 
 
+_WARM: "weakref.WeakSet" = weakref.WeakSet()  # models (torch modules) that decoded once
+_COSTED: "weakref.WeakSet[Pipeline]" = weakref.WeakSet()  # pipelines with measured forward costs
+
+
 def warm_up(pipe: Pipeline, prompt: str = "hi") -> None:
-    """Decode a few tokens in both modes, untimed, so that one-time costs (first forwards,
-    allocator growth, kernel selection) do not land in the first race's plain run only; with a
-    drafter, also measure the forward costs that draft length ``auto`` needs."""
+    """Decode a few tokens, untimed, so that one-time costs (first forwards, allocator growth,
+    kernel selection) do not land in the first race's plain run only: plainly once per target
+    model, and speculatively once per pipeline with a drafter (a named step; ~1 s on 2 cores).
+
+    The forward costs that draft length ``auto`` needs are measured separately, by
+    :func:`measure_forward_costs`, so that a first plain run need not wait for them.
+    """
     from .pipeline import DecodeSettings
+    speculative = pipe.draft_spec != "none"
+    modes = ([False] if pipe.target.model not in _WARM else []) + ([True] if speculative else [])
+    if not modes:
+        return
     settings = DecodeSettings(max_new_tokens=4, draft_length=2)
-    ids = pipe.prompt_ids(prompt)
-    for speculative in (False, True):
-        for _ in pipe.stream(ids, settings, speculative):
-            pass
-    if pipe.draft_spec != "none":
+    name = f"warming up {pipe.target.spec}" + (f" with draft {pipe.draft_spec}" if speculative else "")
+    with STEPS.step(f"warm-up {pipe.target.spec} {pipe.draft_spec}", name, GUESS_S["warm-up"]):
+        ids = pipe.prompt_ids(prompt)
+        for speculative in modes:
+            for _ in pipe.stream(ids, settings, speculative):
+                pass
+    _WARM.add(pipe.target.model)
+
+
+def measure_forward_costs(pipe: Pipeline) -> None:
+    """Measure what a target forward over n tokens costs on this machine (draft length ``auto``
+    needs it), once per pipeline, as a named step; call it on the device thread."""
+    if pipe in _COSTED:
+        return
+    with STEPS.step(f"forward costs {pipe.target.spec}",
+                    f"measuring what forwards of 1-17 tokens cost {pipe.target.spec} here "
+                    "(once, for draft length auto)", GUESS_S["forward costs"]):
         pipe.forward_costs()
+    _COSTED.add(pipe)
 
 
 def race_lanes(cache: PipelineCache, target: str, draft: str, histories: dict[str, list[dict]],

@@ -51,6 +51,11 @@ class DecodeStats:
         position_drafted: ``position_drafted[i]`` = rounds in which draft position i+1 was verified.
         position_accepted: ``position_accepted[i]`` = rounds in which draft position i+1 was accepted.
         draft_length: draft length used in the latest round (0 for plain decoding).
+        rounds: verification rounds (target forwards after prefill) recorded so far.
+        draft_length_sum, draft_length_min, draft_length_max: sum, smallest and largest number
+            of draft tokens verified in a round, over every round (plain rounds count as 0);
+            min/max are None before the first round. With ``auto`` the last round's
+            ``draft_length`` can be 0 although the run drafted; these describe the whole run.
         extra_memory_bytes: bytes the drafter adds (its weights not shared with the target + its
             KV cache); 0 for plain decoding and for the n-gram drafter.
         finish_reason: "eos", "stop", "length", "cancelled" or None while running.
@@ -69,6 +74,10 @@ class DecodeStats:
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     draft_length: int = 0
+    rounds: int = 0
+    draft_length_sum: int = 0
+    draft_length_min: int | None = None
+    draft_length_max: int | None = None
     extra_memory_bytes: int = 0
     finish_reason: str | None = None
 
@@ -102,6 +111,11 @@ class DecodeStats:
         return ratio(self.new_tokens - 1, self.target_forwards)
 
     @property
+    def mean_draft_length(self) -> float | None:
+        """Draft tokens verified per round, averaged over the run's rounds; None before a round."""
+        return ratio(self.draft_length_sum, self.rounds)
+
+    @property
     def per_position_acceptance(self) -> list[float | None]:
         """For i = 1..k: P(draft token i accepted | tokens 1..i-1 were)."""
         return [ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
@@ -113,13 +127,18 @@ class DecodeStats:
         self.accepted += n_accepted
         self.target_forwards += 1
         self.draft_length = n_drafted
+        self.rounds += 1
+        self.draft_length_sum += n_drafted
+        self.draft_length_min = n_drafted if self.draft_length_min is None else min(
+            self.draft_length_min, n_drafted)
+        self.draft_length_max = max(self.draft_length_max or 0, n_drafted)
         count_positions(self.position_drafted, self.position_accepted, n_drafted, n_accepted)
 
     def as_dict(self) -> dict:
         """All raw counters and derived metrics, JSON-ready (None stays None)."""
         out = asdict(self)
         for name in ("tokens_per_s", "decode_tokens_per_s", "acceptance_rate",
-                     "mean_acceptance_length", "per_position_acceptance"):
+                     "mean_acceptance_length", "per_position_acceptance", "mean_draft_length"):
             out[name] = getattr(self, name)
         return out
 
