@@ -20,12 +20,11 @@ import os
 import queue
 import threading
 import time
-import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from .startup import GUESS_S, STEPS
+from .startup import GUESS_S, STEPS, measure_forward_costs, warm_up
 from .stats import DecodeStats, speedup
 
 if TYPE_CHECKING:  # torch loads with the pipeline: only when a race runs, not at import
@@ -314,6 +313,7 @@ class Race:
         try:
             record.status = LOADING
             self._notify()
+            warm_up(pipe, lane.speculative)  # once, before this decode's clock starts
             if lane.speculative and self.settings.draft_length == "auto":
                 measure_forward_costs(pipe)  # once per pipeline, before this decode's clock
             ids = pipe.prompt_ids(lane.messages, self.system)
@@ -344,8 +344,11 @@ class Race:
             self._notify()
 
     def start(self) -> None:
-        """Queue the race on the device thread (once)."""
+        """Queue the race on the device thread (once); until it starts there (a model load may
+        be in progress), the first lane reads as loading."""
         if self._future is None:
+            if self.lanes and self.records[self.lanes[0].name].status == WAITING:
+                self.records[self.lanes[0].name].status = LOADING
             self._future = DEVICE.submit(self._work)
 
     def join(self, timeout: float | None = None) -> None:
@@ -476,7 +479,7 @@ class PipelineCache:
     Plain lanes use the target with draft ``none``; a model draft is checked with
     ``compat.check_specs`` before it is loaded and refused with the verdict's reasons.
 
-    Loads, conversions, warm-ups and checks run as named steps (:data:`specdemo.startup.STEPS`),
+    Loads, conversions and tokenizer checks run as named steps (:data:`specdemo.startup.STEPS`),
     so the page and the command line can show what is happening and for how long.
 
     Args:
@@ -491,6 +494,7 @@ class PipelineCache:
         self._load = load
         self._check = check
         self._pipelines: dict[tuple, Pipeline] = {}
+        self._models: dict[tuple, object] = {}  # (spec, device, dtype, quantization) -> loaded
         self.lock = lock or threading.RLock()
 
     def _loader(self) -> Callable:
@@ -517,7 +521,7 @@ class PipelineCache:
         key = (target, draft, dtype, quantization, device)
         if key in self._pipelines:  # loaded: no need to wait for a load in progress elsewhere
             return self._pipelines[key]
-        # Load and warm up on the device thread, where this pipeline's races will run.
+        # Load on the device thread, where this pipeline's races (and warm-ups) will run.
         return DEVICE.call(lambda: self._build(target, draft, dtype, quantization, device))
 
     def _build(self, target: str, draft: str, dtype: str, quantization: str | None,
@@ -528,7 +532,7 @@ class PipelineCache:
             from .pipeline import Pipeline
             if key in self._pipelines:
                 return self._pipelines[key]
-            loaded = self._loader()(target, device, dtype, quantization=quantization)
+            loaded = self._model(target, device, dtype, quantization)
             draft_model = None
             if is_model_draft(draft):
                 with STEPS.step(f"tokenizer {target} {draft}",
@@ -538,56 +542,23 @@ class PipelineCache:
                 if verdict.status == "incompatible":
                     raise ValueError(f"draft {draft} cannot serve target {target}: "
                                      + "; ".join(verdict.reasons[:2]))
-                draft_model = self._loader()(draft, str(loaded.device), dtype)
+                draft_model = self._model(draft, str(loaded.device), dtype, None)
             pipe = Pipeline(loaded, draft, draft_model)
-            warm_up(pipe)
             self._pipelines[key] = pipe
             return pipe
+
+    def _model(self, spec: str, device: str, dtype: str, quantization: str | None):
+        """A loaded model, through the loader once per (spec, device, dtype, quantization)."""
+        key = (spec, device, dtype, quantization)
+        if key not in self._models:
+            self._models[key] = self._loader()(spec, device, dtype, quantization=quantization)
+        return self._models[key]
 
     def loaded(self, target: str, draft: str = "none", dtype: str = "auto",
                quantization: str | None = None, device: str = "auto") -> Pipeline | None:
         """The pipeline if it is loaded already, else None (never loads)."""
         quantization = None if quantization in (None, "none") else quantization
         return self._pipelines.get((target, draft, dtype, quantization, device))
-
-
-_WARM: "weakref.WeakSet" = weakref.WeakSet()  # models (torch modules) that decoded once
-_COSTED: "weakref.WeakSet[Pipeline]" = weakref.WeakSet()  # pipelines with measured forward costs
-
-
-def warm_up(pipe: Pipeline, prompt: str = "hi") -> None:
-    """Decode a few tokens, untimed, so that one-time costs (first forwards, allocator growth,
-    kernel selection) do not land in the first race's plain run only: plainly once per target
-    model, and speculatively once per pipeline with a drafter (a named step; ~1 s on 2 cores).
-
-    The forward costs that draft length ``auto`` needs are measured separately, by
-    :func:`measure_forward_costs`, so that a first plain run need not wait for them.
-    """
-    from .pipeline import DecodeSettings
-    speculative = pipe.draft_spec != "none"
-    modes = ([False] if pipe.target.model not in _WARM else []) + ([True] if speculative else [])
-    if not modes:
-        return
-    settings = DecodeSettings(max_new_tokens=4, draft_length=2)
-    name = f"warming up {pipe.target.spec}" + (f" with draft {pipe.draft_spec}" if speculative else "")
-    with STEPS.step(f"warm-up {pipe.target.spec} {pipe.draft_spec}", name, GUESS_S["warm-up"]):
-        ids = pipe.prompt_ids(prompt)
-        for speculative in modes:
-            for _ in pipe.stream(ids, settings, speculative):
-                pass
-    _WARM.add(pipe.target.model)
-
-
-def measure_forward_costs(pipe: Pipeline) -> None:
-    """Measure what a target forward over n tokens costs on this machine (draft length ``auto``
-    needs it), once per pipeline, as a named step; call it on the device thread."""
-    if pipe in _COSTED:
-        return
-    with STEPS.step(f"forward costs {pipe.target.spec}",
-                    f"measuring what forwards of 1-17 tokens cost {pipe.target.spec} here "
-                    "(once, for draft length auto)", GUESS_S["forward costs"]):
-        pipe.forward_costs()
-    _COSTED.add(pipe)
 
 
 def race_lanes(cache: PipelineCache, target: str, draft: str, histories: dict[str, list[dict]],

@@ -20,9 +20,13 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, TextIO
+from typing import TYPE_CHECKING, Callable, Iterator, TextIO
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
 
 CONVERT_BYTES_PER_S = 4e6  # GGUF bytes converted per second on a 2-core CPU (see module doc)
 TIMES_FILE = "step-times.json"
@@ -203,3 +207,42 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", **kwargs):
             models.convert_builtin(spec)
     with STEPS.step(f"load {spec} {dtype} {device}", f"loading {spec}", GUESS_S["load"]):
         return models.load_model(spec, device, dtype, **kwargs)
+
+
+_WARM: "weakref.WeakSet" = weakref.WeakSet()  # models warmed plainly, pipelines speculatively
+_COSTED: "weakref.WeakSet[Pipeline]" = weakref.WeakSet()  # pipelines with measured forward costs
+
+
+def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi") -> None:
+    """Decode a few tokens, untimed, before a timed decode in that mode, so that one-time costs
+    (first forwards, allocator growth, kernel selection) do not land in the first race's runs:
+    plainly once per target model, speculatively once per pipeline. A named step (~1 s on
+    2 cores once the model has run; the very first forwards take a few seconds).
+
+    Call it on the device thread, just before the decode it prepares: a first plain run then
+    waits for nothing the speculative run needs (the forward costs that draft length ``auto``
+    needs come separately, from :func:`measure_forward_costs`).
+    """
+    from .pipeline import DecodeSettings
+    key = pipe if speculative else pipe.target.model
+    if key in _WARM or (speculative and pipe.draft_spec == "none"):
+        return
+    mode = f" with draft {pipe.draft_spec}" if speculative else ""
+    with STEPS.step(f"warm-up {pipe.target.spec}{mode}", f"warming up {pipe.target.spec}{mode}",
+                    GUESS_S["warm-up"]):
+        settings = DecodeSettings(max_new_tokens=4, draft_length=2)
+        for _ in pipe.stream(pipe.prompt_ids(prompt), settings, speculative):
+            pass
+    _WARM.add(key)
+
+
+def measure_forward_costs(pipe: Pipeline) -> None:
+    """Measure what a target forward over n tokens costs on this machine (draft length ``auto``
+    needs it), once per pipeline, as a named step; call it on the device thread."""
+    if pipe in _COSTED:
+        return
+    with STEPS.step(f"forward costs {pipe.target.spec}",
+                    f"measuring what a forward over n tokens costs {pipe.target.spec} here "
+                    "(once, for draft length auto)", GUESS_S["forward costs"]):
+        pipe.forward_costs()
+    _COSTED.add(pipe)
