@@ -230,7 +230,7 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi") -> No
     mode = f" with draft {pipe.draft_spec}" if speculative else ""
     with STEPS.step(f"warm-up {pipe.target.spec}{mode}", f"warming up {pipe.target.spec}{mode}",
                     GUESS_S["warm-up"]):
-        settings = DecodeSettings(max_new_tokens=4, draft_length=2)
+        settings = DecodeSettings(max_new_tokens=3, draft_length=2)  # prefill, then 2 rounds
         for _ in pipe.stream(pipe.prompt_ids(prompt), settings, speculative):
             pass
     _WARM.add(key)

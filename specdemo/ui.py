@@ -337,13 +337,15 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
                           [draft, refused], concurrency_id="compat", api_visibility="undocumented")
         draft.change(on_draft, [preset, draft], draft_note, concurrency_id="compat",
                      api_visibility="undocumented")
+        # Getting ready first (progress above the panes), then the draft checks: a tokenizer
+        # check holds the load lock, so it waits until the models are loaded.
         demo.load(follow_startup, preset, startup, concurrency_id="startup", concurrency_limit=None,
                   show_progress="hidden", api_visibility="private").then(
-            model_status, [preset, draft], status, api_visibility="private")
-        demo.load(lambda p, d: (preset_info(p), model_status(p, d)), [preset, draft], [info, status],
-                  api_visibility="undocumented").then(
+            model_status, [preset, draft], status, api_visibility="private").then(
             check_drafts, [preset, draft], [draft, refused], concurrency_id="compat",
             api_visibility="undocumented")
+        demo.load(lambda p, d: (preset_info(p), model_status(p, d)), [preset, draft], [info, status],
+                  api_visibility="undocumented")
         gr.api(race_api, api_name="race", concurrency_id="device", concurrency_limit=1)
     return demo
 
@@ -360,7 +362,7 @@ def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
         acceptance_chart = gr.BarPlot(
             acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
             title="Speculative: acceptance per draft position", x_title="draft position",
-            y_title="P(accepted | earlier ones accepted)", tooltip=["rounds"], height=260,
+            y_title="acceptance (earlier ones accepted)", tooltip=["rounds"], height=260,
             elem_id="acceptance-chart", scale=2, show_label=False,
             label="per-position acceptance of the speculative lane")
     return race_chart, acceptance_chart

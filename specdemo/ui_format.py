@@ -112,7 +112,7 @@ def progress_html(step: StepView) -> str:
     estimate = about(step.estimate_s)
     timing = f"{step.elapsed_s:.0f} s" + (f" of {estimate}" if estimate else "")
     if step.estimate_s and step.elapsed_s > step.estimate_s:
-        timing = f"{step.elapsed_s:.0f} s, longer than the {estimate} it took before"
+        timing = f"{step.elapsed_s:.0f} s (expected {estimate}: this machine is busier or slower)"
     value = (f'value="{step.fraction:.3f}" max="1"' if step.fraction is not None else "")
     return (f'<span class="sd-step" data-step="{html.escape(step.name)}">'
             f'<progress class="sd-progress" {value}></progress> '
@@ -128,13 +128,11 @@ def startup_html(step: StepView | None, done: list[DoneStep], ready: bool,
     if error:
         body, state = f'<span class="sd-error">⚠ {html.escape(error)}</span>', "error"
     elif ready:
-        total = sum(d.seconds for d in done)
-        body = (f'<b>Ready</b>: models loaded ({total:.0f} s of preparation).' if done
-                else "<b>Ready</b>: models loaded.")
+        body = "<b>Ready</b>: the models are loaded and warmed up; send a prompt."
         state = "ready"
     else:
         body = ("<b>Getting ready</b>: the models load now, so that Send answers at once. "
-                + (progress_html(step) if step else "starting…"))
+                + (progress_html(step) if step else "next step…"))
         state = "loading"
     return (f'<div class="sd-startup" data-state="{state}">{body}'
             + (f'<div class="sd-done-steps">{finished}</div>' if finished else "") + "</div>")
@@ -242,15 +240,18 @@ def chat_messages(turns: list[dict], speculative: bool, highlight: bool) -> list
 
 def race_frame(snap: RaceSnapshot | None):
     """Tokens generated against seconds since each decode started, one line per lane (a point
-    per engine event, from (0, 0)): columns ``seconds``, ``tokens``, ``lane``. Replays pass
-    views cut at the replay clock, so the lines grow as the replay plays."""
+    per engine event): columns ``seconds``, ``tokens``, ``lane``. Replays pass views cut at the
+    replay clock, so the lines grow as the replay plays. Every lane starts at (0, 0), also
+    before it has a token: gradio 6.31's line plot draws no lines after an update when the
+    lanes (its colour domain) were not all there from the start."""
     import pandas as pd
+    panes = snap.panes if snap else {name: None for name in PANES}
     rows = []
-    for name, view in (snap.panes.items() if snap else ()):
-        if view.timeline:
-            rows += [(0.0, 0, LANE_LABELS.get(name, name))]
-            rows += [(t, n, LANE_LABELS.get(name, name)) for t, n in view.timeline]
-    return pd.DataFrame(rows, columns=["seconds", "tokens", "lane"])
+    for name, view in panes.items():
+        label = LANE_LABELS.get(name, name)
+        rows += [(0.0, 0, label)] + [(t, n, label) for t, n in (view.timeline if view else ())]
+    frame = pd.DataFrame(rows, columns=["seconds", "tokens", "lane"])
+    return frame.astype({"seconds": "float64", "tokens": "int64", "lane": "str"})  # typed axes
 
 
 def acceptance_frame(view: PaneView | None):
@@ -261,7 +262,8 @@ def acceptance_frame(view: PaneView | None):
     s = view.stats if view else None
     rows = [(str(i + 1), rate, n) for i, (rate, n) in enumerate(
         zip(s.per_position_acceptance, s.position_drafted)) if rate is not None] if s else []
-    return pd.DataFrame(rows, columns=["position", "acceptance", "rounds"])
+    frame = pd.DataFrame(rows, columns=["position", "acceptance", "rounds"])
+    return frame.astype({"position": "str", "acceptance": "float64", "rounds": "int64"})
 
 
 # --- the privacy line ----------------------------------------------------------------------

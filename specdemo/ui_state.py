@@ -13,7 +13,7 @@ from typing import Any
 
 from . import race as racing
 from .race import PipelineCache
-from .startup import STEPS, measure_forward_costs, warm_up
+from .startup import STEPS, warm_up
 from .ui_format import startup_html
 
 FALLBACK_TARGET = "builtin:smollm2-135m"
@@ -98,9 +98,9 @@ def model_status(preset_name: str | None, draft: str | None) -> str:
 
 
 def preload(preset_name: str | None = None) -> str:
-    """Load the preset's target and draft, warm them up and, for draft length ``auto``, measure
-    the forward costs: each a named step (:data:`specdemo.startup.STEPS`) the page and the
-    command line show. Sets the ready event (also on failure, keeping the error).
+    """Load the preset's target and draft and warm them up, each a named step
+    (:data:`specdemo.startup.STEPS`) that the page and the command line show. Sets the ready
+    event (also on failure, keeping the error).
 
     Returns:
         The model status line.
@@ -111,13 +111,13 @@ def preload(preset_name: str | None = None) -> str:
         engine_imports()
         # One device job per step: a Send pressed meanwhile is queued after the step running
         # now, so a first race waits for the plain run's model, not for what only the
-        # speculative run needs.
+        # speculative run needs. The forward costs of draft length auto (51 forwards, seconds
+        # to minutes on a busy CPU) are measured by the first race that needs them, between
+        # its plain and its speculative run, so they never delay a first token.
         plain = CACHE.get(p["target"], "none", p["dtype"], p["quantization"])
         racing.DEVICE.call(lambda: warm_up(plain))
         pipe = CACHE.get(p["target"], p["draft"], p["dtype"], p["quantization"])
         racing.DEVICE.call(lambda: warm_up(pipe, speculative=True))
-        if p["draft_length"] == "auto" and p["draft"] != "none":
-            racing.DEVICE.call(lambda: measure_forward_costs(pipe))
     except Exception as exc:  # ModelLoadError, incompatible draft, out of memory: shown, kept
         _PRELOAD["error"] = racing.describe_error(exc)
     finally:
