@@ -182,16 +182,18 @@ def test_cold_start_explains_itself_then_races(tmp_path):
         box.send_keys(PROMPT)
         css(driver, "#send").click()  # at once: the models are still being prepared
 
+        COLD_SCREENSHOTS[0].parent.mkdir(exist_ok=True)
         steps_seen, first_token, deadline = set(), False, time.monotonic() + 600
         while not first_token:
             assert time.monotonic() < deadline and app.poll() is None
             for bar in driver.find_elements(By.CSS_SELECTOR, "#startup .sd-step, #plain-stats .sd-step"):
                 try:
-                    steps_seen.add(bar.get_attribute("data-step"))
-                    if len(steps_seen) == 1 and "converting" in bar.get_attribute("data-step"):
-                        driver.save_screenshot(str(COLD_SCREENSHOTS[0]))
+                    step = bar.get_attribute("data-step")
                 except Exception:  # the element was redrawn meanwhile
-                    pass
+                    continue
+                if "converting" in step and "converting" not in " ".join(steps_seen):
+                    driver.save_screenshot(str(COLD_SCREENSHOTS[0]))
+                steps_seen.add(step)
             first_token = any(t.text.strip() for t in driver.find_elements(
                 By.CSS_SELECTOR, "#plain-chat .sd-tokens"))
             time.sleep(0.2)
