@@ -379,8 +379,10 @@ def _build_builtin(b: Builtin, parts: list[Path], folder: Path) -> None:
         workdir = staged / "source"
         workdir.mkdir()
         gguf = _assemble(b, parts, workdir)
-        _stage_tokenizer(b, parts, gguf, staged)
-        model = _convert_gguf(gguf)
+        from .ggufread import shared_reading
+        with shared_reading():  # parse the GGUF once for tokenizer, config and weights
+            _stage_tokenizer(b, parts, gguf, staged)
+            model = _convert_gguf(gguf)
         shutil.rmtree(workdir)
         _write_converted(staged, model, _fingerprint(parts))
         del model
@@ -406,3 +408,31 @@ def _builtin_folder(b: Builtin) -> Path:
         log.info("built-in model %s: %s; converting", b.name, reason)
         _build_builtin(b, parts, folder)
     return folder
+
+
+def builtin_conversion_needed(spec: str) -> str | None:
+    """Why the built-in ``spec`` must be converted before it loads ("not converted yet", "the
+    source wheel changed", ...); None when its converted copy is ready or ``spec`` is not a
+    built-in. Reads file sizes and the manifest only (milliseconds).
+
+    Raises:
+        ModelLoadError: an unknown built-in name or a missing wheel.
+    """
+    if not spec.startswith("builtin:"):
+        return None
+    b = _builtin(spec.split(":", 1)[1])
+    return _stale_reason(cache_dir() / b.name, _fingerprint(_locate_parts(b)))
+
+
+def builtin_source_bytes(spec: str) -> int:
+    """Bytes of the built-in's GGUF file(s) (what a conversion reads)."""
+    return sum(p.stat().st_size for p in _locate_parts(_builtin(spec.split(":", 1)[1])))
+
+
+def convert_builtin(spec: str) -> Path:
+    """Convert the built-in ``spec`` now when needed (tens of seconds); returns its folder.
+
+    Raises:
+        ModelLoadError: as ``models.load_model``.
+    """
+    return _builtin_folder(_builtin(spec.split(":", 1)[1]))

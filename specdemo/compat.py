@@ -270,7 +270,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"target": args.target, "draft": args.draft, **verdict.to_dict()}))
     else:
-        print(f"{args.draft} -> {args.target}: {verdict.status}")
+        print(f"target {args.target}, draft {args.draft}: {verdict.status}")
         for reason in verdict.reasons:
             print(f"  - {reason}")
     return verdict.exit_status

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from . import builtin
 from .builtin import (  # noqa: F401  (re-exported: specdemo.models is where callers look)
-    BUILTINS, CACHE_FORMAT, MANIFEST, WEIGHTS, Builtin, builtin_names, cache_dir)
+    BUILTINS, CACHE_FORMAT, MANIFEST, WEIGHTS, Builtin, builtin_conversion_needed, builtin_names,
+    builtin_source_bytes, cache_dir, convert_builtin)
 from .errors import ModelLoadError
 from .errors import reason as _reason
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -325,6 +324,17 @@ def hub_models_to_fetch(preset: Preset) -> list[str]:
             if _is_hub_id(spec) and not isinstance(try_to_load_from_cache(spec, "config.json"), str)]
 
 
+def hub_unavailable() -> str | None:
+    """Why models cannot be downloaded now (HF_HUB_OFFLINE set, or the hub did not answer a
+    quick request), or None when the hub is reachable."""
+    from .models import _hub_offline, _hub_reachable
+    if _hub_offline():
+        return "HF_HUB_OFFLINE is set, so nothing is downloaded"
+    if not _hub_reachable(timeout_s=3.0):
+        return "the model hub (huggingface.co) is not reachable from this machine"
+    return None
+
+
 def format_bytes(n: int) -> str:
     """``17_578_253_056`` -> ``'17.6 GB'`` (decimal units, as model cards and GPU boxes use)."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -356,16 +366,20 @@ def cmd_presets(args: argparse.Namespace) -> int:
     hw = hardware.detect()
     verdicts = {p.name: hardware.fits(p, hw, alternatives=presets) for p in presets}
     to_fetch = {p.name: hub_models_to_fetch(p) for p in presets}
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = hub_unavailable() if any(to_fetch.values()) else None
     usable = [p for p in presets if not (offline and to_fetch[p.name])]
     pick = hardware.recommend(usable, hw, allow_gated=args.all_gated)
     if offline:
-        pick.reasons.append("HF_HUB_OFFLINE is set: presets whose models are not cached were left out")
+        left_out = [p.name for p in presets if to_fetch[p.name]]
+        pick.reasons.insert(0, f"{offline}: recommended among the presets whose models are on "
+                               f"this machine already; left out ({len(left_out)}, they download "
+                               f"models on first use): {', '.join(left_out)}")
     if args.json:
         print(json.dumps({
             "hardware": hw.to_dict(),
             "recommended": pick.preset.name if pick.preset else None,
             "reasons": pick.reasons,
+            "hub_unavailable": offline,
             "presets": [dict(p.to_dict(), fits=verdicts[p.name][0], reason=verdicts[p.name][1],
                              to_download=to_fetch[p.name]) for p in presets],
         }, indent=2))
@@ -377,7 +391,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
                 ("fits" if ok else "no  ")
         flags = " [default]" if preset.default else ""
         flags += " [gated]" if preset.gated else ""
-        flags += " [downloads on first use]" if to_fetch[preset.name] else ""
+        if to_fetch[preset.name]:
+            flags += " [needs the hub: unreachable]" if offline else " [downloads on first use]"
         print(f"{marks} {preset.name:26s} {format_bytes(preset.memory_bytes):>8s}  "
               f"{preset.target} + {preset.draft}{flags}")
         print(f"       {reason}")

@@ -53,6 +53,11 @@ class DecodeStats:
         draft_length: draft length used in the latest round (0 for plain decoding).
         drafted_by, accepted_by: drafted / accepted tokens per drafter that proposed them (a
             combined drafter has several; keys are the proposals' sources).
+        rounds: verification rounds (target forwards after prefill) recorded so far.
+        draft_length_sum, draft_length_min, draft_length_max: sum, smallest and largest number
+            of draft tokens verified in a round, over every round (plain rounds count as 0);
+            min/max are None before the first round. With ``auto`` the last round's
+            ``draft_length`` can be 0 although the run drafted; these describe the whole run.
         extra_memory_bytes: bytes the drafter adds (its weights not shared with the target + its
             KV cache); 0 for plain decoding and for the n-gram drafter.
         finish_reason: "eos", "stop", "length", "cancelled" or None while running.
@@ -73,6 +78,10 @@ class DecodeStats:
     draft_length: int = 0
     drafted_by: dict[str, int] = field(default_factory=dict)
     accepted_by: dict[str, int] = field(default_factory=dict)
+    rounds: int = 0
+    draft_length_sum: int = 0
+    draft_length_min: int | None = None
+    draft_length_max: int | None = None
     extra_memory_bytes: int = 0
     finish_reason: str | None = None
 
@@ -106,6 +115,11 @@ class DecodeStats:
         return ratio(self.new_tokens - 1, self.target_forwards)
 
     @property
+    def mean_draft_length(self) -> float | None:
+        """Draft tokens verified per round, averaged over the run's rounds; None before a round."""
+        return ratio(self.draft_length_sum, self.rounds)
+
+    @property
     def per_position_acceptance(self) -> list[float | None]:
         """For i = 1..k: P(draft token i accepted | tokens 1..i-1 were)."""
         return [ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
@@ -136,6 +150,11 @@ class DecodeStats:
             self.accepted_by[source] = self.accepted_by.get(source, 0) + counted_accepted
         self.target_forwards += 1
         self.draft_length = n_drafted
+        self.rounds += 1
+        self.draft_length_sum += n_drafted
+        self.draft_length_min = n_drafted if self.draft_length_min is None else min(
+            self.draft_length_min, n_drafted)
+        self.draft_length_max = max(self.draft_length_max or 0, n_drafted)
         count_positions(self.position_drafted, self.position_accepted, counted_drafted,
                         counted_accepted)
 
@@ -143,7 +162,7 @@ class DecodeStats:
         """All raw counters and derived metrics, JSON-ready (None stays None)."""
         out = asdict(self)
         for name in ("tokens_per_s", "decode_tokens_per_s", "acceptance_rate",
-                     "mean_acceptance_length", "per_position_acceptance"):
+                     "mean_acceptance_length", "per_position_acceptance", "mean_draft_length"):
             out[name] = getattr(self, name)
         return out
 

@@ -158,7 +158,8 @@ def test_check_command_exit_status_and_json(models_module, capsys):
     assert status == 2
     assert out["status"] == "incompatible" and out["reasons"]
     assert main(["check", "--target", "builtin:smollm2-135m", "--draft", "builtin:smollm2-135m"]) == 0
-    assert "builtin:smollm2-135m -> builtin:smollm2-135m: compatible" in capsys.readouterr().out
+    assert "target builtin:smollm2-135m, draft builtin:smollm2-135m: compatible" in \
+        capsys.readouterr().out
 
 
 def test_check_command_reports_unloadable_tokenizer(tmp_path, models_module, capsys):
