@@ -15,7 +15,10 @@ Reports, for one target as loaded (dtype, quantisation, fast path):
   ``decode_tokens_per_s``), and ``plain_vs_bound`` = its ratio to the bound.
 
 Timings on a shared machine move with its load: compare ratios from one run, and read
-``load_average`` (1-minute load of the host) and ``threads`` next to them.
+``load_average`` (1-minute load of the host) and ``threads`` next to them. ``--clock cpu``
+(with ``--threads 1``) times with the thread's CPU clock instead of the wall clock: the work a
+forward does, without the time other processes held the core (memory bandwidth they take is
+still felt). The adaptive draft length and the app always use the wall clock.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 COPY_BYTES = 256 << 20  # 256 MiB: larger than the caches of desktop CPUs
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}  # cpu: this thread's CPU time
 
 
 @dataclass
@@ -40,6 +44,7 @@ class CostReport:
     dtype: str
     quantization: str | None
     threads: int
+    clock: str
     context: int
     forward_s: dict[int, float]
     forward_ratio: dict[int, float | None]
@@ -61,13 +66,15 @@ def _sync(device) -> None:
     sync(device)
 
 
-def measure_bandwidth_GBps(device="cpu", nbytes: int = COPY_BYTES, repeats: int = 7) -> float:
+def measure_bandwidth_GBps(device="cpu", nbytes: int = COPY_BYTES, repeats: int = 7,
+                          clock=time.perf_counter) -> float:
     """Memory bandwidth in GB/s (1e9 bytes): 2 * nbytes / median seconds of ``dst.copy_(src)``.
 
     Args:
         device: where the tensors live (clocks are read after synchronising it).
         nbytes: size of the copied tensor.
         repeats: copies timed (after one warm-up copy).
+        clock: seconds counter (see :data:`CLOCKS`).
     """
     import torch
     device = torch.device(device)
@@ -77,10 +84,10 @@ def measure_bandwidth_GBps(device="cpu", nbytes: int = COPY_BYTES, repeats: int 
     times = []
     for _ in range(repeats):
         _sync(device)
-        start = time.perf_counter()
+        start = clock()
         dst.copy_(src)
         _sync(device)
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return 2 * src.numel() * 4 / statistics.median(times) / 1e9
 
 
@@ -96,16 +103,16 @@ def tensor_bytes(tensor) -> int:
 
 
 def weight_bytes_per_forward(model) -> int:
-    """Bytes of parameters and buffers one forward reads: every tensor once (tied weights once),
-    except an input embedding that is not also the output head (a forward reads only its
-    token rows)."""
+    """Bytes of parameters one forward reads: every weight once (tied weights once), except an
+    input embedding that is not also the output head (a forward reads only its token rows).
+    Buffers (rotary frequencies, a few hundred bytes) are not counted."""
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings()
     skip = set()
     if embedding is not None and (head is None or head.weight is not embedding.weight):
         skip.add(id(embedding.weight))
     seen, total = set(), 0
-    for tensor in list(model.parameters()) + list(model.buffers()):
+    for tensor in model.parameters():
         if id(tensor) in seen or id(tensor) in skip:
             continue
         seen.add(id(tensor))
@@ -113,18 +120,26 @@ def weight_bytes_per_forward(model) -> int:
     return total
 
 
-def measure_plain_tokens_per_s(loaded, new_tokens: int = 48, context: int = 128) -> float | None:
-    """Plain greedy decoding rate after prefill (``decode_tokens_per_s``) over ``new_tokens``
-    tokens, after a prompt of ``context`` token ids; EOS does not stop it."""
+def measure_plain_tokens_per_s(loaded, new_tokens: int = 48, context: int = 128,
+                               clock=time.perf_counter) -> float | None:
+    """Plain greedy decoding rate after prefill, through the engine: (new_tokens - 1) / (seconds
+    of a decode of ``new_tokens`` - seconds of a decode of 1 token), after a prompt of
+    ``context`` token ids (EOS does not stop it). With the wall clock this is the engine's
+    ``decode_tokens_per_s``."""
     from .engine import generate
     from .kv import KVModel
+    from .stats import ratio
     kv = KVModel(loaded.model)
     vocab = loaded.model.get_input_embeddings().num_embeddings
     prompt = [i % vocab for i in range(1, context + 1)]
     generate(kv, prompt[:8], loaded.tokenizer, max_new_tokens=4)  # warm-up
-    result = generate(kv, prompt, loaded.tokenizer, max_new_tokens=new_tokens)
+    seconds = {}
+    for n in (1, new_tokens):
+        start = clock()
+        generate(kv, prompt, loaded.tokenizer, max_new_tokens=n)
+        seconds[n] = clock() - start
     kv.reset()
-    return result.stats.decode_tokens_per_s
+    return ratio(new_tokens - 1, seconds[new_tokens] - seconds[1])
 
 
 def _load_average() -> float | None:
@@ -135,7 +150,7 @@ def _load_average() -> float | None:
 
 
 def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
-                  plain_tokens: int = 48) -> CostReport:
+                  plain_tokens: int = 48, clock: str = "wall") -> CostReport:
     """The cost table of an already loaded target (see the module docstring).
 
     Args:
@@ -144,17 +159,26 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         context: tokens in the cache before each timed forward.
         repeats: forwards timed per width (median kept).
         plain_tokens: tokens decoded for ``plain_tokens_per_s``.
+        clock: "wall" or "cpu" (this thread's CPU time; meaningful with one torch thread).
+    Raises:
+        ValueError: an unknown clock, or "cpu" with more than one torch thread.
     """
     import torch
     from .fastpath import fastpath_info
     from .kv import KVModel
     from .policy import measure_forward_s
     from .stats import ratio
+    if clock not in CLOCKS:
+        raise ValueError(f"unknown clock {clock!r}; use wall or cpu")
+    if clock == "cpu" and (torch.get_num_threads() != 1 or loaded.device.type != "cpu"):
+        raise ValueError("--clock cpu needs --threads 1 on the CPU: the CPU time of several "
+                         "threads adds up their waiting, and a GPU's work is not CPU time")
+    tick = CLOCKS[clock]
     kv = KVModel(loaded.model)
     load_before = _load_average()
-    forward_s = measure_forward_s(kv, max_n, context=context, repeats=repeats)
-    bandwidth = measure_bandwidth_GBps(loaded.device)
-    plain = measure_plain_tokens_per_s(loaded, plain_tokens, context)
+    forward_s = measure_forward_s(kv, max_n, context=context, repeats=repeats, clock=tick)
+    bandwidth = measure_bandwidth_GBps(loaded.device, clock=tick)
+    plain = measure_plain_tokens_per_s(loaded, plain_tokens, context, clock=tick)
     nbytes = weight_bytes_per_forward(loaded.model)
     bound = ratio(bandwidth * 1e9, nbytes)
     info = fastpath_info(loaded.model)
@@ -162,7 +186,7 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
     return CostReport(
         target=loaded.spec, device=str(loaded.device), dtype=str(loaded.dtype).replace("torch.", ""),
         quantization=getattr(loaded, "quantization", None), threads=torch.get_num_threads(),
-        context=context, forward_s=forward_s,
+        clock=clock, context=context, forward_s=forward_s,
         forward_ratio={n: ratio(s, forward_s[1]) for n, s in forward_s.items()},
         weight_bytes=nbytes, bandwidth_GBps=bandwidth, bound_tokens_per_s=bound,
         plain_tokens_per_s=plain,
@@ -177,7 +201,8 @@ def format_report(r: CostReport) -> str:
         return "n/a" if x is None else format(x, spec)
     lines = [f"{r.target} on {r.device}, {r.dtype}"
              + (f", {r.quantization}" if r.quantization else "")
-             + f", {r.threads} threads, context {r.context}, load average {f(r.load_average)}",
+             + f", {r.threads} threads, {r.clock} clock, context {r.context}, "
+             f"load average {f(r.load_average)}",
              f"weight_bytes {r.weight_bytes:,}  bandwidth_GBps {r.bandwidth_GBps:.1f}  "
              f"bound_tokens_per_s {f(r.bound_tokens_per_s, '.1f')}  "
              f"plain_tokens_per_s {f(r.plain_tokens_per_s, '.1f')}  "
@@ -204,6 +229,9 @@ def register(sub) -> None:
     p.add_argument("--context", type=int, default=128, help="cached tokens before each forward")
     p.add_argument("--repeats", type=int, default=5, help="forwards timed per width (median)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--clock", default="wall", choices=list(CLOCKS),
+                   help="wall (default) or cpu: this thread's CPU time, for a shared machine "
+                        "(needs --threads 1)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_costs)
@@ -223,6 +251,10 @@ def cmd_costs(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    report = measure_costs(loaded, args.max_n, args.context, args.repeats)
+    try:
+        report = measure_costs(loaded, args.max_n, args.context, args.repeats, clock=args.clock)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
     return 0
