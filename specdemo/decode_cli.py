@@ -8,6 +8,7 @@ import sys
 
 from . import inputs
 from .compat import NON_MODEL_DRAFTS  # none, ngram, self: drafters that are not models
+from .quantize import QUANTIZATION_CHOICES
 
 
 def is_model_draft(spec: str) -> bool:
@@ -57,8 +58,9 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
                         type=checked(inputs.text, "system", required=False))
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    parser.add_argument("--quantization", default=None, choices=["4bit", "8bit"],
-                        help="bitsandbytes quantisation of the target (CUDA only)")
+    parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_CHOICES),
+                        help="target quantisation: 4bit/8bit bitsandbytes (CUDA), int8/int4 "
+                             "torchao (int4: CPU, bfloat16 compute)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow code from the model repository to run (off by default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

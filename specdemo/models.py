@@ -46,7 +46,7 @@ T = TypeVar("T")
 
 DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
           "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
-QUANTIZATIONS = ("4bit", "8bit")
+QUANTIZATIONS = ("4bit", "8bit", "int8", "int4")  # see specdemo/quantize.py
 
 
 # ----------------------------------------------------------------------------- built-in models
@@ -160,9 +160,13 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, DTYPES[name])
 
 
-def quantization_unavailable(device: torch.device) -> str | None:
-    """Why 4/8-bit quantisation cannot be used on ``device`` (None when it can: CUDA +
-    an importable bitsandbytes). For disabling the option in a UI with the reason."""
+def quantization_unavailable(device: torch.device, quantization: str = "4bit") -> str | None:
+    """Why ``quantization`` cannot be used on ``device`` (None when it can). 4bit/8bit need CUDA
+    + an importable bitsandbytes; int8/int4 (torchao) see :mod:`specdemo.quantize`. For
+    disabling the option in a UI with the reason."""
+    if quantization not in ("4bit", "8bit"):
+        from .quantize import unavailable_reason
+        return unavailable_reason(quantization, device.type)
     if device.type != "cuda":
         return (f"4bit/8bit quantization needs a CUDA GPU and bitsandbytes; this run uses "
                 f"{device.type}, so load without quantization")
@@ -179,7 +183,8 @@ def _normalise_quantization(quantization: str | None) -> str | None:
         return None
     q = str(quantization).strip().lower()
     if q not in QUANTIZATIONS:
-        raise ModelLoadError(f"unknown quantization '{quantization}'; use none, 4bit or 8bit")
+        raise ModelLoadError(f"unknown quantization '{quantization}'; use none, "
+                             + ", ".join(QUANTIZATIONS))
     return q
 
 
@@ -191,9 +196,11 @@ def _placement(device: torch.device, dtype: torch.dtype, quantization: str | Non
     spills layers to the CPU instead of failing. Quantised: bitsandbytes on this GPU only.
     """
     if quantization is not None:
-        reason = quantization_unavailable(device)
+        reason = quantization_unavailable(device, quantization)
         if reason:
             raise ModelLoadError(reason)
+        if quantization in ("int8", "int4"):  # torchao, applied after loading
+            return {}
         from transformers import BitsAndBytesConfig
         config = (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                      bnb_4bit_compute_dtype=dtype)
@@ -242,6 +249,9 @@ def _from_pretrained(source: Path | str, device: torch.device, dtype: torch.dtyp
                                  "or 4bit/8bit on CUDA") from exc
         raise
     model.eval()
+    if quantization in ("int8", "int4"):
+        from .quantize import quantize_model
+        quantize_model(model, quantization)
     return loaded
 
 
@@ -398,6 +408,7 @@ class LoadedModel:
     dtype: torch.dtype
     load_s: float
     source: str
+    quantization: str | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -440,7 +451,8 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
         device: see :func:`resolve_device`.
         dtype: see :func:`resolve_dtype` (the compute dtype when quantised).
         trust_remote_code: allow code from the model's repository to run (hub/local folders).
-        quantization: None/"none", "4bit" or "8bit" (bitsandbytes; CUDA only).
+        quantization: None/"none", "4bit" or "8bit" (bitsandbytes; CUDA only), "int8" or
+            "int4" (torchao; int4 on the CPU only, computing in bfloat16).
     Returns:
         A :class:`LoadedModel`; the same object again for the same (spec, device, dtype,
         quantization) in this process until :func:`clear_loaded`.
@@ -448,8 +460,9 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
         ModelLoadError: anything that prevents loading, with what to do.
     """
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
     quant = _normalise_quantization(quantization)
+    from .quantize import compute_dtype
+    dt = compute_dtype(quant, resolve_dtype(dtype, dev))  # int4: bfloat16
     key = (_canonical(spec), str(dev), str(dt), quant)
     with _LOCK:
         if key in _LOADED:
@@ -462,7 +475,11 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
         except Exception as exc:
             _remote_code_guard(spec, exc)
             raise ModelLoadError(f"could not load {spec}: {_reason(exc)}") from exc
-        loaded = LoadedModel(spec, model, tokenizer, dev, dt, time.perf_counter() - start, source)
+        if dev.type == "cpu":
+            from .fastpath import speed_up
+            speed_up(model)  # kernel per row count, measured here (specdemo/fastpath.py)
+        loaded = LoadedModel(spec, model, tokenizer, dev, dt, time.perf_counter() - start, source,
+                             quant)
         _LOADED[key] = loaded
         return loaded
 
