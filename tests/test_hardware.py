@@ -64,7 +64,7 @@ def test_24gb_gpu_refuses_gemma_9b_pair_and_suggests_4bit_or_offload(bnb):
     assert "CPU offload of about 3.6 GB" in reason
     assert ("the target in 4-bit, about 13.3 GB (fits" in reason) == bnb
     assert ("a smaller preset: llama3.1-8b-3.2-1b (20.3 GB, gated), qwen3-8b-0.6b (19.7 GB), "
-            "qwen2.5-7b-0.5b (17.6 GB)") in reason
+            "llama3.1-8b-eagle3 (19.6 GB, gated)") in reason
 
 
 def test_gated_presets_only_with_permission(monkeypatch):
@@ -90,11 +90,11 @@ def test_16gb_apple_silicon_picks_a_fitting_pair_and_refuses_4bit_for_want_of_cu
 
 
 def test_cpu_only_24gb_picks_a_cpu_preset_and_refuses_gpu_only_ones():
-    assert _check_recommendation(CPU_24GB) == "smollm2-1.7b-360m"
+    assert _check_recommendation(CPU_24GB) == "gemma4-e2b-assistant"
     ok, reason = H.fits(get_preset("qwen3-8b-0.6b"), CPU_24GB, alternatives=list_presets())
     assert not ok
     assert reason.startswith("made for cuda/mps; this machine runs on cpu; would fit: a smaller preset: "
-                             "smollm2-1.7b-360m (6.2 GB)")
+                             "gemma4-e2b-assistant (11.5 GB), smollm2-1.7b-360m (6.2 GB)")
 
 
 def test_offline_ngram_default_is_chosen_among_the_builtin_presets():

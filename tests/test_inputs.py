@@ -34,7 +34,7 @@ def test_lone_surrogate_prompt_is_refused_before_any_model_loads(capsys, monkeyp
     (["--top-p", "0"], "top p must be a number above 0 and at most 1, got '0'"),
     (["--max-new-tokens", "2.5"], "max new tokens must be a whole number of at least 1, got '2.5'"),
     (["--draft", "early-exit:zero"], "early-exit needs a layer count of at least 1"),
-    (["--draft", "builtin:nope"], "'builtin:nope' is not a built-in model; valid forms: none, ngram, "
+    (["--draft", "builtin:nope"], "'builtin:nope' is not a built-in model or drafter; valid forms: none, ngram, "
                                   "self, early-exit:<layers>, builtin:<name> (gemma3-270m, "
                                   "smollm2-135m)"),
     (["--system", "\udcff"], "system has a character that is not valid text at position 0"),
