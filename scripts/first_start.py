@@ -2,6 +2,7 @@
 
     python scripts/first_start.py first-token [--cold] [--runs N]   # headless Chromium sends at once
     python scripts/first_start.py idle [--wait S] [--span S]         # CPU of an idle app.py
+    (either with --root DIR: measure another checkout's app.py the same way)
 
 ``first-token`` starts ``python app.py --no-browser``, opens the page in headless Chromium as soon
 as the server answers, types a prompt and presses Send at once (the worst case for the preload:
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+APP_ROOT = [ROOT]  # --root changes it
 PROMPT = "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog by the river."
 FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          "--disable-background-networking", "--disable-component-update", "--no-first-run",
@@ -52,7 +54,7 @@ def start_app(port: int, cache: str | None, log: Path) -> subprocess.Popen:
     if cache:
         env["SPECDEMO_CACHE"] = cache
     return subprocess.Popen([sys.executable, "app.py", "--no-browser", "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+                            cwd=APP_ROOT[0], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
 def first_token_s(cold: bool, log: Path) -> dict:
@@ -135,7 +137,10 @@ def main() -> None:
     idle = sub.add_parser("idle")
     idle.add_argument("--wait", type=float, default=300, help="seconds to wait for 'ready' at most")
     idle.add_argument("--span", type=float, default=60, help="seconds to measure over")
+    for command in (first, idle):
+        command.add_argument("--root", type=Path, default=ROOT, help="checkout whose app.py runs")
     args = parser.parse_args()
+    APP_ROOT[0] = args.root
     log = Path(tempfile.mkdtemp(prefix="specdemo-measure-")) / "app.log"
     if args.what == "first-token":
         for _ in range(args.runs):

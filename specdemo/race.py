@@ -7,8 +7,10 @@ engine measured for it (``stats.elapsed_s``, from that decode's own start). A re
 both lanes side by side at their measured pace, so the faster one visibly finishes first.
 
 One generator drives both panes (FastChat's side-by-side arena advances two generators in one
-event); it yields :class:`RaceSnapshot` objects that know nothing about the UI. An error in one
-lane (load failure, out of memory, bad input) is kept in that lane's record; the other lane runs.
+event); it yields :class:`RaceSnapshot` objects that know nothing about the UI. Every lane's
+models are loaded before any lane runs: one that cannot be loaded (missing, unreachable,
+incompatible) is that lane's error and the others are skipped with the reason. An error while a
+lane decodes (out of memory, bad input) is kept in that lane's record; the other lane runs.
 
 No metric is computed here: stats come from the engine, speedup and first divergence from
 ``stats`` and ``pipeline``.

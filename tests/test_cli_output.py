@@ -63,3 +63,19 @@ def test_run_and_compare_say_the_policy_and_the_k_used():
     assert format_stats("speculative", s, "auto").splitlines()[-1] == (
         "    draft_length=auto (k used: mean 2.8, range 0-8, over 4 rounds)")
     assert "draft_length" not in format_stats("plain", DecodeStats(new_tokens=3))
+
+
+def test_bench_loads_through_the_shared_path_without_a_draft_length(monkeypatch, capsys):
+    """``bench`` has --draft-lengths, not --draft-length; loading (with its printed steps) must
+    not need it."""
+    from argparse import Namespace
+
+    import specdemo.startup as startup
+    from specdemo.decode_cli import pipeline_from_args
+    from test_race import FakeLoaded
+    from tiny import tiny_llama
+    loaded = FakeLoaded(tiny_llama(seed=0, layers=1))
+    monkeypatch.setattr(startup, "load_model", lambda spec, *a, **k: loaded)
+    args = Namespace(target="t", draft="ngram", device="cpu", dtype="auto", quantization=None,
+                     trust_remote_code=False)
+    assert pipeline_from_args(args).draft_spec == "ngram"
