@@ -64,7 +64,7 @@ def test_24gb_gpu_refuses_gemma_9b_pair_and_suggests_4bit_or_offload(bnb):
     assert "CPU offload of about 3.6 GB" in reason
     assert ("the target in 4-bit, about 13.3 GB (fits" in reason) == bnb
     assert ("a smaller preset: llama3.1-8b-3.2-1b (20.3 GB, gated), qwen3-8b-0.6b (19.7 GB), "
-            "qwen2.5-7b-0.5b (17.6 GB)") in reason
+            "llama3.1-8b-eagle3 (19.6 GB, gated)") in reason
 
 
 def test_gated_presets_only_with_permission(monkeypatch):
