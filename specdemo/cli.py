@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "specdemo.presets",
     "specdemo.compat",
     "specdemo.bench",
+    "specdemo.training.cli",
 )
 
 

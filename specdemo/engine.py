@@ -231,7 +231,8 @@ def decode(
             drafter.feedback(n_accepted)
         event = emit(drafts[:n_accepted] + [next_token], [True] * n_accepted + [False])
         # Count what was verified, but accepted tokens only as far as they were emitted.
-        stats.record_round(len(drafts), min(n_accepted, len(event.token_ids)))
+        stats.record_round(len(drafts), min(n_accepted, len(event.token_ids)),
+                           proposal.source if proposal else None)
         stats.extra_memory_bytes = drafter.extra_memory_bytes if drafter else 0
         event.stats = stats.copy()
         yield event

@@ -51,6 +51,8 @@ class DecodeStats:
         position_drafted: ``position_drafted[i]`` = rounds in which draft position i+1 was verified.
         position_accepted: ``position_accepted[i]`` = rounds in which draft position i+1 was accepted.
         draft_length: draft length used in the latest round (0 for plain decoding).
+        drafted_by, accepted_by: drafted / accepted tokens per drafter that proposed them (a
+            combined drafter has several; keys are the proposals' sources).
         extra_memory_bytes: bytes the drafter adds (its weights not shared with the target + its
             KV cache); 0 for plain decoding and for the n-gram drafter.
         finish_reason: "eos", "stop", "length", "cancelled" or None while running.
@@ -69,6 +71,8 @@ class DecodeStats:
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     draft_length: int = 0
+    drafted_by: dict[str, int] = field(default_factory=dict)
+    accepted_by: dict[str, int] = field(default_factory=dict)
     extra_memory_bytes: int = 0
     finish_reason: str | None = None
 
@@ -107,8 +111,12 @@ class DecodeStats:
         return [ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
 
     # --- recording ---------------------------------------------------------------------------
-    def record_round(self, n_drafted: int, n_accepted: int) -> None:
-        """Record one verification round: ``n_drafted`` proposed, the first ``n_accepted`` kept."""
+    def record_round(self, n_drafted: int, n_accepted: int, source: str | None = None) -> None:
+        """Record one verification round: ``n_drafted`` proposed (by ``source``), the first
+        ``n_accepted`` kept."""
+        if source and n_drafted:
+            self.drafted_by[source] = self.drafted_by.get(source, 0) + n_drafted
+            self.accepted_by[source] = self.accepted_by.get(source, 0) + n_accepted
         self.drafted += n_drafted
         self.accepted += n_accepted
         self.target_forwards += 1

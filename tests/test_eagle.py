@@ -129,3 +129,18 @@ def test_refusals_name_the_problem(target, tmp_path):
         load_learned(str(folder), loaded(target))
     ok = tiny_eagle(target, 20, seed=5)
     assert eagle3_problems(ok, {"missing": []}, loaded(target))[0] == []
+
+
+def test_combined_drafter_is_lossless_and_counts_per_source(target):
+    """ngram stacked over an EAGLE-3 head: same tokens as plain, stats split by source."""
+    from specdemo.drafters.combined import CombinedDrafter
+    tok = CharTokenizer()
+    prompt = tok.encode("abc abc abc abc abc abc abc abc ") + PROMPT
+    kv = KVModel(target)
+    plain = generate(kv, prompt, tok, max_new_tokens=48)
+    drafter = CombinedDrafter(Eagle3Drafter(tiny_eagle(target, seed=6), 32), name="eagle3+ngram")
+    spec = generate(kv, prompt, tok, drafter=drafter, policy=FixedDraftLength(4), max_new_tokens=48)
+    assert spec.token_ids == plain.token_ids
+    s = spec.stats
+    assert sum(s.drafted_by.values()) == s.drafted and sum(s.accepted_by.values()) == s.accepted
+    assert set(s.drafted_by) <= {"ngram", "eagle3"} and "eagle3" in s.drafted_by

@@ -199,7 +199,8 @@ class Eagle3Head(nn.Module):
         out = layer.finish(attended, residual)
         return out, self.lm_head(self.norm(out)), (k, v)
 
-    def ttt_forward(self, features: torch.Tensor, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    def ttt_forward(self, features: torch.Tensor, ids: torch.Tensor, steps: int,
+                    logits: bool = True) -> list[torch.Tensor]:
         """Training-time test: ``steps`` unrolled draft steps over whole sequences.
 
         Step 0 reads real features; step j > 0 reads step j-1's outputs and the tokens one
@@ -209,9 +210,11 @@ class Eagle3Head(nn.Module):
             features: (B, T, 3 * Ht) target features at positions 0..T-1.
             ids: (B, T + steps) token ids; pair t of step j takes ids[:, t + 1 + j].
             steps: unrolled steps (>= 1).
+            logits: False returns each step's normed hidden state (B, T, H) instead, so that
+                training applies ``lm_head`` only where the loss is taken.
         Returns:
-            ``steps`` tensors (B, T, Vd) of draft logits; step j at anchor t predicts the token
-            at t + 2 + j.
+            ``steps`` tensors (B, T, Vd) of draft logits (or (B, T, H), see ``logits``); step j
+            at anchor t predicts the token at t + 2 + j.
         """
         b, t, _ = features.shape
         layer = self.layers[0]
@@ -230,7 +233,8 @@ class Eagle3Head(nn.Module):
                 vs.append(v)
                 attended = ttt_attention(q, k0, v0, ks, vs)
             hidden = layer.finish(attended, residual)
-            out_logits.append(self.lm_head(self.norm(hidden)))
+            normed = self.norm(hidden)
+            out_logits.append(self.lm_head(normed) if logits else normed)
         return out_logits
 
 

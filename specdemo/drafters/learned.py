@@ -69,12 +69,19 @@ def _hub_folder(spec: str) -> Path | None:
         return Path(snapshot_download(spec))
 
 
+COMBINE = "+ngram"  # suffix that stacks prompt lookup over a learned drafter
+
+
 def resolve(spec: str) -> tuple[Path, str] | None:
     """(folder, family) when ``spec`` names a learned drafter, else None (a model, ngram, ...).
+
+    ``<learned>+ngram`` resolves to the learned drafter's folder and family.
 
     Raises:
         ModelLoadError: ``builtin:`` names a shipped drafter whose files are missing.
     """
+    if spec.endswith(COMBINE):
+        return resolve(spec[:-len(COMBINE)])
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
         if name not in BUILTIN_DRAFTERS:
@@ -134,6 +141,26 @@ class LoadedEagle3:
     def weight_bytes(self) -> int:
         from .base import param_bytes
         return param_bytes(self.head)
+
+
+@dataclass
+class Combined:
+    """A loaded learned drafter with prompt lookup stacked over it (``<learned>+ngram``)."""
+
+    learned: object
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.learned.warnings
+
+    @property
+    def summary(self) -> str:
+        return "prompt lookup (ngram) over " + describe(self.learned)
+
+    def new_drafter(self, target: torch.nn.Module, vocab_size: int, name: str):
+        from .combined import CombinedDrafter
+        return CombinedDrafter(self.learned.new_drafter(target, vocab_size, name.removesuffix(COMBINE)),
+                               name=name)
 
 
 def _target_name(target) -> str:
@@ -202,6 +229,8 @@ def _load_learned(spec: str, target, dtype: torch.dtype):
         raise ModelLoadError(f"{spec} is not a learned drafter folder (no EAGLE-3, DFlash or MTP "
                              "config.json)")
     folder, family = found
+    if spec.endswith(COMBINE):
+        return Combined(load_learned(spec[:-len(COMBINE)], target, dtype))
     if family != "eagle3":
         return LOADERS[family](spec, folder, target, dtype)
     try:

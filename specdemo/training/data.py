@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import torch
@@ -46,7 +47,7 @@ def _done(path: Path) -> set[tuple[int, int]]:
 @torch.inference_mode()
 def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
                      temperature: float = 0.7, max_new_tokens: int = 160, batch_size: int = 16,
-                     seed: int = 0) -> Path:
+                     seed: int = 0, budget_s: float | None = None) -> Path:
     """Append the target's answers to ``out_dir/answers.jsonl`` (resumable).
 
     Each line: {"prompt_index", "answer_index", "task", "ids" (prompt + answer ids),
@@ -56,20 +57,28 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
         target: a ``models.LoadedModel``.
         rows: prompt rows ({"task", "prompt"}).
         answers_per_prompt: answer 0 is greedy, the others sampled at ``temperature``.
+        budget_s: start no new batch after this many seconds (greedy answers of every prompt
+            come first, shortest prompts first); None = generate everything.
     Returns:
         The answers file.
     """
     path = out_dir / ANSWERS
     done = _done(path)
     tok, model = target.tokenizer, target.model
-    pad = tok.pad_token_id if tok.pad_token_id is not None else min(target.eos_token_ids)
+    pad = getattr(tok, "pad_token_id", None)
+    pad = pad if pad is not None else min(target.eos_token_ids)
     eos = target.eos_token_ids
     todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
     prompts = {i: chat_ids(tok, rows[i]["prompt"]) for i, _ in todo}
     todo.sort(key=lambda ia: (ia[1], len(prompts[ia[0]])))  # similar lengths batch together
     bar = tqdm(total=len(todo), desc="generating answers", unit="answer")
+    began = time.perf_counter()
     with path.open("a") as out:
         for start in range(0, len(todo), batch_size):
+            if budget_s is not None and time.perf_counter() - began > budget_s:
+                bar.write(f"generation budget of {budget_s:.0f} s spent: training on the "
+                          f"{len(done) + start} answers generated so far")
+                break
             batch = todo[start:start + batch_size]
             width = max(len(prompts[i]) for i, _ in batch)
             ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i, _ in batch])

@@ -1,0 +1,64 @@
+"""Stacking prompt lookup over a learned drafter (as llama.cpp stacks an n-gram drafter over a
+draft model): each round takes the proposal more likely to be accepted.
+
+When the context's last tokens occurred before (a long n-gram match), the answer is probably
+copying (code edits, quotes, lists), where prompt lookup's continuation beats any model; elsewhere
+the learned drafter proposes. Each source's acceptance is tracked, and prompt lookup is preferred
+only while its own running acceptance is at least the learned drafter's. Proposals name their
+source, so the statistics stay per drafter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..sampling import SamplingParams
+from .base import Proposal, wants_features
+from .ngram import NgramDrafter
+
+
+class CombinedDrafter:
+    """Prompt lookup (``ngram``) over a learned drafter.
+
+    Args:
+        learned: the learned drafter (EAGLE-3, DFlash, ...); it keeps observing target features
+            in rounds where prompt lookup proposes, so it never falls out of step.
+        ngram: the prompt-lookup drafter.
+        min_match: the shortest n-gram match that lets prompt lookup propose.
+        name: shown in stats and the UI.
+    """
+
+    def __init__(self, learned, ngram: NgramDrafter | None = None, min_match: int = 3,
+                 name: str = "combined") -> None:
+        self.learned = learned
+        self.ngram = ngram or NgramDrafter(max_ngram=4, min_ngram=2)
+        self.min_match = min_match
+        self.name = name
+        self.feature_layers = wants_features(learned)
+        self.acceptance = {"ngram": 0.6, "learned": 0.5}  # running per-token acceptance
+        self._last: str | None = None
+        self._last_n = 0
+
+    def observe(self, features: torch.Tensor) -> None:
+        self.learned.observe(features)
+
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        lookup = self.ngram.propose(context, k, params, generator)
+        use_lookup = (len(lookup.ids) >= min(k, 2) and self.ngram.last_match >= self.min_match
+                      and self.acceptance["ngram"] >= self.acceptance["learned"])
+        proposal = lookup if use_lookup else self.learned.propose(context, k, params, generator)
+        self._last = "ngram" if use_lookup else "learned"
+        self._last_n = len(proposal.ids)
+        return Proposal(proposal.ids, proposal.probs,
+                        source="ngram" if use_lookup else (proposal.source or "learned"))
+
+    def feedback(self, n_accepted: int) -> None:
+        if self._last is not None and self._last_n:
+            rate = n_accepted / self._last_n
+            self.acceptance[self._last] += 0.2 * (rate - self.acceptance[self._last])
+        self.learned.feedback(n_accepted)
+
+    @property
+    def extra_memory_bytes(self) -> int:
+        return self.learned.extra_memory_bytes
