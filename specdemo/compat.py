@@ -252,7 +252,8 @@ def register(sub) -> None:
     parser = sub.add_parser("check", help="can this draft serve this target? (exit 0 / 0 / 2)")
     parser.add_argument("--target", required=True, help="HF id, local dir, .gguf file or builtin:<name>")
     parser.add_argument("--draft", required=True,
-                        help="a model like --target, or ngram / self / early-exit:N")
+                        help="a model like --target, ngram / self / early-exit:N / mtp, or a "
+                             "learned drafter folder or hub id (EAGLE-3, DFlash, Gemma 4 assistant)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow code from the model repositories to run (off by default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -37,7 +37,8 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
     parser.add_argument("--target", default="builtin:smollm2-135m",
                         help="HF id, local dir, .gguf file or builtin:<name> (default %(default)s)")
     parser.add_argument("--draft", default=draft_default, type=checked(inputs.draft, "draft"),
-                        help="none, ngram, self, early-exit:<layers>, a learned drafter (EAGLE-3 "
+                        help="none, ngram, self, early-exit:<layers>, mtp (the target's own MTP "
+                             "layers), a learned drafter (EAGLE-3, DFlash or Gemma 4 assistant "
                              "folder or hub id, builtin:smollm2-135m-eagle3, <learned>+ngram), or a "
                              "model like --target (default %(default)s)")
     parser.add_argument("--max-new-tokens", default=128,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdemo import presets as P
-from specdemo.drafters import eagle_io
+from specdemo.drafters import dflash, eagle_io
 from specdemo.drafters.learned import load_learned
 from specdemo.pipeline import DecodeSettings, Pipeline
 from tiny import tiny_dflash, tiny_eagle, tiny_gemma4, tiny_gemma4_assistant, tiny_llama
@@ -72,7 +72,7 @@ def stand_in_dflash(cache: Path, preset: P.Preset) -> None:
                         mask_token_id=ROWS - 1)
     folder = snapshot(cache, preset.draft)
     from safetensors.torch import save_file
-    renames = {v: k for k, v in __import__("specdemo.drafters.dflash", fromlist=["x"]).ZLAB_RENAMES.items()}
+    renames = {v: k for k, v in dflash.ZLAB_RENAMES.items()}
     save_file({renames.get(k, k): v.contiguous() for k, v in model.state_dict().items()},
               str(folder / "model.safetensors"))
     cfg = model.config

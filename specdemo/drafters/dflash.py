@@ -227,8 +227,9 @@ class DFlashDrafter:
         self._pending.append(features)
 
     @torch.inference_mode()
-    def _block_logits(self, context: list[int]) -> torch.Tensor:
-        """One assistant forward over the new context features and the block; (B - 1, V) logits."""
+    def _block_logits(self, context: list[int], k: int) -> torch.Tensor:
+        """One assistant forward over the new context features and the block; (min(k, B - 1), V)
+        logits (the head runs on the positions that will be proposed only)."""
         if not self._pending:
             raise RuntimeError("DFlash drafter: no new target features since the last round")
         feats = torch.cat(self._pending).unsqueeze(0)  # (1, n, F)
@@ -248,7 +249,7 @@ class DFlashDrafter:
                          cache=self._cache)
         self._cache.crop(-self.block_size)  # keep the context, drop the block
         self._n_ctx = start + n
-        hidden = out.last_hidden_state[0, 1:]  # (B - 1, H)
+        hidden = out.last_hidden_state[0, 1:1 + k]  # (min(k, B - 1), H)
         logits = self._head(hidden.to(self._head.weight.dtype)).float() * self._scale
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
@@ -258,9 +259,9 @@ class DFlashDrafter:
                 generator: torch.Generator | None) -> Proposal:
         if k <= 0:
             return Proposal([], source=self.name)
-        logits = self._block_logits(context)
+        logits = self._block_logits(context, k)
         ids, probs, seq = [], [], list(context)
-        for row in logits[:k]:
+        for row in logits:
             token, p = draw(row, seq, params, generator)
             ids.append(token)
             probs.append(p)
