@@ -90,11 +90,11 @@ def test_16gb_apple_silicon_picks_a_fitting_pair_and_refuses_4bit_for_want_of_cu
 
 
 def test_cpu_only_24gb_picks_a_cpu_preset_and_refuses_gpu_only_ones():
-    assert _check_recommendation(CPU_24GB) == "gemma4-e2b-assistant"
+    assert _check_recommendation(CPU_24GB) == "smollm2-1.7b-360m"
     ok, reason = H.fits(get_preset("qwen3-8b-0.6b"), CPU_24GB, alternatives=list_presets())
     assert not ok
     assert reason.startswith("made for cuda/mps; this machine runs on cpu; would fit: a smaller preset: "
-                             "gemma4-e2b-assistant (11.5 GB), smollm2-1.7b-360m (6.2 GB)")
+                             "smollm2-1.7b-360m (6.2 GB)")
 
 
 def test_offline_ngram_default_is_chosen_among_the_builtin_presets():

@@ -110,7 +110,9 @@ def offline_cache(tmp_path, monkeypatch):
 
 
 def test_every_learned_preset_has_a_stand_in():
-    assert {p.name for p in P.list_presets() if p.draft_is_learned} == set(STAND_INS)
+    hub = {p.name for p in P.list_presets()
+           if p.draft_is_learned and not p.draft.startswith("builtin:")}  # shipped heads need none
+    assert hub == set(STAND_INS)
 
 
 @pytest.mark.parametrize("name", sorted(STAND_INS))
