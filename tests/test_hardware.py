@@ -97,9 +97,9 @@ def test_cpu_only_24gb_picks_a_cpu_preset_and_refuses_gpu_only_ones():
                              "smollm2-1.7b-360m (6.2 GB)")
 
 
-def test_offline_ngram_default_is_chosen_among_the_builtin_presets():
+def test_offline_default_is_chosen_among_the_builtin_presets():
     builtin = [p for p in list_presets() if p.target.startswith("builtin:")]
-    assert H.recommend(builtin, CPU_24GB).preset.name == "smollm2-135m-ngram"
+    assert H.recommend(builtin, CPU_24GB).preset.name == "smollm2-135m-eagle3"
 
 
 def test_nothing_fits_a_tiny_machine():

@@ -74,11 +74,11 @@ def test_memory_comment_arithmetic_adds_up(name):
     assert sum(terms) == total == P.load_preset(P.PRESETS_DIR / f"{name}.toml").memory_bytes
 
 
-def test_exactly_one_default_and_it_is_the_offline_ngram_pair():
+def test_exactly_one_default_and_it_is_the_offline_trained_head():
     presets = P.list_presets()
-    assert [p.name for p in presets if p.default] == ["smollm2-135m-ngram"]
+    assert [p.name for p in presets if p.default] == ["smollm2-135m-eagle3"]
     default = P.default_preset()
-    assert (default.target, default.draft) == ("builtin:smollm2-135m", "ngram")
+    assert (default.target, default.draft) == ("builtin:smollm2-135m", "builtin:smollm2-135m-eagle3")
 
 
 def test_builtin_presets_cover_ngram_self_early_exit_and_the_trained_head():
@@ -209,7 +209,7 @@ def test_presets_command_text_marks_fit_and_default(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("this machine: ")
-    assert re.search(r"fits smollm2-135m-ngram .*\[default\]", out)
+    assert re.search(r"fits smollm2-135m-eagle3 .*\[default\]", out)
     assert "recommended: " in out
 
 
