@@ -23,10 +23,14 @@ gives every ``nn.Linear`` a ``forward`` that dispatches on the row count (rows a
 calibrated range use ``F.linear``, the best for prefill). All kernels compute the same float
 products in a different summation order, so logits differ in the last bits only.
 ``SPECDEMO_FASTPATH=0`` leaves the model as transformers built it (for before/after measurements).
+The choice is stored per machine and model shape and reused (``SPECDEMO_FASTPATH=recalibrate``
+measures again).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import time
@@ -40,8 +44,9 @@ log = logging.getLogger(__name__)
 
 KERNELS = ("linear", "blocked", "packed")
 BLOCK_ROWS = 64  # output rows per block of the ``blocked`` kernel
-CALIBRATION_ROWS = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # row counts timed; others use the nearest below
-CALIBRATION_BYTES = 512 << 20  # weights timed per pass: the model's first linears up to this size
+CALIBRATION_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)  # row counts timed; others use the nearest below
+CALIBRATION_BYTES = 256 << 20  # weights timed per pass: the model's first linears up to this size
+CACHE_FILE = "fastpath-kernels.json"  # in models.cache_dir(): choices by machine and model shape
 DISABLE_ENV = "SPECDEMO_FASTPATH"
 MARGIN = 0.9  # another kernel replaces F.linear only when it is at least 10% faster
 MIN_WEIGHT_BYTES = 32 << 20  # below this the kernels barely matter: leave small models alone
@@ -56,8 +61,9 @@ class FastPathInfo:
         kernels: rows -> kernel name for 1..max calibrated rows (more rows: ``linear``).
         timings_s: kernel -> {rows: seconds of one pass over the timed weights}.
         extra_memory_bytes: bytes of packed weight copies kept.
-        calibrate_s: seconds the calibration took.
+        calibrate_s: seconds the calibration took (0 when the choice came from the cache).
         linears: number of ``nn.Linear`` modules given the dispatching forward.
+        cached: True when the kernels came from an earlier calibration on this machine.
     """
 
     applied: bool
@@ -67,6 +73,7 @@ class FastPathInfo:
     extra_memory_bytes: int = 0
     calibrate_s: float = 0.0
     linears: int = 0
+    cached: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -188,7 +195,8 @@ def calibrate(modules: list[torch.nn.Linear], kernels: tuple[str, ...],
 
     The candidates are interleaved within each repeat and the minimum of the repeats is kept,
     so a burst of load on a shared machine hurts every candidate alike or none; a kernel
-    replaces ``linear`` (transformers' own path) only when it is at least 10% faster.
+    replaces ``linear`` (transformers' own path) only when it is at least 10% faster, and
+    ``packed`` (extra memory) only when it beats the others by 10%.
 
     Args:
         modules: linears (those using ``packed`` must carry ``_specdemo_packed``).
@@ -212,10 +220,19 @@ def calibrate(modules: list[torch.nn.Linear], kernels: tuple[str, ...],
     current = "linear"
     for n in range(1, max(rows) + 1):
         if n in rows:
-            fastest = min(kernels, key=lambda k: best[k][n])
-            current = fastest if best[fastest][n] < MARGIN * best["linear"][n] else "linear"
+            current = _pick({k: best[k][n] for k in kernels})
         choice[n] = current
     return choice, best
+
+
+def _pick(seconds: dict[str, float]) -> str:
+    """``linear`` unless another kernel is >= 10% faster; ``packed`` (a second copy of the
+    weights) only when it is >= 10% faster than the best kernel that needs no copy."""
+    pick = "linear"
+    for kernel in ("blocked", "packed"):
+        if kernel in seconds and seconds[kernel] < MARGIN * seconds[pick]:
+            pick = kernel
+    return pick
 
 
 def _packing_fits(modules: list[torch.nn.Linear]) -> bool:
@@ -240,6 +257,65 @@ def _candidates(modules: list[torch.nn.Linear]) -> tuple[str, ...]:
     return ("linear", "blocked", "packed") if packed else ("linear", "blocked")
 
 
+def _cache_key(modules: list[torch.nn.Linear], rows: tuple[int, ...]) -> str:
+    """What a calibration depends on: CPU model, torch, threads, dtype, weight shapes, rows."""
+    from .hardware import _cpu_name
+    shapes = sorted({tuple(m.weight.shape) for m in modules})
+    parts = [_cpu_name(), torch.__version__, torch.get_num_threads(), str(modules[0].weight.dtype),
+             shapes, len(modules), list(rows), CALIBRATION_BYTES, MARGIN]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+
+
+def _cache_path():
+    from .models import cache_dir
+    return cache_dir() / CACHE_FILE
+
+
+def _cached_choice(key: str) -> tuple[dict[int, str], dict[str, dict[int, float]]] | None:
+    """A stored calibration for ``key``, or None (missing, unreadable, or a recalibration was
+    asked for with ``SPECDEMO_FASTPATH=recalibrate``)."""
+    if os.environ.get(DISABLE_ENV, "").strip().lower() == "recalibrate":
+        return None
+    try:
+        entry = json.loads(_cache_path().read_text())[key]
+        kernels = {int(n): k for n, k in entry["kernels"].items()}
+        timings = {k: {int(n): s for n, s in v.items()} for k, v in entry["timings_s"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return (kernels, timings) if set(kernels.values()) <= set(KERNELS) else None
+
+
+def _store_choice(key: str, kernels: dict[int, str], timings: dict[str, dict[int, float]]) -> None:
+    """Add a calibration to the cache file (replaced atomically; failures only logged)."""
+    path = _cache_path()
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        data = {}
+    data[key] = {"kernels": kernels, "timings_s": timings, "measured_unix_s": time.time()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("fast path: could not store the calibration in %s (%s)", path, exc)
+
+
+def _choose(modules: list[torch.nn.Linear], rows: tuple[int, ...]
+            ) -> tuple[dict[int, str], dict[str, dict[int, float]], bool]:
+    """Kernels by rows from the cache when this machine calibrated this model shape before (the
+    packed weights are rebuilt if needed), else by :func:`calibrate` (then stored)."""
+    key = _cache_key(modules, rows)
+    cached = _cached_choice(key)
+    if cached is not None and ("packed" not in cached[0].values()
+                               or "packed" in _candidates(modules)):
+        return (*cached, True)
+    choice, timings = calibrate(modules, _candidates(modules), rows)
+    _store_choice(key, choice, timings)
+    return choice, timings, False
+
+
 def _drop_packed(modules: list[torch.nn.Linear]) -> None:
     for m in modules:
         if hasattr(m, "_specdemo_packed"):
@@ -250,8 +326,10 @@ def speed_up(model: torch.nn.Module, rows: tuple[int, ...] = CALIBRATION_ROWS,
              force: str | None = None, min_weight_bytes: int = MIN_WEIGHT_BYTES) -> FastPathInfo:
     """Give the model's CPU linears a forward that picks the fastest kernel per row count.
 
-    Takes a few seconds for a 135M model (each candidate times a few passes over the weights).
-    Safe to call twice (the second call recalibrates). Undo with :func:`restore`.
+    The first time on a machine it takes a few seconds for a 135M model (each candidate times
+    a few passes over the weights); the choice is stored in ``models.cache_dir()/`` and reused
+    by later loads of a model with the same weight shapes (``SPECDEMO_FASTPATH=recalibrate``
+    measures again). Undo with :func:`restore`.
 
     Args:
         model: a transformers model in eval mode on the CPU.
@@ -285,9 +363,9 @@ def speed_up(model: torch.nn.Module, rows: tuple[int, ...] = CALIBRATION_ROWS,
             raise ValueError(f"unknown kernel {force!r}; choose from {', '.join(KERNELS)}")
         if force == "packed" and "packed" not in _candidates(modules):
             raise ValueError("oneDNN cannot pack these weights on this machine")
-        choice, timings = {n: force for n in range(1, max(rows) + 1)}, {}
+        choice, timings, cached = {n: force for n in range(1, max(rows) + 1)}, {}, False
     else:
-        choice, timings = calibrate(modules, _candidates(modules), rows)
+        choice, timings, cached = _choose(modules, rows)
     used = set(choice.values())
     if "packed" not in used:
         _drop_packed(modules)
@@ -298,8 +376,10 @@ def speed_up(model: torch.nn.Module, rows: tuple[int, ...] = CALIBRATION_ROWS,
     extra = sum(m._specdemo_packed.numel() * m.weight.element_size()
                 for m in modules if hasattr(m, "_specdemo_packed"))
     info = FastPathInfo(True, kernels=choice, timings_s=timings, extra_memory_bytes=extra,
-                        calibrate_s=time.perf_counter() - start, linears=len(modules))
-    log.info("fast path: kernels by rows %s (calibrated in %.1f s)", choice, info.calibrate_s)
+                        calibrate_s=0.0 if cached else time.perf_counter() - start,
+                        linears=len(modules), cached=cached)
+    log.info("fast path: kernels by rows %s (%s)", choice,
+             "cached" if cached else f"calibrated in {info.calibrate_s:.1f} s")
     model._specdemo_fastpath = info
     return info
 

@@ -15,7 +15,7 @@ File format (every key is required unless marked optional)::
                                        # hidden states and are checked against its weights)
     draft_length = 5                   # 1..64, or "auto"
     dtype = "bfloat16"                 # auto, float32, bfloat16, float16
-    quantization = "none"              # none, 4bit, 8bit (bitsandbytes, CUDA only)
+    quantization = "none"              # none, 4bit/8bit (bitsandbytes, CUDA), int8/int4 (torchao)
     memory_bytes = 17_578_253_056      # weights + KV cache + working margin, in bytes
     target_params = 7_615_616_512      # optional, >= 0; used to estimate 4-bit needs
     draft_params = 494_032_768         # optional, >= 0
@@ -41,15 +41,15 @@ PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 TASKS = ("chat", "code", "maths", "grounded")
 DEVICES = ("cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "4bit", "8bit")
+QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "int4")
 MAX_DRAFT_LENGTH = 64
 #: what a model-like draft spec is: an independent draft model or a learned drafter family
 DRAFT_KINDS = ("model", "eagle3", "dflash", "gemma4-assistant", "mtp")
 
 # Bytes per parameter of the weights as loaded; 4-bit is nf4 plus one fp32 scale per 64 weights,
-# 8-bit is LLM.int8 (one byte; its per-row scales are negligible).
+# 8-bit is LLM.int8 (one byte; its per-row scales are negligible); int4/int8: specdemo/quantize.py.
 BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "auto": 2.0}
-QUANT_BYTES_PER_PARAM = {"4bit": 4.5 / 8, "8bit": 1.0}
+QUANT_BYTES_PER_PARAM = {"4bit": 4.5 / 8, "8bit": 1.0, "int4": 5.0 / 8, "int8": 1.0}
 
 REQUIRED_KEYS = ("name", "target", "draft", "draft_length", "dtype", "quantization",
                  "memory_bytes", "tasks", "licence", "gated", "devices", "note", "sources")
@@ -203,13 +203,16 @@ def _check_keys(path: Path, data: dict[str, Any]) -> None:
 
 
 def _check_consistency(preset: Preset) -> None:
-    """Cross-field rules: name matches the file, quantisation only on CUDA, memory covers weights."""
+    """Cross-field rules: name matches the file, quantisation only on the devices its method
+    runs on (specdemo/quantize.py DEVICES), memory covers weights."""
     path = preset.path or Path(preset.name)
     if preset.path is not None and preset.name != preset.path.stem:
         raise _fail(path, "name", f"{preset.name!r} differs from the file name {preset.path.stem!r}")
-    if preset.quantization != "none" and preset.devices != ("cuda",):
-        raise _fail(path, "devices", f"quantization {preset.quantization} uses bitsandbytes, which needs "
-                                     f"devices = [\"cuda\"]; got {list(preset.devices)}")
+    from .quantize import DEVICES, describe
+    allowed = DEVICES.get(preset.quantization)
+    if allowed and not set(preset.devices) <= set(allowed):
+        raise _fail(path, "devices", f"quantization {preset.quantization} ({describe(preset.quantization)}) "
+                                     f"runs on {list(allowed)} only; got {list(preset.devices)}")
     weights = preset.weight_bytes()
     if preset.memory_bytes < weights:
         raise _fail(path, "memory_bytes", f"{preset.memory_bytes:,} is less than the weights alone "

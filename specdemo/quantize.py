@@ -31,6 +31,7 @@ QUANTIZATION_CHOICES = BITSANDBYTES + TORCHAO
 INT4_GROUP_SIZES = (128, 64, 32)  # largest that divides a layer's input width is used
 # Bytes per weight as stored: int4 + a bf16 scale and zero per group of 32; int8 + row scales.
 BYTES_PER_PARAM = {"4bit": 4.5 / 8, "8bit": 1.0, "int4": 5.0 / 8, "int8": 1.0}
+DEVICES = {"4bit": ("cuda",), "8bit": ("cuda",), "int4": ("cpu",), "int8": ("cpu", "cuda")}
 
 
 def describe(quantization: str) -> str:

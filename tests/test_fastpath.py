@@ -74,10 +74,11 @@ def test_greedy_plain_and_speculative_through_the_fast_path_equal_unpatched_plai
         assert run.stats.drafted > 0
 
 
-def test_calibration_picks_a_kernel_per_row_count():
+def test_calibration_picks_a_kernel_per_row_count_and_is_reused(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
     model = tiny_llama(seed=1, layers=2, hidden=64)
     info = fastpath.speed_up(model, rows=(1, 2, 4), min_weight_bytes=0)
-    assert info.applied
+    assert info.applied and not info.cached and info.calibrate_s > 0
     assert sorted(info.kernels) == [1, 2, 3, 4]
     assert info.kernels[3] == info.kernels[2]  # rows between timed counts use the one below
     assert set(info.timings_s) == set(_kernels())
@@ -88,6 +89,15 @@ def test_calibration_picks_a_kernel_per_row_count():
             info.timings_s[chosen][n] < fastpath.MARGIN * info.timings_s["linear"][n])
     assert info.extra_memory_bytes == 0 or "packed" in info.kernels.values()
     assert fastpath.fastpath_info(model) is info
+    again = fastpath.speed_up(tiny_llama(seed=5, layers=2, hidden=64), rows=(1, 2, 4),
+                              min_weight_bytes=0)  # same shapes, other weights: same choice
+    assert again.cached and again.kernels == info.kernels and again.calibrate_s == 0.0
+    assert (tmp_path / fastpath.CACHE_FILE).is_file()
+    other = fastpath.speed_up(tiny_llama(seed=1, layers=3, hidden=64), rows=(1, 2, 4),
+                              min_weight_bytes=0)
+    assert not other.cached  # another model shape is calibrated afresh
+    monkeypatch.setenv("SPECDEMO_FASTPATH", "recalibrate")
+    assert not fastpath.speed_up(model, rows=(1, 2, 4), min_weight_bytes=0).cached
 
 
 def test_left_alone_when_disabled_or_small(monkeypatch):

@@ -99,10 +99,11 @@ def test_learned_presets_declare_their_family():
     assert P.get_preset("smollm2-135m-ngram").draft_kind == ""
 
 
-def test_quantized_presets_are_cuda_only():
-    quantized = [p for p in P.list_presets() if p.quantization != "none"]
-    assert [p.name for p in quantized] == ["qwen2.5-14b-4bit-0.5b"]
-    assert quantized[0].devices == ("cuda",)
+def test_quantized_presets_run_only_where_their_method_does():
+    quantized = {p.name: (p.quantization, p.devices) for p in P.list_presets()
+                 if p.quantization != "none"}
+    assert quantized == {"qwen2.5-14b-4bit-0.5b": ("4bit", ("cuda",)),  # bitsandbytes
+                         "smollm2-135m-int4-ngram": ("int4", ("cpu",))}  # torchao CPU kernel
 
 
 def test_get_preset_by_name_and_unknown_name_lists_known():
@@ -126,6 +127,8 @@ BAD = [
     ("bad dtype", lambda t: t.replace('"bfloat16"', '"int3"'), "dtype", "int3"),
     ("bad quantization", lambda t: t.replace('quantization = "none"', 'quantization = "2bit"'), "quantization", "2bit"),
     ("4-bit off CUDA", lambda t: t.replace('quantization = "none"', 'quantization = "4bit"'), "devices", "cuda"),
+    ("int4 off the CPU", lambda t: t.replace('quantization = "none"', 'quantization = "int4"'), "devices",
+     "runs on ['cpu'] only"),
     ("gated not bool", lambda t: t.replace("gated = false", 'gated = "no"'), "gated", "true or false"),
     ("memory below weights", lambda t: t.replace("17_578_253_056", "1_000"), "memory_bytes", "weights"),
     ("negative params", lambda t: t.replace("7_615_616_512", "-7"), "target_params", ">= 0"),

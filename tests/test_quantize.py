@@ -110,3 +110,15 @@ def test_load_model_quantises_int4_in_bfloat16_and_refuses_bitsandbytes_on_cpu(t
             load_model(str(tmp_path), "cpu", quantization="8bit")
     finally:
         models.clear_loaded()
+
+
+def test_hardware_check_offers_int4_on_a_cpu_only():
+    from specdemo.hardware import HardwareInfo, quantization_support
+    cpu = HardwareInfo("cpu", "Fake CPU", 24 << 30, 20 << 30, 2, 24 << 30, 20 << 30)
+    gpu = HardwareInfo("cuda", "Fake GPU", 8 << 30, 7 << 30, 8, 32 << 30, 30 << 30)
+    assert quantization_support(cpu, "int4") == (
+        True, "torchao int4 weight-only, bfloat16 activations (CPU) available")
+    ok, why = quantization_support(gpu, "int4")
+    assert not ok and "CPU int4 kernel" in why
+    ok, why = quantization_support(cpu, "4bit")
+    assert not ok and "needs an NVIDIA GPU" in why
