@@ -149,3 +149,16 @@ def test_checked_folder_passes(target, tmp_path):
     verdict = learned_verdict("tiny-llama", str(folder), load_target=lambda spec: loaded(target))
     assert verdict.status == "compatible", verdict.reasons
     assert verdict.reasons[0].startswith("DFlash drafter (transformers layout, 2 layers)")
+
+
+def test_prompt_lookup_stacked_over_dflash_stays_lossless(target):
+    from specdemo.drafters.combined import CombinedDrafter
+    tok = CharTokenizer()
+    prompt = tok.encode("abc abc abc abc abc abc abc abc ") + PROMPT
+    kv = KVModel(target)
+    plain = generate(kv, prompt, tok, max_new_tokens=40)
+    drafter = CombinedDrafter(DFlashDrafter(tiny_dflash(target, seed=7), target, 32, "dflash"),
+                              name="dflash+ngram")
+    spec = generate(kv, prompt, tok, drafter=drafter, policy=FixedDraftLength(4), max_new_tokens=40)
+    assert spec.token_ids == plain.token_ids
+    assert set(spec.stats.drafted_by) <= {"ngram", "dflash"} and "dflash" in spec.stats.drafted_by

@@ -151,8 +151,11 @@ def test_native_mtp_draws_with_the_targets_sampling_parameters(glm):
 
 
 def test_mtp_is_refused_for_a_target_without_mtp_layers():
-    with pytest.raises(DrafterRefused, match="has no multi-token prediction layers"):
-        load_learned("mtp", loaded(tiny_llama(), "tiny-llama"))
+    from specdemo.drafters.learned import is_learned
+    assert is_learned("mtp") and is_learned("mtp+ngram")
+    for spec in ("mtp", "mtp+ngram"):
+        with pytest.raises(DrafterRefused, match="has no multi-token prediction layers"):
+            load_learned(spec, loaded(tiny_llama(), "tiny-llama"))
     verdict = learned_verdict("tiny-llama", "mtp", load_target=lambda s: loaded(tiny_llama(), s))
     assert verdict.status == "incompatible"
     assert verdict.reasons[0].startswith("tiny-llama has no multi-token prediction layers")

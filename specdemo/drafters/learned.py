@@ -109,7 +109,7 @@ def resolve(spec: str) -> tuple[Path, str] | None:
 
 def is_learned(spec: str) -> bool:
     """Whether ``spec`` names a learned drafter (never raises)."""
-    if spec == mtp.NATIVE:
+    if spec.removesuffix(COMBINE) == mtp.NATIVE:
         return True
     try:
         return resolve(spec) is not None
@@ -148,6 +148,7 @@ class Combined:
     """A loaded learned drafter with prompt lookup stacked over it (``<learned>+ngram``)."""
 
     learned: object
+    load_s: float = 0.0
 
     @property
     def warnings(self) -> list[str]:
@@ -222,6 +223,8 @@ def load_learned(spec: str, target, dtype: torch.dtype = torch.float32):
 
 
 def _load_learned(spec: str, target, dtype: torch.dtype):
+    if spec.endswith(COMBINE):
+        return Combined(load_learned(spec[:-len(COMBINE)], target, dtype))
     if spec == mtp.NATIVE:
         return mtp.load_native(target)
     found = resolve(spec)
@@ -229,8 +232,6 @@ def _load_learned(spec: str, target, dtype: torch.dtype):
         raise ModelLoadError(f"{spec} is not a learned drafter folder (no EAGLE-3, DFlash or MTP "
                              "config.json)")
     folder, family = found
-    if spec.endswith(COMBINE):
-        return Combined(load_learned(spec[:-len(COMBINE)], target, dtype))
     if family != "eagle3":
         return LOADERS[family](spec, folder, target, dtype)
     try:
