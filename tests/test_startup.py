@@ -115,9 +115,9 @@ def test_start_preload_runs_once_and_reports_failure(monkeypatch):
 def test_gguf_parsed_once_converts_to_the_same_weights():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specdemo import models
+    from specdemo import builtin
     from specdemo.ggufread import shared_reading
-    gguf = models._locate_parts(models.BUILTINS["smollm2-135m"])[0]
+    gguf = builtin._locate_parts(builtin.BUILTINS["smollm2-135m"])[0]
     with shared_reading():
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         fast = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
