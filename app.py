@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import threading
+import traceback
 
 # Before gradio is imported: no usage analytics (and no version check that comes with them).
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
@@ -44,13 +45,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def serve_page(args: argparse.Namespace, served: list) -> None:
-    """Import gradio, build the page and launch it (on a thread of its own)."""
-    from specdemo import ui
-    demo = ui.build_ui(args.preset, host=args.host, share=args.share)
-    ui.launch(demo, host=args.host, port=args.port, inbrowser=not args.no_browser,
-              share=args.share, prevent_thread_lock=True)
-    served.append(demo)
+def serve_page(args: argparse.Namespace, served: list, failed: threading.Event) -> None:
+    """Import gradio, build the page and launch it (on a thread of its own). If that fails (a
+    port in use, say), the error is printed and ``failed`` is set: no app without its page."""
+    try:
+        from specdemo import ui
+        demo = ui.build_ui(args.preset, host=args.host, share=args.share)
+        ui.launch(demo, host=args.host, port=args.port, inbrowser=not args.no_browser,
+                  share=args.share, prevent_thread_lock=True)
+        served.append(demo)
+    except BaseException:
+        traceback.print_exc()
+        failed.set()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,16 +67,20 @@ def main(argv: list[str] | None = None) -> None:
     # race measures what compare measures; the server runs on gradio's threads.
     race.DEVICE.adopt_current_thread()
     served: list = []
-    threading.Thread(target=serve_page, args=(args, served), name="page", daemon=True).start()
+    failed = threading.Event()
+    threading.Thread(target=serve_page, args=(args, served, failed), name="page",
+                     daemon=True).start()
     ready = ui_state.start_preload(args.preset)
     threading.Thread(target=lambda: ready.wait() or print("ready: send a prompt", file=sys.stderr),
                      name="ready", daemon=True).start()
     try:
         with startup.printed():
-            race.DEVICE.serve_forever()
+            race.DEVICE.serve_forever(stop=failed)
     except KeyboardInterrupt:
         for demo in served:
             demo.close()
+    if failed.is_set():
+        raise SystemExit(1)  # the page could not be served (printed above)
 
 
 if __name__ == "__main__":

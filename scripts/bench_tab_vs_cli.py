@@ -70,7 +70,12 @@ def main() -> None:
         deadline = time.monotonic() + 180  # until the preload is done: older code does not say
         while time.monotonic() < deadline and "ready: send a prompt" not in log.read_text():
             time.sleep(1)
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        for attempt in range(20):  # a busy machine can be slow to answer the first request
+            try:
+                client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+                break
+            except Exception:  # noqa: BLE001 - not up yet, or timed out
+                time.sleep(5)
         for i in range(args.rounds):
             for how, measure in (("cli", lambda: cli(args.root, args.task, args.draft_length)),
                                  ("tab", lambda: tab(client, args.task, args.draft_length))):

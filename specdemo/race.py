@@ -246,6 +246,8 @@ class DeviceThread:
                     future.set_result(fn())
                 except BaseException as exc:  # delivered to the submitter
                     future.set_exception(exc)
+                    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C also ends the serving
+                        raise
 
 
 DEVICE = DeviceThread()
