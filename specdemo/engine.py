@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 
 from .drafters import Drafter, wants_features
-from .kv import KVModel
+from .kv import Cancelled, KVModel, stop_on
 from .policy import DraftLengthPolicy, FixedDraftLength
 from .sampling import SamplingParams, choose, next_token_probs, verify
 from .stats import DecodeStats
@@ -144,7 +144,9 @@ def decode(
         max_new_tokens: generation stops after this many new tokens.
         eos_token_ids: generation stops after emitting any of these (included in token_ids).
         stop_strings: generation stops once the text contains one; the text ends before it.
-        cancel: when set, generation stops after the current round (finish_reason "cancelled").
+        cancel: when set, generation stops after the current round, or between two chunks of a
+            long prefill (of the target, or of a draft model catching up with the prompt);
+            finish_reason "cancelled", what was emitted is kept.
     Yields:
         DecodeEvent per round; the last has ``done=True`` and the final stats.
     Raises:
@@ -201,23 +203,36 @@ def decode(
             return target.forward_features(ids, keep, layers)
         return target.forward(ids, logits_to_keep=keep), None
 
+    def cancelled() -> DecodeEvent:
+        stats.finish_reason = "cancelled"
+        return DecodeEvent([], [], text.delta(final=True), stats.copy(), True)
+
     start = time.perf_counter()
     target.reset()
-    logits, features = target_forward(context, 1)
+    try:
+        with stop_on(cancel):  # the prompt goes in chunks; Stop is honoured between them
+            logits, features = target_forward(context, 1)
+    except Cancelled:
+        yield cancelled()
+        return
     if features is not None:
-        drafter.observe(features)  # features of every prompt position
+        drafter.observe(features)  # features of every prompt position, all chunks joined
     first = choose(probs_at(logits[-1], context), params, generator)
     stats.prefill_s = time.perf_counter() - start
     yield emit([first], [False])
 
     while stats.finish_reason is None:
         if cancel is not None and cancel.is_set():
-            stats.finish_reason = "cancelled"
-            yield DecodeEvent([], [], text.delta(final=True), stats.copy(), True)
+            yield cancelled()
             return
         t0 = time.perf_counter()
         k = min(policy.choose(), max_new_tokens - stats.new_tokens - 1) if drafter else 0
-        proposal = drafter.propose(context, k, params, generator) if k > 0 else None
+        try:
+            with stop_on(cancel):  # a draft model's first proposal feeds it the whole prompt
+                proposal = drafter.propose(context, k, params, generator) if k > 0 else None
+        except Cancelled:
+            yield cancelled()
+            return
         drafts = proposal.ids[:policy.limit(min(k, len(proposal.ids)))] if proposal else []
         _sync(device)
         t1 = time.perf_counter()

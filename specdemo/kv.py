@@ -9,14 +9,61 @@ sequence passes the window they cannot give back a rejected token's predecessors
 then trims them back to the window: every rollback crops (``crop(0)`` when nothing is removed),
 so a rollback of the latest round's tokens is always exact. A rollback further back than a
 layer still holds (a draft cache meeting a new context) feeds the kept tokens again instead.
+
+Long inputs (a prompt's prefill, a draft model catching up with it) are fed in chunks of
+:data:`PREFILL_CHUNK` tokens, and within :func:`stop_on` a set cancel event stops them between
+two chunks (:class:`Cancelled`): Stop waits for one chunk, not for a whole prefill. Each chunk
+attends to the cache of the ones before, so the result is the same model output (chunked
+prefill, as in vLLM and llama.cpp's ``n_batch``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import threading
+from typing import Iterator
 
 import torch
 from transformers import DynamicCache
+
+PREFILL_CHUNK = 256  # tokens per forward of a long input: ~0.3-1 s on a 2-core CPU for 135-270M
+
+
+class Cancelled(Exception):
+    """A long forward stopped between two chunks because its cancel event was set."""
+
+
+_STOP = threading.local()
+
+
+@contextlib.contextmanager
+def stop_on(cancel: threading.Event | None) -> Iterator[None]:
+    """Inside this block, a long forward of any :class:`KVModel` on this thread raises
+    :class:`Cancelled` between chunks once ``cancel`` is set (the cache keeps the chunks fed).
+
+    A scope rather than an argument, so that it also reaches the caches inside drafters (a draft
+    model's first proposal feeds it the whole prompt) without widening the drafter protocol.
+    """
+    previous = getattr(_STOP, "cancel", None)
+    _STOP.cancel = cancel
+    try:
+        yield
+    finally:
+        _STOP.cancel = previous
+
+
+def _check_stop() -> None:
+    cancel = getattr(_STOP, "cancel", None)
+    if cancel is not None and cancel.is_set():
+        raise Cancelled()
+
+
+def _chunks(n: int, keep: int, size: int) -> list[tuple[int, int]]:
+    """(start, end) pieces of ``n`` tokens, ``size`` long, the last holding at least ``keep``."""
+    cuts = [c for c in range(size, n, size) if c <= n - keep]
+    bounds = [0, *cuts, n]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def cache_bytes(cache: DynamicCache) -> int:
@@ -73,27 +120,19 @@ class KVModel:
         self.length = 0
         self.ids: list[int] = []  # the tokens whose keys/values are cached, for a re-feed
 
-    @torch.inference_mode()
     def forward(self, ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
         """Feed ``ids`` after the cached tokens; return the logits of the last positions.
 
         Args:
-            ids: the S new token ids (S >= 1).
+            ids: the S new token ids (S >= 1), fed in chunks of PREFILL_CHUNK.
             logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
         Returns:
             (logits_to_keep, V) float logits; row j predicts the token after ids[S - n + j].
+        Raises:
+            Cancelled: inside :func:`stop_on`, when its event is set between two chunks.
         """
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, S)
-        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep,
-                         **{self._cache_arg: self.cache})
-        self._fed(ids)
-        return out.logits[0]  # (n, V)
+        return self._feed(ids, logits_to_keep, ())[0]
 
-    def _fed(self, ids: list[int]) -> None:
-        self.length += len(ids)
-        self.ids += ids
-
-    @torch.inference_mode()
     def forward_features(self, ids: list[int], logits_to_keep: int,
                          layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` that also returns the hidden states a learned drafter reads, from the
@@ -104,14 +143,37 @@ class KVModel:
             layers: ``hidden_states`` indices (0 = embeddings, k = input of layer k).
         Returns:
             ((logits_to_keep, V) logits, (S, len(layers) * H) features of every fed position,
-            the layers concatenated in the order given).
+            the layers concatenated in the order given; the chunks' features joined).
+        Raises:
+            Cancelled: as :meth:`forward`.
         """
+        return self._feed(ids, logits_to_keep, tuple(layers))
+
+    def _feed(self, ids: list[int], keep: int,
+              layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        pieces = _chunks(len(ids), keep, PREFILL_CHUNK)
+        features = []
+        for n, (start, end) in enumerate(pieces):
+            if n:
+                _check_stop()
+            last = n == len(pieces) - 1
+            logits, feats = self._run(ids[start:end], keep if last else 1, layers)
+            features.append(feats)
+        return logits, (torch.cat(features) if layers else None)
+
+    @torch.inference_mode()
+    def _run(self, ids: list[int], keep: int,
+             layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One model call: ((keep, V) logits, (S, F) features or None)."""
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, S)
-        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep,
-                         output_hidden_states=list(layers), **{self._cache_arg: self.cache})
-        self._fed(ids)
-        features = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)  # (S, F)
-        return out.logits[0], features
+        extra = {"output_hidden_states": list(layers)} if layers else {}
+        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep,
+                         **extra, **{self._cache_arg: self.cache})
+        self.length += len(ids)
+        self.ids += ids
+        if not layers:
+            return out.logits[0], None  # (keep, V)
+        return out.logits[0], torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)
 
     def rollback(self, length: int) -> None:
         """Drop cached tokens beyond ``length`` (nothing to drop: only trims sliding layers).
