@@ -1,17 +1,34 @@
 """Launch the side-by-side chat app: ``python app.py [--host H] [--port P] [--no-browser] [--preset NAME] [--share]``.
 
-Thin on purpose: parse flags, build the page (``specdemo.ui``), launch it. The default preset's
-models load in the background, so the page answers at once.
+Thin on purpose: parse flags, start loading the preset's models, build the page
+(``specdemo.ui``) and launch it. The models load on this (main) thread while another thread
+imports gradio and serves the page (model work releases the GIL, so the two overlap); the page
+shows each slow step with a progress bar, and the same steps are printed here.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 
 # Before gradio is imported: no usage analytics (and no version check that comes with them).
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+
+
+def preset_arg(name: str) -> str:
+    """A preset that exists (the message lists the valid names, as the /race API does)."""
+    from specdemo import inputs
+    from specdemo.presets import PresetError, list_presets
+    try:
+        names = [p.name for p in list_presets()]
+    except PresetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    try:
+        return inputs.preset(name, names)
+    except inputs.InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -20,27 +37,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="address to listen on (default %(default)s: this machine only)")
     parser.add_argument("--port", type=int, default=None, help="port (default: gradio's, 7860 or next free)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
-    parser.add_argument("--preset", default=None, help="preset to start with (default: the default preset)")
+    parser.add_argument("--preset", default=None, type=preset_arg,
+                        help="preset to start with (default: the default preset)")
     parser.add_argument("--share", action="store_true",
                         help="also publish a public gradio.live link (off by default)")
     return parser.parse_args(argv)
 
 
+def serve_page(args: argparse.Namespace, served: list) -> None:
+    """Import gradio, build the page and launch it (on a thread of its own)."""
+    from specdemo import ui
+    demo = ui.build_ui(args.preset, host=args.host, share=args.share)
+    ui.launch(demo, host=args.host, port=args.port, inbrowser=not args.no_browser,
+              share=args.share, prevent_thread_lock=True)
+    served.append(demo)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from specdemo import race, ui
+    from specdemo import race, startup, ui_state
 
     # This (main) thread runs every load and decode, as `python -m specdemo compare` does, so the
     # race measures what compare measures; the server runs on gradio's threads.
     race.DEVICE.adopt_current_thread()
-    demo = ui.build_ui(args.preset, host=args.host, share=args.share)
-    ui.launch(demo, host=args.host, port=args.port, inbrowser=not args.no_browser,
-              share=args.share, prevent_thread_lock=True)
-    threading.Thread(target=ui.preload, args=(args.preset,), name="preload", daemon=True).start()
+    served: list = []
+    threading.Thread(target=serve_page, args=(args, served), name="page", daemon=True).start()
+    ready = ui_state.start_preload(args.preset)
+    threading.Thread(target=lambda: ready.wait() or print("ready: send a prompt", file=sys.stderr),
+                     name="ready", daemon=True).start()
     try:
-        race.DEVICE.serve_forever()
+        with startup.printed():
+            race.DEVICE.serve_forever()
     except KeyboardInterrupt:
-        demo.close()
+        for demo in served:
+            demo.close()
 
 
 if __name__ == "__main__":

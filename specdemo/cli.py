@@ -1,4 +1,4 @@
-"""Command line: ``python -m specdemo {run,compare,bench,check,presets}``.
+"""Command line: ``python -m specdemo {run,compare,bench,check,presets,costs}``.
 
 Each subcommand lives in the module that owns it; a module takes part by defining
 ``register(subparsers)`` which adds its parser and sets ``func`` (args -> exit status).
@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "specdemo.compat",
     "specdemo.bench",
     "specdemo.training.cli",
+    "specdemo.costs",
 )
 
 

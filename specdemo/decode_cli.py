@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 
+from . import inputs
 from .compat import NON_MODEL_DRAFTS  # none, ngram, self: drafters that are not models
+from .quantize import QUANTIZATION_CHOICES
 
 
 def is_model_draft(spec: str) -> bool:
@@ -14,40 +16,52 @@ def is_model_draft(spec: str) -> bool:
     return spec not in NON_MODEL_DRAFTS and not spec.startswith("early-exit")
 
 
+def checked(check, *args, **kwargs):
+    """An argparse ``type=`` from an :mod:`specdemo.inputs` check: its message, exit status 2."""
+    def parse(value: str):
+        try:
+            return check(*args, value, **kwargs)
+        except inputs.InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse.__name__ = check.__name__  # argparse names the type in some messages
+    return parse
+
+
 def draft_length_arg(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        k = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"draft length must be an integer or 'auto', got {value!r}")
-    if not 1 <= k <= 64:
-        raise argparse.ArgumentTypeError(f"draft length must be 1..64 or 'auto', got {k}")
-    return k
+    """``auto`` or 1..64 (the same rule as the /race API and the page)."""
+    return checked(inputs.draft_length, "draft length")(value)
 
 
 def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> None:
     """Flags shared by run, compare and bench."""
     parser.add_argument("--target", default="builtin:smollm2-135m",
                         help="HF id, local dir, .gguf file or builtin:<name> (default %(default)s)")
-    parser.add_argument("--draft", default=draft_default,
+    parser.add_argument("--draft", default=draft_default, type=checked(inputs.draft, "draft"),
                         help="none, ngram, self, early-exit:<layers>, mtp (the target's own MTP "
                              "layers), a learned drafter (EAGLE-3, DFlash or Gemma 4 assistant "
-                             "folder or hub id, builtin:smollm2-135m-eagle3), or a model like "
-                             "--target (default %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
+                             "folder or hub id, builtin:smollm2-135m-eagle3, <learned>+ngram), or a "
+                             "model like --target (default %(default)s)")
+    parser.add_argument("--max-new-tokens", default=128,
+                        type=checked(inputs.number, "max new tokens", minimum=1, integer=True))
+    parser.add_argument("--temperature", default=0.0, help="0 = greedy",
+                        type=checked(inputs.number, "temperature", minimum=0))
+    parser.add_argument("--top-k", default=0,
+                        type=checked(inputs.number, "top k", minimum=0, integer=True))
+    parser.add_argument("--top-p", default=1.0,
+                        type=checked(inputs.number, "top p", above=0, maximum=1))
+    parser.add_argument("--repetition-penalty", default=1.0,
+                        type=checked(inputs.number, "repetition penalty", above=0))
+    parser.add_argument("--seed", default=None, type=checked(inputs.number, "seed", integer=True))
     parser.add_argument("--draft-length", type=draft_length_arg, default=4, help="k or auto")
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("--system", default=None, help="system prompt")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)",
+                        type=checked(inputs.text, "stop", required=False))
+    parser.add_argument("--system", default=None, help="system prompt",
+                        type=checked(inputs.text, "system", required=False))
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    parser.add_argument("--quantization", default=None, choices=["4bit", "8bit"],
-                        help="bitsandbytes quantisation of the target (CUDA only)")
+    parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_CHOICES),
+                        help="target quantisation: 4bit/8bit bitsandbytes (CUDA), int8/int4 "
+                             "torchao (int4: CPU, bfloat16 compute)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow code from the model repository to run (off by default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -56,11 +70,11 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
 def register(sub) -> None:
     run = sub.add_parser("run", help="decode one prompt (speculatively when --draft is given)")
     add_decode_flags(run, draft_default="none")
-    run.add_argument("--prompt", required=True)
+    run.add_argument("--prompt", required=True, type=checked(inputs.text, "prompt"))
     run.set_defaults(func=cmd_run)
     compare = sub.add_parser("compare", help="plain then speculative on the same prompt")
     add_decode_flags(compare, draft_default="ngram")
-    compare.add_argument("--prompt", required=True)
+    compare.add_argument("--prompt", required=True, type=checked(inputs.text, "prompt"))
     compare.set_defaults(func=cmd_compare)
 
 
@@ -73,13 +87,26 @@ def settings_from_args(args):
 
 
 def pipeline_from_args(args):
-    """Load target (+ draft model) and refuse an incompatible draft with the reason.
+    """Load target (+ draft model) and refuse an incompatible draft with the reason. The slow
+    steps (converting a built-in once, loading, measuring forward costs for ``auto``) are
+    printed to stderr as they start and end, as the page shows them.
 
     Raises:
         SystemExit(2) with the reason printed, for load failures and incompatible drafts.
     """
-    from .models import ModelLoadError, load_model
+    from .startup import printed
+    with printed():
+        pipe = _load_pipeline(args)
+        if args.draft != "none" and getattr(args, "draft_length", None) == "auto":  # bench: none
+            from .startup import measure_forward_costs
+            measure_forward_costs(pipe)
+    return pipe
+
+
+def _load_pipeline(args):
+    from .models import ModelLoadError
     from .pipeline import Pipeline
+    from .startup import load_model
     try:
         target = load_model(args.target, args.device, args.dtype,
                             trust_remote_code=args.trust_remote_code, quantization=args.quantization)
@@ -127,7 +154,8 @@ def cmd_run(args) -> int:
         print(json.dumps(result_dict(result)))
     else:
         print()
-        print(format_stats("result", result.stats))
+        print(format_stats("result", result.stats, args.draft_length if args.draft != "none"
+                           else None))
     return 0
 
 
@@ -155,7 +183,7 @@ def cmd_compare(args) -> int:
     print("plain:\n" + comparison.plain.text + "\n")
     print(f"speculative ({args.draft}):\n" + comparison.speculative.text + "\n")
     print(format_stats("plain", comparison.plain.stats))
-    print(format_stats("speculative", comparison.speculative.stats))
+    print(format_stats("speculative", comparison.speculative.stats, args.draft_length))
     speed = "n/a" if comparison.speedup is None else f"{comparison.speedup:.2f}x"
     same = "yes" if comparison.identical else f"no, first divergence at token {comparison.first_divergence}"
     print(f"speedup: {speed}   identical: {same}")
@@ -166,8 +194,19 @@ def _fmt(value, spec: str = ".2f", unit: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{unit}"
 
 
-def format_stats(label: str, s) -> str:
-    """A few lines of human-readable metrics (DESIGN.md names)."""
+def draft_length_text(policy: int | str, s) -> str:
+    """The draft-length policy and the k the run used: ``"auto (k used: mean 3.2, range 0-8,
+    over 12 rounds)"``, ``"4 (k used: mean 3.9, range 1-4, ...)"``; n-gram lookup and the end
+    of a run can verify fewer tokens than k."""
+    if not s.rounds:
+        return f"{policy} (no verification round)"
+    return (f"{policy} (k used: mean {_fmt(s.mean_draft_length, '.1f')}, range "
+            f"{s.draft_length_min}-{s.draft_length_max}, over {s.rounds} rounds)")
+
+
+def format_stats(label: str, s, draft_length: int | str | None = None) -> str:
+    """A few lines of human-readable metrics (DESIGN.md names); with ``draft_length`` (the
+    policy of a speculative run) also the k it used."""
     lines = [f"[{label}] new_tokens={s.new_tokens} tokens_per_s={_fmt(s.tokens_per_s)} "
              f"decode_tokens_per_s={_fmt(s.decode_tokens_per_s)} ttft_s={_fmt(s.ttft_s, '.3f')} "
              f"target_forwards={s.target_forwards} finish_reason={s.finish_reason}"]
@@ -178,4 +217,6 @@ def format_stats(label: str, s) -> str:
                      f"mean_acceptance_length={_fmt(s.mean_acceptance_length)} "
                      f"per_position_acceptance=[{per_pos}] draft_s={s.draft_s:.2f} "
                      f"verify_s={s.verify_s:.2f} extra_memory_bytes={s.extra_memory_bytes}")
+    if draft_length is not None:
+        lines.append(f"    draft_length={draft_length_text(draft_length, s)}")
     return "\n".join(lines)

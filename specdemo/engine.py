@@ -63,11 +63,19 @@ def _sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+_REPLACEMENT = "\ufffd"  # what a decoder shows for bytes that are not (yet) a whole character
+
+
 class TextTracker:
     """Incremental detokenisation with stop strings.
 
     Decodes the generated ids as a whole each time (no drift between deltas and the final text),
-    holds back a trailing incomplete character and any tail that could begin a stop string.
+    holds back any tail that could begin a stop string and every trailing U+FFFD: a character
+    spelled by several tokens (byte-level BPE, SentencePiece byte fallback) decodes as one or more
+    U+FFFD until its last byte arrives. At the end of a run a trailing U+FFFD run is an
+    incomplete character (cut by max_new_tokens, EOS or Stop) and is dropped, so the joined
+    deltas equal the final text. Same rule as the tokenizers library's ``DecodeStream`` (which
+    vLLM streams with): text ending in U+FFFD is never emitted.
 
     Args:
         tokenizer: a transformers tokenizer (``decode``).
@@ -95,13 +103,12 @@ class TextTracker:
             self.text, self.stopped = self.text[:cut], True
 
     def delta(self, final: bool = False) -> str:
-        """Text not yet streamed that can be streamed safely now (everything when final)."""
+        """Text not yet streamed that can be streamed safely now (when ``final``: all of it but
+        an incomplete trailing character)."""
         if not self.stop_strings:
             self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        end = len(self.text)
+        end = len(self.text.rstrip(_REPLACEMENT)) if not self.stopped else len(self.text)
         if not (final or self.stopped):
-            if self.text.endswith("\ufffd"):
-                end -= 1
             for s in self.stop_strings:  # hold back a tail that may grow into a stop string
                 for n in range(min(len(s) - 1, end), 0, -1):
                     if self.text[:end].endswith(s[:n]):
@@ -230,8 +237,8 @@ def decode(
             policy.update(len(drafts) + 1, t2 - t1, len(drafts), n_accepted, t1 - t0)
             drafter.feedback(n_accepted)
         event = emit(drafts[:n_accepted] + [next_token], [True] * n_accepted + [False])
-        # Count what was verified, but accepted tokens only as far as they were emitted.
-        stats.record_round(len(drafts), min(n_accepted, len(event.token_ids)),
+        # Drafts after a stop point (EOS, stop string, length) count neither way.
+        stats.record_round(len(drafts), n_accepted, len(event.token_ids),
                            proposal.source if proposal else None)
         stats.extra_memory_bytes = drafter.extra_memory_bytes if drafter else 0
         event.stats = stats.copy()

@@ -103,8 +103,13 @@ def _has_bitsandbytes() -> bool:
     return importlib.util.find_spec("bitsandbytes") is not None
 
 
-def quantization_support(hw: HardwareInfo) -> tuple[bool, str]:
-    """Whether bitsandbytes 4-bit/8-bit loading can work here, and why (not)."""
+def quantization_support(hw: HardwareInfo, quantization: str = "4bit") -> tuple[bool, str]:
+    """Whether ``quantization`` can work here, and why (not): bitsandbytes 4bit/8bit (CUDA), or
+    torchao int8/int4 (see :mod:`specdemo.quantize`)."""
+    if quantization not in ("4bit", "8bit"):
+        from .quantize import describe, unavailable_reason
+        why = unavailable_reason(quantization, hw.kind)
+        return (False, why) if why else (True, f"{describe(quantization)} available")
     if hw.kind != "cuda":
         return False, (f"4-bit/8-bit loading uses bitsandbytes, which needs an NVIDIA GPU (CUDA); "
                        f"this machine runs on {hw.kind}")
@@ -118,7 +123,7 @@ def _device_refusal(preset: Preset, hw: HardwareInfo) -> str | None:
     if hw.kind not in preset.devices:
         return f"made for {'/'.join(preset.devices)}; this machine runs on {hw.kind}"
     if preset.quantization != "none":
-        ok, why = quantization_support(hw)
+        ok, why = quantization_support(hw, preset.quantization)
         if not ok:
             return why
     return None

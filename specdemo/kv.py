@@ -2,6 +2,13 @@
 
 Rollback after a rejection is ``DynamicCache.crop`` (transformers); gpt-fast's position-indexed
 cache is the same idea. Both the target and model drafters use this class.
+
+Sliding-window layers (Gemma 2/3, Mistral) keep only the last ``window - 1`` tokens, so once the
+sequence passes the window they cannot give back a rejected token's predecessors. transformers'
+``activate_past_recording`` makes them keep everything fed since the last ``crop``, and ``crop``
+then trims them back to the window: every rollback crops (``crop(0)`` when nothing is removed),
+so a rollback of the latest round's tokens is always exact. A rollback further back than a
+layer still holds (a draft cache meeting a new context) feeds the kept tokens again instead.
 """
 
 from __future__ import annotations
@@ -29,6 +36,21 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def _sliding_layers(cache: DynamicCache) -> list:
+    """The cache's sliding-window layers (transformers' ``is_sliding`` with a ``sliding_window``)."""
+    return [layer for layer in getattr(cache, "layers", [])
+            if getattr(layer, "is_sliding", False) and hasattr(layer, "sliding_window")]
+
+
+def _can_drop(layer, drop: int) -> bool:
+    """Whether a sliding ``layer`` still holds what it must keep after removing ``drop`` tokens:
+    the last ``window - 1`` of the remaining ones (fewer when fewer remain)."""
+    if not getattr(layer, "is_initialized", False):
+        return True
+    remaining = layer.cumulative_length - drop
+    return layer.keys.shape[-2] >= min(layer.sliding_window - 1, remaining) + drop
+
+
 class KVModel:
     """A model plus a KV cache holding the first ``length`` tokens of the sequence it was fed.
 
@@ -45,7 +67,11 @@ class KVModel:
     def reset(self) -> None:
         """Forget everything (a fresh, empty cache)."""
         self.cache = DynamicCache(config=self.model.config)
+        self._bounded = bool(_sliding_layers(self.cache))
+        if self._bounded:  # keep past states until the next crop, so rollbacks are exact
+            self.cache.activate_past_recording()
         self.length = 0
+        self.ids: list[int] = []  # the tokens whose keys/values are cached, for a re-feed
 
     @torch.inference_mode()
     def forward(self, ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
@@ -60,8 +86,12 @@ class KVModel:
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, S)
         out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep,
                          **{self._cache_arg: self.cache})
-        self.length += len(ids)
+        self._fed(ids)
         return out.logits[0]  # (n, V)
+
+    def _fed(self, ids: list[int]) -> None:
+        self.length += len(ids)
+        self.ids += ids
 
     @torch.inference_mode()
     def forward_features(self, ids: list[int], logits_to_keep: int,
@@ -79,15 +109,28 @@ class KVModel:
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, S)
         out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep,
                          output_hidden_states=list(layers), **{self._cache_arg: self.cache})
-        self.length += len(ids)
+        self._fed(ids)
         features = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)  # (S, F)
         return out.logits[0], features
 
     def rollback(self, length: int) -> None:
-        """Drop cached tokens beyond ``length`` (a no-op when nothing is beyond it)."""
-        if length < self.length:
-            self.cache.crop(length - self.length)  # negative: tokens to remove (old and new API)
-            self.length = length
+        """Drop cached tokens beyond ``length`` (nothing to drop: only trims sliding layers).
+
+        Exact for any ``length``: when a sliding-window layer no longer holds what the kept
+        tokens need, the cache is rebuilt by feeding ``ids[:length]`` again (one forward).
+        """
+        drop = self.length - length
+        if drop > 0 and not all(_can_drop(layer, drop) for layer in _sliding_layers(self.cache)):
+            kept = self.ids[:length]
+            self.reset()
+            if kept:
+                self.forward(kept)
+            return
+        if drop > 0:
+            self.cache.crop(-drop)  # negative: tokens to remove (old and new API)
+            self.length, self.ids = length, self.ids[:length]
+        elif self._bounded and self.length:
+            self.cache.crop(0)  # trim the recorded past back to the window
 
     @property
     def cache_bytes(self) -> int:

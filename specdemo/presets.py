@@ -15,7 +15,7 @@ File format (every key is required unless marked optional)::
                                        # hidden states and are checked against its weights)
     draft_length = 5                   # 1..64, or "auto"
     dtype = "bfloat16"                 # auto, float32, bfloat16, float16
-    quantization = "none"              # none, 4bit, 8bit (bitsandbytes, CUDA only)
+    quantization = "none"              # none, 4bit/8bit (bitsandbytes, CUDA), int8/int4 (torchao)
     memory_bytes = 17_578_253_056      # weights + KV cache + working margin, in bytes
     target_params = 7_615_616_512      # optional, >= 0; used to estimate 4-bit needs
     draft_params = 494_032_768         # optional, >= 0
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,15 +41,15 @@ PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 TASKS = ("chat", "code", "maths", "grounded")
 DEVICES = ("cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "4bit", "8bit")
+QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "int4")
 MAX_DRAFT_LENGTH = 64
 #: what a model-like draft spec is: an independent draft model or a learned drafter family
 DRAFT_KINDS = ("model", "eagle3", "dflash", "gemma4-assistant", "mtp")
 
 # Bytes per parameter of the weights as loaded; 4-bit is nf4 plus one fp32 scale per 64 weights,
-# 8-bit is LLM.int8 (one byte; its per-row scales are negligible).
+# 8-bit is LLM.int8 (one byte; its per-row scales are negligible); int4/int8: specdemo/quantize.py.
 BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "auto": 2.0}
-QUANT_BYTES_PER_PARAM = {"4bit": 4.5 / 8, "8bit": 1.0}
+QUANT_BYTES_PER_PARAM = {"4bit": 4.5 / 8, "8bit": 1.0, "int4": 5.0 / 8, "int8": 1.0}
 
 REQUIRED_KEYS = ("name", "target", "draft", "draft_length", "dtype", "quantization",
                  "memory_bytes", "tasks", "licence", "gated", "devices", "note", "sources")
@@ -204,13 +203,16 @@ def _check_keys(path: Path, data: dict[str, Any]) -> None:
 
 
 def _check_consistency(preset: Preset) -> None:
-    """Cross-field rules: name matches the file, quantisation only on CUDA, memory covers weights."""
+    """Cross-field rules: name matches the file, quantisation only on the devices its method
+    runs on (specdemo/quantize.py DEVICES), memory covers weights."""
     path = preset.path or Path(preset.name)
     if preset.path is not None and preset.name != preset.path.stem:
         raise _fail(path, "name", f"{preset.name!r} differs from the file name {preset.path.stem!r}")
-    if preset.quantization != "none" and preset.devices != ("cuda",):
-        raise _fail(path, "devices", f"quantization {preset.quantization} uses bitsandbytes, which needs "
-                                     f"devices = [\"cuda\"]; got {list(preset.devices)}")
+    from .quantize import DEVICES, describe
+    allowed = DEVICES.get(preset.quantization)
+    if allowed and not set(preset.devices) <= set(allowed):
+        raise _fail(path, "devices", f"quantization {preset.quantization} ({describe(preset.quantization)}) "
+                                     f"runs on {list(allowed)} only; got {list(preset.devices)}")
     weights = preset.weight_bytes()
     if preset.memory_bytes < weights:
         raise _fail(path, "memory_bytes", f"{preset.memory_bytes:,} is less than the weights alone "
@@ -325,6 +327,17 @@ def hub_models_to_fetch(preset: Preset) -> list[str]:
             if _is_hub_id(spec) and not isinstance(try_to_load_from_cache(spec, "config.json"), str)]
 
 
+def hub_unavailable() -> str | None:
+    """Why models cannot be downloaded now (HF_HUB_OFFLINE set, or the hub did not answer a
+    quick request), or None when the hub is reachable."""
+    from .models import _hub_offline, _hub_reachable
+    if _hub_offline():
+        return "HF_HUB_OFFLINE is set, so nothing is downloaded"
+    if not _hub_reachable(timeout_s=3.0):
+        return "the model hub (huggingface.co) is not reachable from this machine"
+    return None
+
+
 def format_bytes(n: int) -> str:
     """``17_578_253_056`` -> ``'17.6 GB'`` (decimal units, as model cards and GPU boxes use)."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -356,16 +369,20 @@ def cmd_presets(args: argparse.Namespace) -> int:
     hw = hardware.detect()
     verdicts = {p.name: hardware.fits(p, hw, alternatives=presets) for p in presets}
     to_fetch = {p.name: hub_models_to_fetch(p) for p in presets}
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = hub_unavailable() if any(to_fetch.values()) else None
     usable = [p for p in presets if not (offline and to_fetch[p.name])]
     pick = hardware.recommend(usable, hw, allow_gated=args.all_gated)
     if offline:
-        pick.reasons.append("HF_HUB_OFFLINE is set: presets whose models are not cached were left out")
+        left_out = [p.name for p in presets if to_fetch[p.name]]
+        pick.reasons.insert(0, f"{offline}: recommended among the presets whose models are on "
+                               f"this machine already; left out ({len(left_out)}, they download "
+                               f"models on first use): {', '.join(left_out)}")
     if args.json:
         print(json.dumps({
             "hardware": hw.to_dict(),
             "recommended": pick.preset.name if pick.preset else None,
             "reasons": pick.reasons,
+            "hub_unavailable": offline,
             "presets": [dict(p.to_dict(), fits=verdicts[p.name][0], reason=verdicts[p.name][1],
                              to_download=to_fetch[p.name]) for p in presets],
         }, indent=2))
@@ -377,7 +394,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
                 ("fits" if ok else "no  ")
         flags = " [default]" if preset.default else ""
         flags += " [gated]" if preset.gated else ""
-        flags += " [downloads on first use]" if to_fetch[preset.name] else ""
+        if to_fetch[preset.name]:
+            flags += " [needs the hub: unreachable]" if offline else " [downloads on first use]"
         print(f"{marks} {preset.name:26s} {format_bytes(preset.memory_bytes):>8s}  "
               f"{preset.target} + {preset.draft}{flags}")
         print(f"       {reason}")

@@ -7,8 +7,10 @@ engine measured for it (``stats.elapsed_s``, from that decode's own start). A re
 both lanes side by side at their measured pace, so the faster one visibly finishes first.
 
 One generator drives both panes (FastChat's side-by-side arena advances two generators in one
-event); it yields :class:`RaceSnapshot` objects that know nothing about the UI. An error in one
-lane (load failure, out of memory, bad input) is kept in that lane's record; the other lane runs.
+event); it yields :class:`RaceSnapshot` objects that know nothing about the UI. Every lane's
+models are loaded before any lane runs: one that cannot be loaded (missing, unreachable,
+incompatible) is that lane's error and the others are skipped with the reason. An error while a
+lane decodes (out of memory, bad input) is kept in that lane's record; the other lane runs.
 
 No metric is computed here: stats come from the engine, speedup and first divergence from
 ``stats`` and ``pipeline``.
@@ -24,6 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from .startup import GUESS_S, STEPS, measure_forward_costs, warm_up
 from .stats import DecodeStats, speedup
 
 if TYPE_CHECKING:  # torch loads with the pipeline: only when a race runs, not at import
@@ -125,6 +128,7 @@ class PaneView:
         tokens: (text piece, from_draft) per generated token, in order.
         stats: the latest stats snapshot, None before the first token.
         steps_shown: how many recorded steps this view includes.
+        timeline: (seconds since the decode started, new tokens so far) per step shown.
     """
 
     name: str
@@ -135,6 +139,7 @@ class PaneView:
     tokens: tuple[tuple[str, bool], ...]
     stats: DecodeStats | None
     steps_shown: int
+    timeline: tuple[tuple[float, int], ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -278,15 +283,41 @@ class Race:
         with self._changed:
             self._changed.notify_all()
 
-    def _run_lane(self, lane: Lane, record: LaneRecord) -> None:
+    def _prepare(self) -> dict[str, Pipeline] | None:
+        """Load every lane's pipeline before any lane runs, so that a draft that cannot be
+        loaded (missing, unreachable, incompatible) stops the race before the plain run rather
+        than after it. On a failure that lane has the error, the others are skipped with the
+        reason, and None is returned."""
+        pipes: dict[str, Pipeline] = {}
+        for lane in self.lanes:
+            record = self.records[lane.name]
+            record.status = LOADING
+            self._notify()
+            try:
+                pipes[lane.name] = lane.pipeline()
+            except Exception as exc:  # kept in this lane; the others are not run
+                record.status, record.error = ERROR, describe_error(exc)
+                _free_device_memory()
+                for other in self.records.values():
+                    if other is not record:
+                        other.status = SKIPPED
+                        other.error = f"not run: the {lane.name} run cannot start ({record.error})"
+                return None
+            record.tokenizer = pipes[lane.name].target.tokenizer
+        for lane in self.lanes[1:]:
+            self.records[lane.name].status = WAITING
+        return pipes
+
+    def _run_lane(self, lane: Lane, record: LaneRecord, pipe: Pipeline) -> None:
         if self.cancel.is_set():
             record.status, record.error = SKIPPED, "stopped before this run started"
             return
         try:
             record.status = LOADING
             self._notify()
-            pipe = lane.pipeline()
-            record.tokenizer = pipe.target.tokenizer
+            warm_up(pipe, lane.speculative)  # once, before this decode's clock starts
+            if lane.speculative and self.settings.draft_length == "auto":
+                measure_forward_costs(pipe)  # once per pipeline, before this decode's clock
             ids = pipe.prompt_ids(lane.messages, self.system)
             events = pipe.stream(ids, self.settings, lane.speculative, self.cancel)
             record.status = RUNNING
@@ -307,15 +338,19 @@ class Race:
                 self.records[self.lanes[0].name].status = LOADING
                 self._notify()
             with self.device_lock:
-                for lane in self.lanes:
-                    self._run_lane(lane, self.records[lane.name])
+                pipes = self._prepare()
+                for lane in self.lanes if pipes is not None else ():
+                    self._run_lane(lane, self.records[lane.name], pipes[lane.name])
                     self._notify()
         finally:
             self._notify()
 
     def start(self) -> None:
-        """Queue the race on the device thread (once)."""
+        """Queue the race on the device thread (once); until it starts there (a model load may
+        be in progress), the first lane reads as loading."""
         if self._future is None:
+            if self.lanes and self.records[self.lanes[0].name].status == WAITING:
+                self.records[self.lanes[0].name].status = LOADING
             self._future = DEVICE.submit(self._work)
 
     def join(self, timeout: float | None = None) -> None:
@@ -340,7 +375,8 @@ class Race:
         texts = pieces.pieces[:len(ids)] if pieces is not None else [""] * len(ids)
         return PaneView(record.name, status or record.status, record.error,
                         "".join(s.text for s in steps), ids, tuple(zip(texts, flags)),
-                        steps[-1].stats if steps else None, len(steps))
+                        steps[-1].stats if steps else None, len(steps),
+                        tuple((s.t_s, s.stats.new_tokens) for s in steps))
 
     def _snapshot(self, views: dict[str, PaneView], phase: str, clock_s: float | None = None) -> RaceSnapshot:
         from .pipeline import first_divergence
@@ -445,8 +481,11 @@ class PipelineCache:
     Plain lanes use the target with draft ``none``; a model draft is checked with
     ``compat.check_specs`` before it is loaded and refused with the verdict's reasons.
 
+    Loads, conversions and tokenizer checks run as named steps (:data:`specdemo.startup.STEPS`),
+    so the page and the command line can show what is happening and for how long.
+
     Args:
-        load: ``models.load_model`` (injectable for tests).
+        load: ``startup.load_model`` (``models.load_model`` with steps; injectable for tests).
         check: ``compat.check_specs`` (injectable for tests).
         lock: held while loading; share it with other code that loads models or tokenizers so
             that loads never run concurrently (transformers' lazy imports are not thread-safe).
@@ -457,11 +496,12 @@ class PipelineCache:
         self._load = load
         self._check = check
         self._pipelines: dict[tuple, Pipeline] = {}
+        self._models: dict[tuple, object] = {}  # (spec, device, dtype, quantization) -> loaded
         self.lock = lock or threading.RLock()
 
     def _loader(self) -> Callable:
         if self._load is None:
-            from .models import load_model
+            from .startup import load_model
             self._load = load_model
         return self._load
 
@@ -483,7 +523,7 @@ class PipelineCache:
         key = (target, draft, dtype, quantization, device)
         if key in self._pipelines:  # loaded: no need to wait for a load in progress elsewhere
             return self._pipelines[key]
-        # Load and warm up on the device thread, where this pipeline's races will run.
+        # Load on the device thread, where this pipeline's races (and warm-ups) will run.
         return DEVICE.call(lambda: self._build(target, draft, dtype, quantization, device))
 
     def _build(self, target: str, draft: str, dtype: str, quantization: str | None,
@@ -494,41 +534,36 @@ class PipelineCache:
             from .pipeline import Pipeline
             if key in self._pipelines:
                 return self._pipelines[key]
-            loaded = self._loader()(target, device, dtype, quantization=quantization)
+            loaded = self._model(target, device, dtype, quantization)
             draft_model = None
             from .drafters.learned import is_learned, load_learned
             if is_learned(draft):  # refused with its problems (DrafterRefused) when it cannot serve
                 draft_model = load_learned(draft, loaded)
             elif is_model_draft(draft):
-                verdict = self._checker()(target, draft)
+                with STEPS.step(f"tokenizer {target} {draft}",
+                                f"checking that {draft}'s tokenizer fits {target}",
+                                GUESS_S["tokenizer"]):
+                    verdict = self._checker()(target, draft)
                 if verdict.status == "incompatible":
                     raise ValueError(f"draft {draft} cannot serve target {target}: "
                                      + "; ".join(verdict.reasons[:2]))
-                draft_model = self._loader()(draft, str(loaded.device), dtype)
+                draft_model = self._model(draft, str(loaded.device), dtype, None)
             pipe = Pipeline(loaded, draft, draft_model)
-            warm_up(pipe)
             self._pipelines[key] = pipe
             return pipe
+
+    def _model(self, spec: str, device: str, dtype: str, quantization: str | None):
+        """A loaded model, through the loader once per (spec, device, dtype, quantization)."""
+        key = (spec, device, dtype, quantization)
+        if key not in self._models:
+            self._models[key] = self._loader()(spec, device, dtype, quantization=quantization)
+        return self._models[key]
 
     def loaded(self, target: str, draft: str = "none", dtype: str = "auto",
                quantization: str | None = None, device: str = "auto") -> Pipeline | None:
         """The pipeline if it is loaded already, else None (never loads)."""
         quantization = None if quantization in (None, "none") else quantization
         return self._pipelines.get((target, draft, dtype, quantization, device))
-
-
-def warm_up(pipe: Pipeline, prompt: str = "hi") -> None:
-    """Decode a few tokens in both modes, untimed, so that one-time costs (first forwards,
-    allocator growth, kernel selection) do not land in the first race's plain run only; with a
-    drafter, also measure the forward costs that draft length ``auto`` needs."""
-    from .pipeline import DecodeSettings
-    settings = DecodeSettings(max_new_tokens=4, draft_length=2)
-    ids = pipe.prompt_ids(prompt)
-    for speculative in (False, True):
-        for _ in pipe.stream(ids, settings, speculative):
-            pass
-    if pipe.draft_spec != "none":
-        pipe.forward_costs()
 
 
 def race_lanes(cache: PipelineCache, target: str, draft: str, histories: dict[str, list[dict]],

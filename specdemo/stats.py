@@ -53,6 +53,11 @@ class DecodeStats:
         draft_length: draft length used in the latest round (0 for plain decoding).
         drafted_by, accepted_by: drafted / accepted tokens per drafter that proposed them (a
             combined drafter has several; keys are the proposals' sources).
+        rounds: verification rounds (target forwards after prefill) recorded so far.
+        draft_length_sum, draft_length_min, draft_length_max: sum, smallest and largest number
+            of draft tokens verified in a round, over every round (plain rounds count as 0);
+            min/max are None before the first round. With ``auto`` the last round's
+            ``draft_length`` can be 0 although the run drafted; these describe the whole run.
         extra_memory_bytes: bytes the drafter adds (its weights not shared with the target + its
             KV cache); 0 for plain decoding and for the n-gram drafter.
         finish_reason: "eos", "stop", "length", "cancelled" or None while running.
@@ -73,6 +78,10 @@ class DecodeStats:
     draft_length: int = 0
     drafted_by: dict[str, int] = field(default_factory=dict)
     accepted_by: dict[str, int] = field(default_factory=dict)
+    rounds: int = 0
+    draft_length_sum: int = 0
+    draft_length_min: int | None = None
+    draft_length_max: int | None = None
     extra_memory_bytes: int = 0
     finish_reason: str | None = None
 
@@ -106,28 +115,54 @@ class DecodeStats:
         return ratio(self.new_tokens - 1, self.target_forwards)
 
     @property
+    def mean_draft_length(self) -> float | None:
+        """Draft tokens verified per round, averaged over the run's rounds; None before a round."""
+        return ratio(self.draft_length_sum, self.rounds)
+
+    @property
     def per_position_acceptance(self) -> list[float | None]:
         """For i = 1..k: P(draft token i accepted | tokens 1..i-1 were)."""
         return [ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
 
     # --- recording ---------------------------------------------------------------------------
-    def record_round(self, n_drafted: int, n_accepted: int, source: str | None = None) -> None:
+    def record_round(self, n_drafted: int, n_accepted: int, n_emitted: int | None = None,
+                     source: str | None = None) -> None:
         """Record one verification round: ``n_drafted`` proposed (by ``source``), the first
-        ``n_accepted`` kept."""
-        if source and n_drafted:
-            self.drafted_by[source] = self.drafted_by.get(source, 0) + n_drafted
-            self.accepted_by[source] = self.accepted_by.get(source, 0) + n_accepted
-        self.drafted += n_drafted
-        self.accepted += n_accepted
+        ``n_accepted`` kept.
+
+        Args:
+            n_drafted: draft tokens verified this round (the draft length used).
+            n_accepted: how many of them verification accepted.
+            n_emitted: tokens of the round that were emitted: the accepted drafts then the
+                correction/bonus token, cut at a stop point (EOS, stop string, max_new_tokens);
+                None means all ``n_accepted + 1``. When the cut falls inside the accepted drafts
+                (``n_emitted <= n_accepted``), the drafts after it were never refused, only not
+                needed: the round counts ``n_emitted`` drafted, all accepted (also per position).
+            source: the drafter that proposed them (counted in ``drafted_by``/``accepted_by``).
+        """
+        counted_drafted, counted_accepted = n_drafted, n_accepted
+        if n_emitted is not None and n_emitted <= n_accepted:
+            counted_drafted = counted_accepted = n_emitted
+        self.drafted += counted_drafted
+        self.accepted += counted_accepted
+        if source and counted_drafted:
+            self.drafted_by[source] = self.drafted_by.get(source, 0) + counted_drafted
+            self.accepted_by[source] = self.accepted_by.get(source, 0) + counted_accepted
         self.target_forwards += 1
         self.draft_length = n_drafted
-        count_positions(self.position_drafted, self.position_accepted, n_drafted, n_accepted)
+        self.rounds += 1
+        self.draft_length_sum += n_drafted
+        self.draft_length_min = n_drafted if self.draft_length_min is None else min(
+            self.draft_length_min, n_drafted)
+        self.draft_length_max = max(self.draft_length_max or 0, n_drafted)
+        count_positions(self.position_drafted, self.position_accepted, counted_drafted,
+                        counted_accepted)
 
     def as_dict(self) -> dict:
         """All raw counters and derived metrics, JSON-ready (None stays None)."""
         out = asdict(self)
         for name in ("tokens_per_s", "decode_tokens_per_s", "acceptance_rate",
-                     "mean_acceptance_length", "per_position_acceptance"):
+                     "mean_acceptance_length", "per_position_acceptance", "mean_draft_length"):
             out[name] = getattr(self, name)
         return out
 

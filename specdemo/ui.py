@@ -1,31 +1,35 @@
 """The side-by-side chat app: plain decoding on the left, speculative decoding on the right.
 
-``build_ui()`` builds a gradio Blocks; nothing heavy happens at import or build time (models load
-on first use, through the Load button, or from :func:`preload`). One handler drives both panes
-through :class:`specdemo.race.Race`; this module only formats what the race and the engine's
-stats report (it computes no metric). The race is also an API endpoint, ``/race``.
+``build_ui()`` builds a gradio Blocks and ``launch`` serves it; nothing heavy happens at import or
+build time. The preset's models load when the app starts or the page opens, each slow step shown
+with a progress bar and an estimate (:mod:`specdemo.ui_state`); the race's handlers and the
+``/race`` API live in :mod:`specdemo.ui_race`, what the page shows (counters, badges, charts) in
+:mod:`specdemo.ui_format`. This module holds the page, the preset and draft controls, and launch.
+No metric is computed here.
 """
 
 from __future__ import annotations
 
-import html
-import os
-import threading
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
+from . import inputs
 from . import race as racing
-from .race import (DONE, ERROR, LOADING, PLAIN, RUNNING, SKIPPED, SPECULATIVE, STOPPED, WAITING,
-                   PaneView, PipelineCache, Race, RaceSnapshot)
+from .ui_format import (CHART_COLORS, LEGEND, acceptance_frame, chat_messages,  # noqa: F401
+                        counters_html, privacy_html, race_frame, startup_html, tokens_html,
+                        verdict_html)
+from .ui_race import (clear, model_messages, new_conversation, race_api, replay,  # noqa: F401
+                      rerender, send, stop, turn_of)
+from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, _default_preset_name,  # noqa: F401
+                       _pairing, _presets, engine_imports, follow_startup, model_status, preload,
+                       start_preload, wait_until_ready)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "specdemo.css"
-FALLBACK_TARGET = "builtin:smollm2-135m"
 NON_MODEL_DRAFTS = ("ngram", "self")
 DRAFT_LENGTHS = ["auto"] + [str(k) for k in range(1, 17)]
-PANES = (PLAIN, SPECULATIVE)
 
 RACE_NOTE = (
     "**How the race is run.** Plain decoding runs first, alone on the device; then speculative "
@@ -34,73 +38,23 @@ RACE_NOTE = (
     "decode achieves by itself; while a decode is timed the page updates sparingly (once a second "
     "on a small CPU, which the browser shares). **Replay race** then plays both side by side, "
     "smoothly, at their measured pace, so you can see which one finishes first.")
-FLOAT_REASON = (
-    "floating point: speculative decoding verifies k+1 tokens in one batched forward, plain "
-    "decoding computes one token per forward; the sums round differently (often in "
-    "bfloat16/float16, rarely in float32), and a near-tie between two tokens can flip")
-
-# Held by every model or tokenizer load (Load, draft checks) and by a race for its whole run:
-# nothing else takes the CPU or device from a decode being timed.
-LOAD_LOCK = threading.RLock()
-
-CACHE = PipelineCache(lock=LOAD_LOCK)
-_CANCELS: dict[str, set[threading.Event]] = {}  # session hash -> Stop events of its runs
-_CANCELS_LOCK = threading.Lock()
 _VERDICTS: dict[tuple[str, str], Any] = {}
 
 
 # --- presets and drafts --------------------------------------------------------------------
 
-def _presets() -> tuple[list, str | None]:
-    """(presets, error message or None); a broken preset file must not break the page."""
-    from .presets import PresetError, list_presets
-    try:
-        return list(list_presets()), None
-    except PresetError as exc:
-        return [], str(exc)
-
-
-def _pairing(preset_name: str | None) -> dict:
-    """target, draft, draft_length, dtype, quantization of a preset (or the built-in fallback)."""
-    presets, _ = _presets()
-    for p in presets:
-        if p.name == preset_name:
-            return {"target": p.target, "draft": p.draft, "draft_length": p.draft_length,
-                    "dtype": p.dtype, "quantization": p.quantization, "preset": p}
-    return {"target": FALLBACK_TARGET, "draft": "ngram", "draft_length": "auto",
-            "dtype": "float32", "quantization": "none", "preset": None}
-
-
-def _default_preset_name(name: str | None) -> str | None:
-    from .presets import PresetError, default_preset
-    if name:
-        return name
-    try:
-        return default_preset().name
-    except PresetError:
-        return None
-
-
-def engine_imports() -> None:
-    """Import torch, transformers and the engine once, under the load lock.
-
-    transformers resolves its names lazily and that is not thread-safe: two handlers importing
-    it at once (a draft check and a race) can fail with "cannot import name 'AutoTokenizer'".
-    """
-    with LOAD_LOCK:
-        import transformers
-
-        from . import compat, models, pipeline  # noqa: F401
-        transformers.AutoTokenizer, transformers.AutoModelForCausalLM, transformers.AutoConfig
-
-
 def _verdict(target: str, draft: str):
-    """compat.check_specs, remembered per pair for this process (``recheck`` forgets)."""
+    """compat.check_specs, remembered per pair for this process (``recheck`` forgets).
+
+    Waits while a race is being timed (it holds LOAD_LOCK) but computes without the lock, so a
+    race never waits for a check of the draft list.
+    """
     from .compat import check_specs
     key = (target, draft)
     if key not in _VERDICTS:
-        with LOAD_LOCK:
-            _VERDICTS[key] = check_specs(target, draft)
+        with LOAD_LOCK:  # not during a timed race...
+            pass
+        _VERDICTS[key] = check_specs(target, draft)  # ...and never in a race's way
     return _VERDICTS[key]
 
 
@@ -144,297 +98,6 @@ def draft_options(target: str, presets: list) -> tuple[list[tuple[str, str]], li
 
 KIND_LABELS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "gemma4-assistant": "Gemma 4 assistant",
                "mtp": "MTP"}
-
-
-# --- formatting (numbers come from DecodeStats; nothing is computed here) -----------------
-
-def _fmt(value, spec: str = ".2f", unit: str = "") -> str:
-    return "–" if value is None else f"{value:{spec}}{unit}"
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "–"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
-STATUS_TEXT = {
-    WAITING: "waiting: starts when the plain run has finished",
-    LOADING: "loading the model…",
-    RUNNING: "decoding…",
-    SKIPPED: "not run: stopped before it started",
-}
-
-
-def _status_line(view: PaneView | None) -> str:
-    if view is None:
-        return "idle"
-    if view.status == DONE:
-        return f"done ({view.stats.finish_reason})" if view.stats else "done"
-    if view.status == STOPPED:
-        return f"stopped: kept {view.stats.new_tokens if view.stats else 0} tokens"
-    if view.status == ERROR:
-        return f"error: {view.error}"
-    return STATUS_TEXT.get(view.status, view.status)
-
-
-def counters_html(view: PaneView | None, speculative: bool) -> str:
-    """The live counters under a pane (DESIGN.md metric names as labels)."""
-    s = view.stats if view else None
-    cells = [("new_tokens", str(s.new_tokens) if s else "–"),
-             ("tokens_per_s", _fmt(s.tokens_per_s if s else None, ".1f")),
-             ("ttft_s", _fmt(s.ttft_s if s else None, ".2f", " s")),
-             ("elapsed_s", _fmt(s.elapsed_s if s else None, ".2f", " s"))]
-    if speculative:
-        cells += [("acceptance_rate", _fmt(s.acceptance_rate * 100 if s and s.acceptance_rate
-                                           is not None else None, ".0f", "%")),
-                  ("mean_acceptance_length", _fmt(s.mean_acceptance_length if s else None)),
-                  ("drafted / accepted", f"{s.drafted} / {s.accepted}" if s else "–"),
-                  ("draft_length", str(s.draft_length) if s else "–"),
-                  ("extra_memory_bytes", _bytes(s.extra_memory_bytes) if s else "–")]
-    grid = "".join(f'<div class="sd-cell"><span class="sd-label">{html.escape(k)}</span>'
-                   f'<span class="sd-value" data-metric="{html.escape(k)}">{html.escape(v)}</span></div>'
-                   for k, v in cells)
-    state = view.status if view else "idle"
-    return (f'<div class="sd-counters" data-status="{state}">{grid}</div>'
-            f'<div class="sd-status sd-status-{state}">{html.escape(_status_line(view))}</div>')
-
-
-def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
-    """Speedup between the panes and the lossless badge."""
-    if snap is None:
-        return '<div class="sd-verdict"><span class="sd-chip">send a prompt to start the race</span></div>'
-    chips = []
-    if snap.speedup is not None:
-        word = "faster" if snap.speedup >= 1 else "slower"
-        chips.append(f'<span class="sd-chip sd-speedup" data-speedup="{snap.speedup:.4f}">'
-                     f'speedup {snap.speedup:.2f}× (speculative {word}, tokens_per_s)</span>')
-    plain, spec = snap.panes.get(PLAIN), snap.panes.get(SPECULATIVE)
-    if snap.done and plain and spec:
-        if plain.status != DONE or spec.status != DONE:
-            chips.append('<span class="sd-chip sd-na">lossless check: not compared (a run did '
-                         'not finish)</span>')
-        elif temperature > 0:
-            chips.append('<span class="sd-chip sd-na">temperature &gt; 0: both sample from the '
-                         'same distribution, so the texts differ by chance, not by error</span>')
-        elif snap.identical:
-            chips.append(f'<span class="sd-chip sd-lossless" data-identical="true">lossless: '
-                         f'identical output ({len(plain.token_ids)} tokens)</span>')
-        else:
-            i = snap.first_divergence
-            a = plain.tokens[i][0] if i < len(plain.tokens) else "(end)"
-            b = spec.tokens[i][0] if i < len(spec.tokens) else "(end)"
-            chips.append(f'<span class="sd-chip sd-diverged" data-identical="false">outputs '
-                         f'differ from token {i}: plain {html.escape(repr(a))}, speculative '
-                         f'{html.escape(repr(b))}. Reason: {html.escape(FLOAT_REASON)}</span>')
-    elif snap.phase == "replay":
-        chips.append(f'<span class="sd-chip">replay at measured pace: {snap.clock_s:.2f} s</span>')
-    if not chips:
-        chips.append('<span class="sd-chip">racing…</span>')
-    return '<div class="sd-verdict">' + "".join(chips) + "</div>"
-
-
-def tokens_html(tokens, highlight: bool) -> str:
-    """Assistant text as one HTML block: accepted draft tokens and target tokens as spans.
-
-    One ``<span>`` per token (empty pieces too), so the number of ``sd-draft`` spans equals
-    the stats' ``accepted``. Newlines become ``<br>`` so markdown never re-parses the text.
-    """
-    if highlight:
-        body = "".join(f'<span class="sd-tok {"sd-draft" if flag else "sd-target"}">'
-                       f'{html.escape(piece).replace(chr(10), "<br>")}</span>'
-                       for piece, flag in tokens)
-    else:
-        body = html.escape("".join(p for p, _ in tokens)).replace("\n", "<br>")
-    return f'<div class="sd-tokens">{body}</div>'
-
-
-# --- conversation state --------------------------------------------------------------------
-
-def new_conversation() -> dict[str, list[dict]]:
-    """{pane: [turn, ...]}; a turn is {user, text, tokens, status, error}."""
-    return {name: [] for name in PANES}
-
-
-def turn_of(prompt: str, view: PaneView) -> dict:
-    return {"user": prompt, "text": view.text, "tokens": [list(t) for t in view.tokens],
-            "status": view.status, "error": view.error}
-
-
-def model_messages(turns: list[dict]) -> list[dict]:
-    """The messages a pane's next prompt is built from: finished or stopped turns with text."""
-    out = []
-    for t in turns:
-        if t["status"] in (DONE, STOPPED) and t["text"].strip():
-            out += [{"role": "user", "content": t["user"]},
-                    {"role": "assistant", "content": t["text"]}]
-    return out
-
-
-def chat_messages(turns: list[dict], speculative: bool, highlight: bool) -> list[dict]:
-    """gr.Chatbot messages for a pane."""
-    out = []
-    for t in turns:
-        out.append({"role": "user", "content": t["user"]})
-        if t["status"] == ERROR:
-            body = f'<div class="sd-error">⚠ {html.escape(t["error"] or "error")}</div>'
-        elif t["status"] in (WAITING, LOADING, SKIPPED) and not t["tokens"]:
-            body = f'<div class="sd-pending">{html.escape(STATUS_TEXT[t["status"]])}</div>'
-        else:
-            body = tokens_html(t["tokens"], highlight and speculative)
-        out.append({"role": "assistant", "content": body})
-    return out
-
-
-def _session(request: gr.Request | None) -> str:
-    return getattr(request, "session_hash", None) or "default"
-
-
-def _session_cancel(request: gr.Request | None) -> threading.Event:
-    """A fresh Stop event for a race or replay of this browser session (Stop sets them all)."""
-    event = threading.Event()
-    with _CANCELS_LOCK:
-        _CANCELS.setdefault(_session(request), set()).add(event)
-    return event
-
-
-def _forget_cancel(request: gr.Request | None, event: threading.Event) -> None:
-    with _CANCELS_LOCK:
-        _CANCELS.get(_session(request), set()).discard(event)
-
-
-def stop(request: gr.Request) -> None:
-    """End the running race and replay of this session; what was produced is kept."""
-    with _CANCELS_LOCK:
-        for event in _CANCELS.pop(_session(request), set()):
-            event.set()
-
-
-# --- handlers ------------------------------------------------------------------------------
-
-def _settings(temperature, top_p, max_new_tokens, seed, draft_length):
-    """DecodeSettings from the controls' values (seed -1 = random, draft length "auto" or k)."""
-    from .pipeline import DecodeSettings
-    seed = None if seed is None or seed == "" or int(seed) < 0 else int(seed)
-    k = draft_length if draft_length in ("auto", None, "") else int(draft_length)
-    return DecodeSettings(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-                          top_p=float(top_p), seed=seed, draft_length=k or "auto")
-
-
-def _check_prompt(prompt: str | None) -> str:
-    if not prompt or not prompt.strip():
-        raise gr.Error("The prompt is empty: type something to send.")
-    return prompt
-
-
-def _new_race(prompt, system, preset_name, draft, settings, conv, request) -> Race:
-    pairing = _pairing(preset_name)
-    histories = {name: model_messages(conv[name]) for name in PANES}
-    lanes = racing.race_lanes(CACHE, pairing["target"], draft or pairing["draft"], histories,
-                              prompt, pairing["dtype"], pairing["quantization"])
-    return Race(lanes, settings, system, cancel=_session_cancel(request), device_lock=LOAD_LOCK)
-
-
-def _render(snap: RaceSnapshot, conv: dict, prompt: str, upto: int, highlight: bool,
-            temperature: float) -> tuple:
-    """Chatbots, counters and verdict for a snapshot shown after the first ``upto`` turns."""
-    out = []
-    for name in PANES:
-        turns = conv[name][:upto] + [turn_of(prompt, snap.panes[name])]
-        out.append(chat_messages(turns, name == SPECULATIVE, highlight))
-    return (out[0], out[1], counters_html(snap.panes[PLAIN], False),
-            counters_html(snap.panes[SPECULATIVE], True), verdict_html(snap, temperature))
-
-
-def live_interval_s() -> float:
-    """Seconds between page updates while a decode is being timed.
-
-    The browser redraws the page on this machine's CPU. Measured on a 2-core CPU with headless
-    Chromium: updating 3-7 times a second cost the timed decodes 10-25% of their speed, once a
-    second about 8% (``specdemo compare`` as the reference). So a small CPU without a GPU gets one
-    update a second (Replay race then shows the run smoothly); a GPU or 8+ cores get ten.
-    """
-    import torch
-    mps = getattr(torch.backends, "mps", None)
-    accelerated = torch.cuda.is_available() or bool(mps and mps.is_available())
-    return 0.1 if accelerated or (os.cpu_count() or 1) >= 8 else 1.0
-
-
-def _only_changed(before: tuple | None, after: tuple) -> tuple:
-    """``after`` with gr.skip() where nothing changed: less for the browser to redraw while a
-    decode is being timed on the same machine."""
-    if before is None:
-        return after
-    return tuple(gr.skip() if old == new else new for old, new in zip(before, after))
-
-
-def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, max_new_tokens,
-         seed, highlight, conv, request: gr.Request):
-    """Race the prompt through both panes; yields the page's outputs as the race goes."""
-    _check_prompt(prompt)
-    engine_imports()
-    conv = conv or new_conversation()
-    settings = _settings(temperature, top_p, max_new_tokens, seed, draft_length)
-    race = _new_race(prompt, system, preset_name, draft, settings, conv, request)
-    upto = len(conv[PLAIN])
-    snap, box, shown = None, "", None  # empty the prompt box once, then leave it to the user
-    try:
-        for snap in race.run(min_interval_s=live_interval_s()):
-            view = _render(snap, conv, prompt, upto, highlight, settings.temperature)
-            yield _only_changed(shown, view) + (gr.skip(), gr.skip(), box, gr.skip())
-            shown, box = view, gr.skip()
-    finally:
-        _forget_cancel(request, race.cancel)
-    conv = {name: conv[name] + [turn_of(prompt, snap.panes[name])] for name in PANES}
-    replayable = {"race": race, "prompt": prompt, "upto": upto}
-    yield _render(snap, conv, prompt, upto, highlight, settings.temperature) + (
-        conv, replayable, box, model_status(preset_name, draft))
-
-
-def replay(replayable, conv, highlight, request: gr.Request):
-    """Play the last race back, both panes side by side at their measured pace."""
-    if not replayable:
-        raise gr.Error("Nothing to replay yet: send a prompt first.")
-    race, prompt, upto = replayable["race"], replayable["prompt"], replayable["upto"]
-    cancel = _session_cancel(request)
-    try:
-        for snap in race.replay(cancel=cancel):
-            yield _render(snap, conv, prompt, upto, highlight, race.settings.temperature)
-    finally:
-        _forget_cancel(request, cancel)
-
-
-def rerender(conv, highlight):
-    conv = conv or new_conversation()
-    return tuple(chat_messages(conv[name], name == SPECULATIVE, highlight) for name in PANES)
-
-
-def clear():
-    return ([], [], counters_html(None, False), counters_html(None, True), verdict_html(None, 0),
-            new_conversation(), None)
-
-
-def model_status(preset_name: str | None, draft: str | None) -> str:
-    """Which models of this pairing are loaded (never loads)."""
-    p = _pairing(preset_name)
-    draft = draft or p["draft"]
-    pipe = CACHE.loaded(p["target"], draft, p["dtype"], p["quantization"])
-    plain = pipe or CACHE.loaded(p["target"], "none", p["dtype"], p["quantization"])
-    if plain is None:
-        return f"Models: `{p['target']}` not loaded yet (loads on first Send or with Load)."
-    t = plain.target
-    line = (f"Models: `{t.spec}` loaded ({str(t.dtype).replace('torch.', '')} on {t.device}, "
-            f"{t.load_s:.1f} s)")
-    if pipe is None:
-        return line + f"; draft `{draft}` not loaded yet."
-    if pipe.draft is not None:
-        line += f"; draft `{pipe.draft.spec}` loaded ({pipe.draft.load_s:.1f} s)"
-    else:
-        line += f"; draft `{draft}` ready"
-    return line + "."
 
 
 def load_models(preset_name, draft):
@@ -484,7 +147,11 @@ def on_preset(preset_name):
 
 
 def check_drafts(preset_name, draft, recheck: bool = False):
-    """Offer only compatible drafts for the preset's target; list refused ones with reasons."""
+    """Offer only compatible drafts for the preset's target; list refused ones with reasons.
+
+    Waits until the preset's models are loaded: a tokenizer check holds the load lock (and a
+    first one can take minutes), so it must not stand between a first Send and its answer."""
+    wait_until_ready()
     engine_imports()
     if recheck:
         _VERDICTS.clear()
@@ -495,11 +162,12 @@ def check_drafts(preset_name, draft, recheck: bool = False):
     if p["draft"] not in values and p["draft"] not in [spec for spec, _ in refused]:
         choices.append((p["draft"], p["draft"]))
         values.append(p["draft"])
-    value = draft if draft in values else p["draft"]
     note = (f"Drafts offered for `{p['target']}`: {len(choices)}. "
             + ("Refused:  \n" + "  \n".join(f"✗ `{spec}`: {why}" for spec, why in refused) if refused
                else "None refused."))
-    return gr.update(choices=choices, value=value), note
+    if draft in values:  # keep what the user may have picked while the check ran
+        return gr.update(choices=choices), note
+    return gr.update(choices=choices, value=p["draft"]), note
 
 
 def on_draft(preset_name, draft):
@@ -508,6 +176,10 @@ def on_draft(preset_name, draft):
     p = _pairing(preset_name)
     if not draft:
         return ""
+    try:
+        inputs.draft("draft", draft)
+    except inputs.InputError as exc:
+        return f"✗ {exc}"
     from .compat import non_model_verdict
     verdict = non_model_verdict(draft)
     if verdict is None:
@@ -519,83 +191,7 @@ def on_draft(preset_name, draft):
     return f"{mark} `{draft}`: {verdict.status}. " + " ".join(verdict.reasons[:2])
 
 
-# --- the /race API -------------------------------------------------------------------------
-
-def _pane_dict(view: PaneView) -> dict:
-    """DESIGN.md metric names plus text, token_ids, from_draft, status and error."""
-    from .engine import DecodeResult
-    from .pipeline import result_dict
-    out: dict = {"status": view.status, "error": view.error}
-    if view.stats is not None:
-        result = DecodeResult(view.text, list(view.token_ids), [f for _, f in view.tokens],
-                              view.stats)
-        out.update(result_dict(result))
-    return out
-
-
-def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
-             max_new_tokens: int = 128, temperature: float = 0.0,
-             draft_length: str | int | None = None, request: gr.Request = None) -> dict:
-    """Race one prompt: plain, then speculative, each alone; returns both results.
-
-    Args:
-        prompt: the user message (chat template applied).
-        preset: a preset name (default: the default preset).
-        draft: none, ngram, self, early-exit:N or a model (default: the preset's draft).
-        max_new_tokens: tokens to generate at most.
-        temperature: 0 for greedy.
-        draft_length: 1..16 or "auto" (default: the preset's).
-    Returns:
-        {"plain": {...}, "speculative": {...}, "speedup": x, "identical": bool,
-        "first_divergence": i} with DESIGN.md metric names; a pane that failed has "error".
-    """
-    _check_prompt(prompt)
-    engine_imports()
-    preset = _default_preset_name(preset)
-    pairing = _pairing(preset)
-    k = draft_length if draft_length not in (None, "") else pairing["draft_length"]
-    settings = _settings(temperature, 1.0, max_new_tokens, -1, k)
-    race = _new_race(prompt, None, preset, draft, settings, new_conversation(), request)
-    try:
-        snap = list(race.run(min_interval_s=1.0))[-1]
-    finally:
-        _forget_cancel(request, race.cancel)
-    return {PLAIN: _pane_dict(snap.panes[PLAIN]), SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE]),
-            "speedup": snap.speedup, "identical": snap.identical,
-            "first_divergence": snap.first_divergence, "preset": preset,
-            "draft": draft or pairing["draft"]}
-
-
 # --- the page ------------------------------------------------------------------------------
-
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def privacy_html(host: str, share: bool) -> str:
-    """What this process does and does not talk to (each fact read from the live setting)."""
-    local = host in ("127.0.0.1", "localhost", "::1")
-    analytics_off = os.environ.get("GRADIO_ANALYTICS_ENABLED", "").strip().lower() in (
-        "false", "0", "no", "off")
-    facts = [
-        (local, f"listening on {host}" + ("" if local else " (reachable from your network)")),
-        (analytics_off, "gradio usage analytics " + ("off" if analytics_off else "ON")),
-        (not share, "no share link" if not share else "public share link ON (--share)"),
-        (True, "HF_HUB_OFFLINE=1: the model hub is never contacted" if _env_true("HF_HUB_OFFLINE")
-         else "HF_HUB_OFFLINE unset: the hub is contacted only for a hub model not cached yet"),
-        (True, "remote code from model repositories: off"),
-    ]
-    items = "".join(f'<span class="sd-fact {"sd-ok" if ok else "sd-warn"}">{html.escape(text)}</span>'
-                    for ok, text in facts)
-    return f'<div class="sd-privacy" id="sd-privacy">Privacy: {items}</div>'
-
-
-LEGEND = ('<div class="sd-legend" id="sd-legend">'
-          '<span class="sd-tok sd-draft">accepted draft token</span>'
-          '<span class="sd-tok sd-target">token from the target</span>'
-          '<span class="sd-legend-note">(the target makes one token per forward: the first, '
-          'each correction and each bonus token)</span></div>')
-
 
 def _theme():
     """Default theme with system fonts: the page loads nothing from the internet."""
@@ -609,22 +205,29 @@ def launch_options() -> dict:
     return {"css_paths": [CSS_PATH], "theme": _theme()}
 
 
+QUEUE_IDLE_SLEEP_S = 0.05  # gradio's queue loop polls every 1 ms when idle (50 ms on Windows)
+
+
+def quiet_queue(demo: gr.Blocks) -> None:
+    """Let an idle server be idle: gradio 6's queue loop wakes every 1 ms (its progress loop every
+    10 ms) while nothing is queued, which measured 3-8% of a core here with nobody connected.
+    Waking every 50 ms (gradio's own choice on Windows) delays the start of an event by 50 ms at
+    most. Skipped silently when a gradio version lacks these attributes."""
+    queue = getattr(demo, "_queue", None)
+    if queue is not None and hasattr(queue, "sleep_when_free"):
+        queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_IDLE_SLEEP_S)
+        queue.progress_update_sleep_when_free = max(
+            getattr(queue, "progress_update_sleep_when_free", 0.0), 2 * QUEUE_IDLE_SLEEP_S)
+
+
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
            inbrowser: bool = False, share: bool = False, prevent_thread_lock: bool = False):
     """Queue (one race at a time; other tabs wait their turn) and launch the page."""
     demo.queue(default_concurrency_limit=1)
+    quiet_queue(demo)
     return demo.launch(server_name=host, server_port=port, inbrowser=inbrowser, share=share,
                        prevent_thread_lock=prevent_thread_lock, show_error=True,
                        **launch_options())
-
-
-def preload(preset_name: str | None = None) -> str:
-    """Load the preset's target and draft now (``python app.py`` does it in the background)."""
-    preset_name = _default_preset_name(preset_name)
-    status = ""
-    for status in load_models(preset_name, None):
-        pass
-    return status
 
 
 def _examples(prompt: gr.Textbox) -> None:
@@ -646,7 +249,8 @@ def _examples(prompt: gr.Textbox) -> None:
 
 def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
              share: bool = False) -> gr.Blocks:
-    """The app's page. Nothing is loaded here; models load on first use.
+    """The app's page. Nothing is loaded here: the preset's models load when the app starts
+    (``app.py``) or when the page opens, with a progress panel above the panes.
 
     Args:
         default_preset: preset selected at start (default: the one marked default).
@@ -666,6 +270,7 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
                 '<p>One prompt, two panes: the same model decodes it plainly (left) and '
                 'speculatively (right).</p></div>')
         with gr.Tab("Race", elem_id="race-tab"):
+            startup = gr.HTML(startup_html(None, [], ready=False), elem_id="startup")
             with gr.Row(equal_height=False):
                 with gr.Column(scale=3):
                     with gr.Row():
@@ -680,6 +285,7 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
                                                    feedback_options=None, group_consecutive_messages=False)
                             spec_stats = gr.HTML(counters_html(None, True), elem_id="spec-stats")
                     verdict = gr.HTML(verdict_html(None, 0), elem_id="race-verdict")
+                    race_chart, acceptance_chart = _charts()
                     prompt = gr.Textbox(label="Prompt", elem_id="prompt", lines=3, max_lines=12,
                                         placeholder="Ask something; both panes answer it.")
                     with gr.Row():
@@ -724,7 +330,8 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
             with gr.Tab("Benchmark", elem_id="benchmark-tab"):
                 bench()
 
-        race_outputs = [plain_chat, spec_chat, plain_stats, spec_stats, verdict]
+        race_outputs = [plain_chat, spec_chat, plain_stats, spec_stats, verdict, race_chart,
+                        acceptance_chart]
         go = dict(fn=send, inputs=[prompt, system, preset, draft, draft_length, temperature, top_p,
                                    max_new, seed, highlight, conv],
                   outputs=race_outputs + [conv, last_race, prompt, status], concurrency_id="device",
@@ -742,17 +349,41 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
         preset.change(on_preset, preset, [draft, draft_length, info, refused, status],
                       api_visibility="undocumented").then(
             check_drafts, [preset, draft], [draft, refused], concurrency_id="compat",
-            api_visibility="undocumented")
+            show_progress="minimal", api_visibility="undocumented")
         recheck_btn.click(lambda p, d: check_drafts(p, d, recheck=True), [preset, draft],
-                          [draft, refused], concurrency_id="compat", api_visibility="undocumented")
+                          [draft, refused], concurrency_id="compat", show_progress="minimal",
+                          api_visibility="undocumented")
         draft.change(on_draft, [preset, draft], draft_note, concurrency_id="compat",
                      api_visibility="undocumented")
-        demo.load(lambda p, d: (preset_info(p), model_status(p, d)), [preset, draft], [info, status],
-                  api_visibility="undocumented").then(
+        # Getting ready first (progress above the panes), then the draft checks: a tokenizer
+        # check holds the load lock, so it waits until the models are loaded.
+        demo.load(follow_startup, preset, startup, concurrency_id="startup", concurrency_limit=None,
+                  show_progress="hidden", api_visibility="private").then(
+            model_status, [preset, draft], status, api_visibility="private").then(
             check_drafts, [preset, draft], [draft, refused], concurrency_id="compat",
-            api_visibility="undocumented")
+            show_progress="minimal", api_visibility="undocumented")
+        demo.load(lambda p, d: (preset_info(p), model_status(p, d)), [preset, draft], [info, status],
+                  api_visibility="undocumented")
         gr.api(race_api, api_name="race", concurrency_id="device", concurrency_limit=1)
     return demo
+
+
+def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
+    """The race as a picture, under the panes: tokens against seconds for both lanes (the gap
+    between the lines is the speedup), and the speculative lane's acceptance per position."""
+    with gr.Row():
+        race_chart = gr.LinePlot(
+            race_frame(None), x="seconds", y="tokens", color="lane", color_map=CHART_COLORS,
+            title="The race: tokens generated over time", x_title="seconds since the request",
+            y_title="tokens generated", height=260, elem_id="race-chart", scale=3,
+            label="tokens generated against seconds, per lane", show_label=False)
+        acceptance_chart = gr.BarPlot(
+            acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
+            title="Speculative: acceptance per draft position", x_title="draft position",
+            y_title="acceptance (earlier ones accepted)", tooltip=["rounds"], height=260,
+            elem_id="acceptance-chart", scale=2, show_label=False,
+            label="per-position acceptance of the speculative lane")
+    return race_chart, acceptance_chart
 
 
 def _benchmark_builder():

@@ -77,3 +77,27 @@ def test_context_overflow_is_a_clear_error(capsys):
               "100000"])
     assert exc.value.code == 2
     assert "exceeds the model's context" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_shipped_eagle3_head_is_checked_and_lossless():
+    """The head trained for the built-in model loads offline, passes its checks and keeps greedy
+    output identical to plain, alone and with prompt lookup stacked over it."""
+    import json
+    import subprocess
+    import sys
+    check = subprocess.run([sys.executable, "-m", "specdemo", "check", "--target",
+                            "builtin:smollm2-135m", "--draft", "builtin:smollm2-135m-eagle3"],
+                           capture_output=True, text=True, timeout=600)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "EAGLE-3 head" in check.stdout and "[2, 15, 27]" in check.stdout
+    for draft in ("builtin:smollm2-135m-eagle3", "builtin:smollm2-135m-eagle3+ngram"):
+        out = subprocess.run([sys.executable, "-m", "specdemo", "compare", "--draft", draft,
+                              "--max-new-tokens", "24", "--draft-length", "4", "--json",
+                              "--prompt", "What is 12 + 30? Explain."],
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert result["identical"] is True
+        spec = result["speculative"]
+        assert spec["drafted"] > 0 and sum(spec["drafted_by"].values()) == spec["drafted"]

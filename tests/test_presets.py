@@ -47,7 +47,7 @@ def test_shipped_presets_are_the_promised_set():
         "qwen2.5-1.5b-0.5b", "qwen2.5-7b-0.5b", "qwen2.5-14b-4bit-0.5b", "qwen2.5-coder-7b-0.5b",
         "llama3.1-8b-3.2-1b", "smollm2-1.7b-135m", "smollm2-1.7b-360m", "gemma2-9b-2b",
         "qwen3-8b-0.6b", "llama3.1-8b-eagle3", "qwen3-4b-dflash", "gemma4-e2b-assistant",
-        "smollm2-135m-eagle3",
+        "smollm2-135m-eagle3", "smollm2-135m-int4-ngram",
     ])
 
 
@@ -74,14 +74,14 @@ def test_memory_comment_arithmetic_adds_up(name):
     assert sum(terms) == total == P.load_preset(P.PRESETS_DIR / f"{name}.toml").memory_bytes
 
 
-def test_exactly_one_default_and_it_is_the_offline_ngram_pair():
+def test_exactly_one_default_and_it_is_the_offline_trained_head():
     presets = P.list_presets()
-    assert [p.name for p in presets if p.default] == ["smollm2-135m-ngram"]
+    assert [p.name for p in presets if p.default] == ["smollm2-135m-eagle3"]
     default = P.default_preset()
-    assert (default.target, default.draft) == ("builtin:smollm2-135m", "ngram")
+    assert (default.target, default.draft) == ("builtin:smollm2-135m", "builtin:smollm2-135m-eagle3")
 
 
-def test_builtin_presets_cover_ngram_self_and_early_exit():
+def test_builtin_presets_cover_ngram_self_early_exit_and_the_trained_head():
     builtin = {p.draft for p in P.list_presets() if p.target == "builtin:smollm2-135m"}
     assert builtin == {"ngram", "self", "early-exit:12", "builtin:smollm2-135m-eagle3"}
 
@@ -99,10 +99,11 @@ def test_learned_presets_declare_their_family():
     assert P.get_preset("smollm2-135m-ngram").draft_kind == ""
 
 
-def test_quantized_presets_are_cuda_only():
-    quantized = [p for p in P.list_presets() if p.quantization != "none"]
-    assert [p.name for p in quantized] == ["qwen2.5-14b-4bit-0.5b"]
-    assert quantized[0].devices == ("cuda",)
+def test_quantized_presets_run_only_where_their_method_does():
+    quantized = {p.name: (p.quantization, p.devices) for p in P.list_presets()
+                 if p.quantization != "none"}
+    assert quantized == {"qwen2.5-14b-4bit-0.5b": ("4bit", ("cuda",)),  # bitsandbytes
+                         "smollm2-135m-int4-ngram": ("int4", ("cpu",))}  # torchao CPU kernel
 
 
 def test_get_preset_by_name_and_unknown_name_lists_known():
@@ -126,6 +127,8 @@ BAD = [
     ("bad dtype", lambda t: t.replace('"bfloat16"', '"int3"'), "dtype", "int3"),
     ("bad quantization", lambda t: t.replace('quantization = "none"', 'quantization = "2bit"'), "quantization", "2bit"),
     ("4-bit off CUDA", lambda t: t.replace('quantization = "none"', 'quantization = "4bit"'), "devices", "cuda"),
+    ("int4 off the CPU", lambda t: t.replace('quantization = "none"', 'quantization = "int4"'), "devices",
+     "runs on ['cpu'] only"),
     ("gated not bool", lambda t: t.replace("gated = false", 'gated = "no"'), "gated", "true or false"),
     ("memory below weights", lambda t: t.replace("17_578_253_056", "1_000"), "memory_bytes", "weights"),
     ("negative params", lambda t: t.replace("7_615_616_512", "-7"), "target_params", ">= 0"),
@@ -209,7 +212,7 @@ def test_presets_command_text_marks_fit_and_default(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("this machine: ")
-    assert re.search(r"fits smollm2-135m-ngram .*\[default\]", out)
+    assert re.search(r"fits smollm2-135m-eagle3 .*\[default\]", out)
     assert "recommended: " in out
 
 

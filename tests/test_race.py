@@ -25,6 +25,7 @@ class FakeLoaded:
     vocab_size: int = 32
     eos_token_ids: frozenset = frozenset()
     device: torch.device = torch.device("cpu")
+    spec: str = "tiny"
 
 
 @pytest.fixture(scope="module")
@@ -175,20 +176,35 @@ def test_closing_the_generator_cancels_the_decode(loaded):
     assert race.finished
 
 
-def test_error_in_one_pane_leaves_the_other(loaded):
+def test_a_draft_that_cannot_load_stops_the_race_before_the_plain_run(loaded):
+    """Issue 11 item 5: both lanes' models are loaded before either lane starts, so a missing
+    draft is reported at once instead of after a whole plain run."""
+    ran = []
+
+    def plain():
+        pipe = Pipeline(loaded, "none")
+        stream = pipe.stream
+        pipe.stream = lambda *a, **k: ran.append("plain") or stream(*a, **k)
+        return pipe
+
     def broken():
         raise ModelLoadError("could not load the draft: file missing")
-    final = list(Race(lanes(loaded, spec=broken), SETTINGS).run())[-1]
+    final = list(Race(lanes(loaded, plain=plain, spec=broken), SETTINGS).run())[-1]
     assert final.panes[SPECULATIVE].status == ERROR
     assert final.panes[SPECULATIVE].error == "could not load the draft: file missing"
-    assert final.panes[PLAIN].status == DONE and final.panes[PLAIN].stats.new_tokens == 30
-    assert final.identical is None and final.speedup is None
+    assert final.panes[PLAIN].status == SKIPPED and ran == []
+    assert final.panes[PLAIN].error == ("not run: the speculative run cannot start (could not "
+                                        "load the draft: file missing)")
+    assert final.panes[PLAIN].stats is None and final.identical is None and final.speedup is None
 
-    def oom():
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    final = list(Race(lanes(loaded, plain=oom), SETTINGS).run())[-1]
+
+def test_error_while_decoding_one_pane_leaves_the_other(loaded):
+    class OutOfMemory(Pipeline):
+        def stream(self, *args, **kwargs):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    final = list(Race(lanes(loaded, plain=lambda: OutOfMemory(loaded, "none")), SETTINGS).run())[-1]
     assert final.panes[PLAIN].status == ERROR and final.panes[PLAIN].error.startswith("out of memory")
-    assert final.panes[SPECULATIVE].status == DONE
+    assert final.panes[SPECULATIVE].status == DONE and final.panes[SPECULATIVE].stats.new_tokens == 30
 
 
 def test_bad_input_is_a_readable_message_in_each_pane(loaded):
@@ -213,7 +229,6 @@ def test_token_pieces_keep_multibyte_characters_whole():
 
 
 def test_pipeline_cache_loads_once_and_refuses_incompatible_drafts():
-    # 80 rows: warm-up measures forward costs (for draft length auto) on ids up to 64.
     loaded = FakeLoaded(tiny_llama(seed=0, layers=2, vocab_size=80), vocab_size=80)
     calls = []
 
@@ -240,7 +255,7 @@ def test_pipeline_cache_loads_once_and_refuses_incompatible_drafts():
     race = Race(race_lanes(cache, "t", "other/model", {PLAIN: [], SPECULATIVE: []}, PROMPT),
                 SETTINGS)
     final = list(race.run())[-1]
-    assert final.panes[PLAIN].status == DONE
+    assert final.panes[PLAIN].status == SKIPPED and "cannot serve" in final.panes[PLAIN].error
     assert final.panes[SPECULATIVE].status == ERROR and "cannot serve" in final.panes[SPECULATIVE].error
 
 

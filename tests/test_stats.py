@@ -38,8 +38,36 @@ def test_rounds_and_positions():
     assert s.draft_length == 2
 
 
+def test_drafts_after_a_stop_point_are_not_counted():
+    s = DecodeStats()
+    s.record_round(4, 4, 2)  # EOS at draft 2: drafts 3 and 4 never refused
+    assert (s.drafted, s.accepted, s.draft_length) == (2, 2, 4)
+    s.record_round(4, 1, 2)  # draft 2 rejected, the correction token ends the run: counted
+    assert (s.drafted, s.accepted) == (6, 3)
+    assert s.position_drafted == [2, 2, 0, 0] and s.position_accepted == [2, 1, 0, 0]
+    s.record_round(4, 2, 3)  # nothing cut: the same as without n_emitted
+    assert (s.drafted, s.accepted) == (10, 5)
+
+
 def test_speedup():
     plain = DecodeStats(new_tokens=10, elapsed_s=2.0)
     spec = DecodeStats(new_tokens=10, elapsed_s=1.0)
     assert math.isclose(speedup(plain, spec), 2.0)
     assert speedup(DecodeStats(), spec) is None
+
+
+def test_draft_length_mean_and_range_cover_the_whole_run():
+    """An ``auto`` run that drafted 8, then 3, then stopped drafting: the last round says 0,
+    the run's mean and range say what was used."""
+    s = DecodeStats()
+    assert s.mean_draft_length is None and s.draft_length_min is None
+    for k in (8, 3, 0, 0):
+        s.record_round(k, 0)
+    assert s.draft_length == 0
+    assert s.rounds == 4 and s.draft_length_sum == 11
+    assert (s.draft_length_min, s.draft_length_max) == (0, 8)
+    assert s.mean_draft_length == 11 / 4
+    d = s.as_dict()
+    assert d["mean_draft_length"] == 2.75 and d["draft_length_max"] == 8
+    assert d["draft_length"] == 0  # the existing key keeps its meaning
+    json.dumps(d, allow_nan=False)

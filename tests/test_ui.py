@@ -128,12 +128,47 @@ def test_bad_inputs_give_readable_messages(client):
 
 
 @pytest.mark.slow
-def test_refused_draft_fails_only_its_pane(client):
+def test_refused_draft_stops_the_race_before_either_pane_runs(client):
     result = race(client, draft="builtin:gemma3-270m", max_new_tokens=8)
-    assert result["plain"]["status"] == "done" and result["plain"]["new_tokens"] == 8
     assert result["speculative"]["status"] == "error"
     assert "cannot serve" in result["speculative"]["error"]
     assert "different tokenizers" in result["speculative"]["error"]
+    assert result["plain"]["status"] == "skipped" and "new_tokens" not in result["plain"]
+    assert result["plain"]["error"].startswith("not run: the speculative run cannot start")
+
+
+# --- issue 11 item 5: bad input is refused with the field and the valid values -------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"draft_length": "0"}, "draft_length must be 'auto' or a whole number from 1 to 64, got '0'"),
+    ({"draft_length": 0}, "draft_length must be 'auto' or a whole number from 1 to 64, got 0"),
+    ({"preset": "nope"}, "preset 'nope' does not exist; valid presets: gemma2-9b-2b, "),
+    ({"temperature": "abc"}, "temperature must be a number of at least 0, got 'abc'"),
+    ({"max_new_tokens": "many"}, "max_new_tokens must be a whole number of at least 1, got 'many'"),
+    ({"draft": "early-exit:x"}, "early-exit needs a layer count of at least 1"),
+])
+@pytest.mark.slow
+def test_race_api_refuses_bad_values_with_the_field_and_valid_values(client, kwargs, message):
+    with pytest.raises(AppError) as caught:
+        race(client, **kwargs)
+    assert message in str(caught.value)
+    assert "could not convert" not in str(caught.value) and "codec" not in str(caught.value)
+
+
+def test_race_api_refuses_a_lone_surrogate_with_the_field_named():
+    """JSON can carry "\\ud800" (gradio_client itself cannot encode it, so call the endpoint's
+    function); the tokenizer would fail on it with a raw TypeError or codec message."""
+    import gradio as gr
+    with pytest.raises(gr.Error, match="prompt has a character that is not valid text at position 3"):
+        ui.race_api("hi \ud800 there", max_new_tokens=4)
+
+
+@pytest.mark.slow
+def test_missing_draft_is_found_before_the_plain_run(client):
+    result = race(client, draft="someone/no-such-model", max_new_tokens=8)
+    assert result["speculative"]["status"] == "error"
+    assert "someone/no-such-model" in result["speculative"]["error"]
+    assert result["plain"]["status"] == "skipped" and "token_ids" not in result["plain"]
 
 
 @pytest.mark.slow
@@ -225,7 +260,7 @@ def test_send_handler_keeps_two_multi_turn_histories(server):
         for outputs in ui.send(prompt, "Answer in one word.", None, "ngram", "2", 0.0, 1.0, 8, -1,
                                True, conv, request):
             pass
-        conv, last = outputs[5], outputs[6]
+        conv, last = outputs[7], outputs[8]
     assert [len(conv[name]) for name in ("plain", "speculative")] == [2, 2]
     messages = last["race"].lanes[0].messages
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
@@ -234,3 +269,13 @@ def test_send_handler_keeps_two_multi_turn_histories(server):
     plain_chat, spec_chat = outputs[0], outputs[1]
     assert len(plain_chat) == len(spec_chat) == 4
     assert 'data-identical="true"' in outputs[4]
+    race_chart, acceptance_chart = outputs[5], outputs[6]  # the race as a picture
+    assert sorted(set(race_chart["lane"])) == ["plain", "speculative"]
+    for lane in ("plain", "speculative"):
+        points = race_chart[race_chart["lane"] == lane]
+        assert points["tokens"].iloc[0] == 0 and points["seconds"].iloc[0] == 0.0
+        assert points["tokens"].iloc[-1] == len(last["race"].snapshot().panes[lane].token_ids)
+        assert points["seconds"].is_monotonic_increasing and points["tokens"].is_monotonic_increasing
+    spec = last["race"].snapshot().panes["speculative"].stats
+    assert acceptance_chart["rounds"].tolist() == [n for n, r in zip(
+        spec.position_drafted, spec.per_position_acceptance) if r is not None]

@@ -29,7 +29,7 @@ def register(sub) -> None:
     bench.add_argument("--system", default=None, help="system prompt")
     bench.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
     bench.add_argument("--device", default="auto")
-    bench.add_argument("--quantization", default=None, choices=["4bit", "8bit"])
+    bench.add_argument("--quantization", default=None, choices=["4bit", "8bit", "int8", "int4"])
     bench.add_argument("--trust-remote-code", action="store_true")
     bench.add_argument("--out", required=True, help="folder for bench.csv, bench.json, *.png, report.md")
     bench.set_defaults(func=cmd_bench)

@@ -1,0 +1,260 @@
+"""``python -m specdemo costs``: what a target forward costs on this machine, and the bound.
+
+Reports, for one target as loaded (dtype, quantisation, fast path):
+
+* ``forward_s``: median seconds of a forward over n = 1..N new tokens after ``context`` tokens
+  (:func:`specdemo.policy.measure_forward_s`, the table the adaptive draft length uses), and
+  ``forward_ratio`` = forward_s[n] / forward_s[1]: what verifying n - 1 drafted tokens costs in
+  one-token steps. Speculation pays when this stays near 1.
+* ``weight_bytes``: bytes of weights one forward reads (:func:`weight_bytes_per_forward`).
+* ``bandwidth_GBps``: memory bandwidth, from a timed copy of a tensor larger than any cache
+  (bytes read + bytes written, STREAM "Copy" convention), median of several.
+* ``bound_tokens_per_s`` = bandwidth / weight_bytes: the rate at which plain decoding would run
+  if reading the weights once per token were all it did.
+* ``plain_tokens_per_s``: measured plain greedy decoding after prefill (the engine's
+  ``decode_tokens_per_s``), and ``plain_vs_bound`` = its ratio to the bound.
+
+Timings on a shared machine move with its load: compare ratios from one run, and read
+``load_average`` (1-minute load of the host) and ``threads`` next to them. ``--clock cpu``
+(with ``--threads 1``) times with the thread's CPU clock instead of the wall clock: the work a
+forward does, without the time other processes held the core (memory bandwidth they take is
+still felt). The adaptive draft length and the app always use the wall clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+COPY_BYTES = 256 << 20  # 256 MiB: larger than the caches of desktop CPUs
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}  # cpu: this thread's CPU time
+
+
+@dataclass
+class CostReport:
+    """One ``costs`` run; field names are the JSON keys (metric names as in DESIGN.md)."""
+
+    target: str
+    device: str
+    dtype: str
+    quantization: str | None
+    threads: int
+    clock: str
+    context: int
+    forward_s: dict[int, float]
+    forward_ratio: dict[int, float | None]
+    weight_bytes: int
+    bandwidth_GBps: float
+    bound_tokens_per_s: float | None
+    plain_tokens_per_s: float | None
+    plain_vs_bound: float | None
+    load_average: float | None
+    fast_path: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _sync(device) -> None:
+    from .engine import _sync as sync
+    sync(device)
+
+
+def measure_bandwidth_GBps(device="cpu", nbytes: int = COPY_BYTES, repeats: int = 7,
+                          clock=time.perf_counter) -> float:
+    """Memory bandwidth in GB/s (1e9 bytes): 2 * nbytes / median seconds of ``dst.copy_(src)``.
+
+    Args:
+        device: where the tensors live (clocks are read after synchronising it).
+        nbytes: size of the copied tensor.
+        repeats: copies timed (after one warm-up copy).
+        clock: seconds counter (see :data:`CLOCKS`).
+    """
+    import torch
+    device = torch.device(device)
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = clock()
+        dst.copy_(src)
+        _sync(device)
+        times.append(clock() - start)
+    return 2 * src.numel() * 4 / statistics.median(times) / 1e9
+
+
+def tensor_bytes(tensor) -> int:
+    """Bytes a tensor holds; for tensor subclasses (torchao quantised weights) the sum over the
+    inner tensors they are made of (``__tensor_flatten__``)."""
+    import torch
+    flatten = getattr(type(tensor), "__tensor_flatten__", None)
+    if flatten is not None and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        names, _ = tensor.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(tensor, name)) for name in names)
+    return tensor.numel() * tensor.element_size()
+
+
+def weight_bytes_per_forward(model) -> int:
+    """Bytes of parameters one forward reads: every weight once (tied weights once), except an
+    input embedding that is not also the output head (a forward reads only its token rows).
+    Buffers (rotary frequencies, a few hundred bytes) are not counted."""
+    embedding = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    skip = set()
+    if embedding is not None and (head is None or head.weight is not embedding.weight):
+        skip.add(id(embedding.weight))
+    seen, total = set(), 0
+    for tensor in model.parameters():
+        if id(tensor) in seen or id(tensor) in skip:
+            continue
+        seen.add(id(tensor))
+        total += tensor_bytes(tensor)
+    return total
+
+
+def measure_plain_tokens_per_s(loaded, new_tokens: int = 48, context: int = 128,
+                               clock=time.perf_counter) -> float | None:
+    """Plain greedy decoding rate after prefill, through the engine: (new_tokens - 1) / (seconds
+    of a decode of ``new_tokens`` - seconds of a decode of 1 token), after a prompt of
+    ``context`` token ids (EOS does not stop it). With the wall clock this is the engine's
+    ``decode_tokens_per_s``."""
+    from .engine import generate
+    from .kv import KVModel
+    from .stats import ratio
+    kv = KVModel(loaded.model)
+    vocab = loaded.model.get_input_embeddings().num_embeddings
+    prompt = [i % vocab for i in range(1, context + 1)]
+    generate(kv, prompt[:8], loaded.tokenizer, max_new_tokens=4)  # warm-up
+    seconds = {}
+    for n in (1, new_tokens):
+        start = clock()
+        generate(kv, prompt, loaded.tokenizer, max_new_tokens=n)
+        seconds[n] = clock() - start
+    kv.reset()
+    return ratio(new_tokens - 1, seconds[new_tokens] - seconds[1])
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
+                  plain_tokens: int = 48, clock: str = "wall") -> CostReport:
+    """The cost table of an already loaded target (see the module docstring).
+
+    Args:
+        loaded: a :class:`specdemo.models.LoadedModel`.
+        max_n: widest forward timed.
+        context: tokens in the cache before each timed forward.
+        repeats: forwards timed per width (median kept).
+        plain_tokens: tokens decoded for ``plain_tokens_per_s``.
+        clock: "wall" or "cpu" (this thread's CPU time; meaningful with one torch thread).
+    Raises:
+        ValueError: an unknown clock, or "cpu" with more than one torch thread.
+    """
+    import torch
+    from .fastpath import fastpath_info
+    from .kv import KVModel
+    from .policy import measure_forward_s
+    from .stats import ratio
+    if clock not in CLOCKS:
+        raise ValueError(f"unknown clock {clock!r}; use wall or cpu")
+    if clock == "cpu" and (torch.get_num_threads() != 1 or loaded.device.type != "cpu"):
+        raise ValueError("--clock cpu needs --threads 1 on the CPU: the CPU time of several "
+                         "threads adds up their waiting, and a GPU's work is not CPU time")
+    tick = CLOCKS[clock]
+    kv = KVModel(loaded.model)
+    load_before = _load_average()
+    forward_s = measure_forward_s(kv, max_n, context=context, repeats=repeats, clock=tick)
+    bandwidth = measure_bandwidth_GBps(loaded.device, clock=tick)
+    plain = measure_plain_tokens_per_s(loaded, plain_tokens, context, clock=tick)
+    nbytes = weight_bytes_per_forward(loaded.model)
+    bound = ratio(bandwidth * 1e9, nbytes)
+    info = fastpath_info(loaded.model)
+    loads = [x for x in (load_before, _load_average()) if x is not None]
+    return CostReport(
+        target=loaded.spec, device=str(loaded.device), dtype=str(loaded.dtype).replace("torch.", ""),
+        quantization=getattr(loaded, "quantization", None), threads=torch.get_num_threads(),
+        clock=clock, context=context, forward_s=forward_s,
+        forward_ratio={n: ratio(s, forward_s[1]) for n, s in forward_s.items()},
+        weight_bytes=nbytes, bandwidth_GBps=bandwidth, bound_tokens_per_s=bound,
+        plain_tokens_per_s=plain,
+        plain_vs_bound=ratio(plain, bound) if plain is not None and bound else None,
+        load_average=max(loads) if loads else None,
+        fast_path=info.as_dict() if info else None)
+
+
+def format_report(r: CostReport) -> str:
+    """The report as a few lines and a table (the README shows this)."""
+    def f(x, spec=".2f"):
+        return "n/a" if x is None else format(x, spec)
+    lines = [f"{r.target} on {r.device}, {r.dtype}"
+             + (f", {r.quantization}" if r.quantization else "")
+             + f", {r.threads} threads, {r.clock} clock, context {r.context}, "
+             f"load average {f(r.load_average)}",
+             f"weight_bytes {r.weight_bytes:,}  bandwidth_GBps {r.bandwidth_GBps:.1f}  "
+             f"bound_tokens_per_s {f(r.bound_tokens_per_s, '.1f')}  "
+             f"plain_tokens_per_s {f(r.plain_tokens_per_s, '.1f')}  "
+             f"plain_vs_bound {f(r.plain_vs_bound)}",
+             "", "| n | forward_s (ms) | / n=1 |", "|---|---|---|"]
+    for n, s in r.forward_s.items():
+        lines.append(f"| {n} | {s * 1000:.1f} | {f(r.forward_ratio[n])} |")
+    if r.fast_path:
+        fp = r.fast_path
+        lines.append("")
+        lines.append(f"fast path: {'on' if fp['applied'] else 'off (' + fp['reason'] + ')'}"
+                     + (f", kernels by rows {fp['kernels']}" if fp["applied"] else ""))
+    return "\n".join(lines)
+
+
+def register(sub) -> None:
+    from .quantize import QUANTIZATION_CHOICES
+    p = sub.add_parser("costs", help="forward-cost table n=1..N, memory bandwidth and bound")
+    p.add_argument("--target", default="builtin:smollm2-135m")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_CHOICES))
+    p.add_argument("--max-n", type=int, default=16, help="widest forward timed (default 16)")
+    p.add_argument("--context", type=int, default=128, help="cached tokens before each forward")
+    p.add_argument("--repeats", type=int, default=5, help="forwards timed per width (median)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--clock", default="wall", choices=list(CLOCKS),
+                   help="wall (default) or cpu: this thread's CPU time, for a shared machine "
+                        "(needs --threads 1)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_costs)
+
+
+def cmd_costs(args: argparse.Namespace) -> int:
+    from .models import ModelLoadError, load_model
+    if args.max_n < 1 or args.context < 1:
+        print("error: --max-n and --context must be >= 1", file=sys.stderr)
+        return 2
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    try:
+        loaded = load_model(args.target, args.device, args.dtype, quantization=args.quantization,
+                            trust_remote_code=args.trust_remote_code)
+    except ModelLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = measure_costs(loaded, args.max_n, args.context, args.repeats, clock=args.clock)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_dict()) if args.json else format_report(report))
+    return 0

@@ -1,0 +1,134 @@
+"""What people type, checked once for the command line, the ``/race`` API and the page.
+
+Each function returns the clean value or raises :class:`InputError`, whose message names the
+field, says what was wrong and lists the valid values, so that no raw Python message ("could not
+convert string to float", "'utf-8' codec can't encode ...") reaches a user. The CLI turns it into
+an argparse error (exit status 2), the API and the page into ``gr.Error``.
+"""
+
+from __future__ import annotations
+
+import math
+
+DRAFT_LENGTH_MAX = 64  # the engine's limit (policy.make_policy)
+NON_MODEL_DRAFT_FORMS = ("none", "ngram", "self", "early-exit:<layers>")
+
+
+class InputError(ValueError):
+    """A value a person gave that cannot be used; the message says which field and why."""
+
+
+def text(field: str, value, *, required: bool = True) -> str:
+    """A string that can be encoded as UTF-8 (a lone surrogate cannot: it comes from a shell byte
+    escape or a broken paste, and tokenizers fail on it with a TypeError).
+
+    Raises:
+        InputError: not a string, not encodable, or empty when ``required``.
+    """
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        raise InputError(f"{field} must be text, got {type(value).__name__} {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{field} has a character that is not valid text at position "
+                         f"{exc.start} ({ascii(value[exc.start:exc.end])}, half of a surrogate "
+                         "pair, e.g. from a shell byte escape or a broken paste): remove or "
+                         "retype it") from None
+    if required and not value.strip():
+        raise InputError(f"the {field} is empty: type something to send")
+    return value
+
+
+def number(field: str, value, *, minimum: float | None = None, maximum: float | None = None,
+           integer: bool = False, above: float | None = None) -> float | int:
+    """A finite number (an integer when ``integer``) within the given bounds.
+
+    Args:
+        minimum, maximum: inclusive bounds; above: exclusive lower bound.
+    Raises:
+        InputError: not a number, not whole when ``integer``, or out of bounds (the message
+            gives the valid range).
+    """
+    bounds = _range_text(minimum, maximum, above, integer)
+    kind = "a whole number" if integer else "a number"
+    try:
+        parsed = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise InputError(f"{field} must be {kind}{bounds}, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(parsed) or (integer and parsed != int(parsed)):
+        raise InputError(f"{field} must be {kind}{bounds}, got {value!r}")
+    if ((minimum is not None and parsed < minimum) or (maximum is not None and parsed > maximum)
+            or (above is not None and parsed <= above)):
+        raise InputError(f"{field} must be {kind}{bounds}, got {value!r}")
+    return int(parsed) if integer else parsed
+
+
+def _range_text(minimum, maximum, above, integer: bool) -> str:
+    show = (lambda x: f"{x:g}") if not integer else (lambda x: str(int(x)))
+    if above is not None and maximum is not None:
+        return f" above {show(above)} and at most {show(maximum)}"
+    if minimum is not None and maximum is not None:
+        return f" from {show(minimum)} to {show(maximum)}"
+    if minimum is not None:
+        return f" of at least {show(minimum)}"
+    if above is not None:
+        return f" above {show(above)}"
+    return ""
+
+
+def draft_length(field: str, value) -> int | str:
+    """``"auto"`` or an integer k in 1..64 (given as an int or as text).
+
+    Raises:
+        InputError: anything else (0 included: it is not a way to say ``auto``).
+    """
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return number(field, value, minimum=1, maximum=DRAFT_LENGTH_MAX, integer=True)
+    except InputError:
+        raise InputError(f"{field} must be 'auto' or a whole number from 1 to {DRAFT_LENGTH_MAX}, "
+                         f"got {value!r}") from None
+
+
+def preset(name: str, names: list[str]) -> str:
+    """One of the preset ``names``.
+
+    Raises:
+        InputError: an unknown name (the message lists the valid ones).
+    """
+    if name not in names:
+        raise InputError(f"preset {name!r} does not exist; valid presets: "
+                         + (", ".join(names) or "none (presets/ is empty)"))
+    return name
+
+
+def draft(field: str, spec) -> str:
+    """A draft spec in one of the accepted forms (DESIGN.md, "Command line").
+
+    Names that are not models are checked here (``early-exit:`` needs a layer count >= 1,
+    ``builtin:`` a built-in name); a model spec is checked when it is loaded, which a race does
+    for both lanes before either runs.
+
+    Raises:
+        InputError: a malformed spec (the message lists the forms and the built-in names).
+    """
+    from .models import builtin_names
+    spec = text(field, spec).strip()
+    forms = (", ".join(NON_MODEL_DRAFT_FORMS) + ", builtin:<name> ("
+             + ", ".join(builtin_names()) + "), a local model folder, a .gguf file or a Hugging "
+             "Face id like org/name")
+    if spec.startswith("early-exit"):
+        _, _, layers = spec.partition(":")
+        if not layers.isdigit() or int(layers) < 1:
+            raise InputError(f"{field} {spec!r}: early-exit needs a layer count of at least 1, "
+                             f"e.g. early-exit:8; valid forms: {forms}")
+    elif spec.startswith("builtin:") and spec.split(":", 1)[1] not in builtin_names():
+        from .drafters.learned import BUILTIN_DRAFTERS, COMBINE
+        if spec.split(":", 1)[1].removesuffix(COMBINE) not in BUILTIN_DRAFTERS:
+            raise InputError(f"{field} {spec!r} is not a built-in model or drafter; valid forms: "
+                             f"{forms}; built-in drafters: "
+                             + ", ".join(f"builtin:{n}" for n in BUILTIN_DRAFTERS))
+    return spec

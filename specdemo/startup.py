@@ -1,0 +1,248 @@
+"""The slow steps before a first token, named and estimated, for the page and the command line.
+
+A step is one slow thing: converting a built-in model's GGUF weights (once per machine), loading
+a model, warming it up, measuring its forward costs (for draft length ``auto``), reading a draft's
+tokenizer to check it. Code that does one wraps it in ``STEPS.step(key, name, estimate_s)``; the
+page draws ``STEPS.current()`` as a progress bar with the step's name and estimate, and the
+command line prints each step as it starts and ends (:func:`printed`).
+
+Estimates: the duration this machine took last time (remembered in
+``cache_dir()/step-times.json``), else the caller's guess. A conversion is guessed from the GGUF
+size: measured on a 2-core CPU, SmolLM2-135M (98 MB Q4_1) converts in ~25 s, so 4 MB/s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, TextIO
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
+
+CONVERT_BYTES_PER_S = 4e6  # GGUF bytes converted per second on a 2-core CPU (see module doc)
+TIMES_FILE = "step-times.json"
+GUESS_S = {"load": 3.0, "warm-up": 3.0, "forward costs": 8.0, "tokenizer": 10.0}
+MIN_REMEMBER_S = 0.05  # faster than this was a cache hit (a model already in memory): no lesson
+
+
+@dataclass(frozen=True)
+class StepView:
+    """A step in progress.
+
+    Attributes:
+        name: what is happening, for people ("converting builtin:smollm2-135m ...").
+        elapsed_s: seconds since it started.
+        estimate_s: expected seconds in all (None when unknown).
+    """
+
+    name: str
+    elapsed_s: float
+    estimate_s: float | None
+
+    @property
+    def fraction(self) -> float | None:
+        """elapsed / estimate, kept below 1 while the step runs (None without an estimate)."""
+        if not self.estimate_s:
+            return None
+        return min(self.elapsed_s / self.estimate_s, 0.95)
+
+
+@dataclass(frozen=True)
+class DoneStep:
+    """A finished step: its name, how long it took (seconds) and whether it failed."""
+
+    name: str
+    seconds: float
+    failed: bool = False
+
+
+def _times_path() -> Path:
+    from .models import cache_dir
+    return cache_dir() / TIMES_FILE
+
+
+def remembered_s(key: str) -> float | None:
+    """Seconds the step ``key`` took last time on this machine, or None."""
+    try:
+        value = json.loads(_times_path().read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def remember_s(key: str, seconds: float) -> None:
+    """Store a step's duration for the next estimate (best effort: a read-only cache is fine)."""
+    path = _times_path()
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        data = data if isinstance(data, dict) else {}
+        data[key] = round(seconds, 2)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(f.name, path)
+    except (OSError, ValueError):
+        pass
+
+
+Listener = Callable[[str, "StepView | DoneStep"], None]
+
+
+class Steps:
+    """Steps in progress (thread-safe); nested steps show the innermost one."""
+
+    def __init__(self, keep: int = 12) -> None:
+        self._lock = threading.Lock()
+        self._active: list[tuple[str, float, float | None]] = []  # (name, start, estimate_s)
+        self._done: list[DoneStep] = []
+        self._keep = keep
+        self._listeners: list[Listener] = []
+
+    @contextlib.contextmanager
+    def step(self, key: str, name: str, estimate_s: float | None = None) -> Iterator[None]:
+        """Run the block as a named step.
+
+        Args:
+            key: identifies the step across runs (for the remembered duration), e.g.
+                ``"convert builtin:smollm2-135m"``.
+            name: what the page and the command line say.
+            estimate_s: a guess used when this machine has no remembered duration.
+        """
+        estimate = remembered_s(key) or estimate_s
+        entry = (name, time.monotonic(), estimate)
+        with self._lock:
+            self._active.append(entry)
+        self._tell("start", StepView(name, 0.0, estimate))
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            seconds = time.monotonic() - entry[1]
+            with self._lock:
+                self._active.remove(entry)
+                self._done = (self._done + [DoneStep(name, seconds, failed)])[-self._keep:]
+            if not failed and seconds >= MIN_REMEMBER_S:
+                remember_s(key, seconds)
+            self._tell("end", DoneStep(name, seconds, failed))
+
+    def current(self) -> StepView | None:
+        """The innermost step running now, or None."""
+        with self._lock:
+            if not self._active:
+                return None
+            name, start, estimate = self._active[-1]
+        return StepView(name, time.monotonic() - start, estimate)
+
+    def recent(self, n: int = 6) -> list[DoneStep]:
+        """The last ``n`` finished steps, oldest first."""
+        with self._lock:
+            return list(self._done[-n:])
+
+    @contextlib.contextmanager
+    def listening(self, listener: Listener) -> Iterator[None]:
+        """Call ``listener("start", StepView)`` / ``listener("end", DoneStep)`` within the block."""
+        with self._lock:
+            self._listeners.append(listener)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._listeners.remove(listener)
+
+    def _tell(self, event: str, what) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(event, what)
+
+
+STEPS = Steps()
+
+
+def about(seconds: float | None) -> str:
+    """``"about 25 s"``, ``"about 2 min"``; empty when unknown."""
+    if seconds is None:
+        return ""
+    return f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.0f} min"
+
+
+@contextlib.contextmanager
+def printed(stream: TextIO | None = None) -> Iterator[None]:
+    """Print each step to ``stream`` (default stderr) as it starts and ends."""
+    out = stream or sys.stderr
+
+    def show(event: str, what) -> None:
+        if event == "start":
+            estimate = about(what.estimate_s)
+            print(f"… {what.name}" + (f" ({estimate})" if estimate else ""), file=out, flush=True)
+        else:
+            print(f"{'✗' if what.failed else '✓'} {what.name}: {what.seconds:.1f} s", file=out,
+                  flush=True)
+    with STEPS.listening(show):
+        yield
+
+
+def load_model(spec: str, device: str = "auto", dtype: str = "auto", **kwargs):
+    """``models.load_model`` with its slow parts as steps: converting a built-in (once), loading.
+
+    Raises:
+        ModelLoadError: as ``models.load_model``.
+    """
+    from . import models
+    reason = models.builtin_conversion_needed(spec)
+    if reason is not None:
+        guess = models.builtin_source_bytes(spec) / CONVERT_BYTES_PER_S
+        with STEPS.step(f"convert {spec}",
+                        f"locating and converting {spec}'s weights (once; {reason})", guess):
+            models.convert_builtin(spec)
+    with STEPS.step(f"load {spec} {dtype} {device}", f"loading {spec}", GUESS_S["load"]):
+        return models.load_model(spec, device, dtype, **kwargs)
+
+
+_WARM: "weakref.WeakSet" = weakref.WeakSet()  # models warmed plainly, pipelines speculatively
+_COSTED: "weakref.WeakSet[Pipeline]" = weakref.WeakSet()  # pipelines with measured forward costs
+
+
+def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi") -> None:
+    """Decode a few tokens, untimed, before a timed decode in that mode, so that one-time costs
+    (first forwards, allocator growth, kernel selection) do not land in the first race's runs:
+    plainly once per target model, speculatively once per pipeline. A named step (~1 s on
+    2 cores once the model has run; the very first forwards take a few seconds).
+
+    Call it on the device thread, just before the decode it prepares: a first plain run then
+    waits for nothing the speculative run needs (the forward costs that draft length ``auto``
+    needs come separately, from :func:`measure_forward_costs`).
+    """
+    from .pipeline import DecodeSettings
+    key = pipe if speculative else pipe.target.model
+    if key in _WARM or (speculative and pipe.draft_spec == "none"):
+        return
+    mode = f" with draft {pipe.draft_spec}" if speculative else ""
+    with STEPS.step(f"warm-up {pipe.target.spec}{mode}", f"warming up {pipe.target.spec}{mode}",
+                    GUESS_S["warm-up"]):
+        settings = DecodeSettings(max_new_tokens=3, draft_length=2)  # prefill, then 2 rounds
+        for _ in pipe.stream(pipe.prompt_ids(prompt), settings, speculative):
+            pass
+    _WARM.add(key)
+
+
+def measure_forward_costs(pipe: Pipeline) -> None:
+    """Measure what a target forward over n tokens costs on this machine (draft length ``auto``
+    needs it), once per pipeline, as a named step; call it on the device thread."""
+    if pipe in _COSTED:
+        return
+    with STEPS.step(f"forward costs {pipe.target.spec}",
+                    f"measuring what a forward over n tokens costs {pipe.target.spec} here "
+                    "(once, for draft length auto)", GUESS_S["forward costs"]):
+        pipe.forward_costs()
+    _COSTED.add(pipe)

@@ -1,0 +1,152 @@
+"""State the page's handlers share: the load lock, the pipeline cache, presets, and getting
+the preset's models ready before the first Send (with the steps shown as progress).
+
+Nothing is loaded at import. :func:`start_preload` loads the preset's models in the background
+(``python app.py`` calls it at start, an opening page calls it too); :func:`follow_startup` is the
+page's progress panel while that runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from . import race as racing
+from .race import PipelineCache
+from .startup import STEPS, warm_up
+from .ui_format import startup_html
+
+FALLBACK_TARGET = "builtin:smollm2-135m"
+
+# Held by every model or tokenizer load (Load, draft checks) and by a race for its whole run:
+# nothing else takes the CPU or device from a decode being timed.
+LOAD_LOCK = threading.RLock()
+CACHE = PipelineCache(lock=LOAD_LOCK)
+_READY = threading.Event()  # set when the preload has finished (or failed)
+_PRELOAD: dict[str, Any] = {"started": False, "error": None}
+_PRELOAD_LOCK = threading.Lock()
+_IMPORTED = threading.Event()
+
+
+def _presets() -> tuple[list, str | None]:
+    """(presets, error message or None); a broken preset file must not break the page."""
+    from .presets import PresetError, list_presets
+    try:
+        return list(list_presets()), None
+    except PresetError as exc:
+        return [], str(exc)
+
+
+def _pairing(preset_name: str | None) -> dict:
+    """target, draft, draft_length, dtype, quantization of a preset (or the built-in fallback)."""
+    presets, _ = _presets()
+    for p in presets:
+        if p.name == preset_name:
+            return {"target": p.target, "draft": p.draft, "draft_length": p.draft_length,
+                    "dtype": p.dtype, "quantization": p.quantization, "preset": p}
+    return {"target": FALLBACK_TARGET, "draft": "ngram", "draft_length": "auto",
+            "dtype": "float32", "quantization": "none", "preset": None}
+
+
+def _default_preset_name(name: str | None) -> str | None:
+    from .presets import PresetError, default_preset
+    if name:
+        return name
+    try:
+        return default_preset().name
+    except PresetError:
+        return None
+
+
+def engine_imports() -> None:
+    """Import torch, transformers and the engine once, under the load lock.
+
+    transformers resolves its names lazily and that is not thread-safe: two handlers importing
+    it at once (a draft check and a race) can fail with "cannot import name 'AutoTokenizer'".
+    Once done it returns at once, without waiting for a model load that holds the lock.
+    """
+    if _IMPORTED.is_set():
+        return
+    with LOAD_LOCK:
+        import transformers
+
+        from . import compat, models, pipeline  # noqa: F401
+        transformers.AutoTokenizer, transformers.AutoModelForCausalLM, transformers.AutoConfig
+        _IMPORTED.set()
+
+
+def model_status(preset_name: str | None, draft: str | None) -> str:
+    """Which models of this pairing are loaded (never loads)."""
+    p = _pairing(preset_name)
+    draft = draft or p["draft"]
+    pipe = CACHE.loaded(p["target"], draft, p["dtype"], p["quantization"])
+    plain = pipe or CACHE.loaded(p["target"], "none", p["dtype"], p["quantization"])
+    if plain is None:
+        when = ("loading now: see the progress above the panes" if _PRELOAD["started"]
+                and not _READY.is_set() else "loads on first Send or with Load")
+        return f"Models: `{p['target']}` not loaded yet ({when})."
+    t = plain.target
+    line = (f"Models: `{t.spec}` loaded ({str(t.dtype).replace('torch.', '')} on {t.device}, "
+            f"{t.load_s:.1f} s)")
+    if pipe is None:
+        return line + f"; draft `{draft}` not loaded yet."
+    if pipe.draft is not None:
+        line += f"; draft `{pipe.draft.spec}` loaded ({pipe.draft.load_s:.1f} s)"
+    else:
+        line += f"; draft `{draft}` ready"
+    return line + "."
+
+
+def preload(preset_name: str | None = None) -> str:
+    """Load the preset's target and draft and warm them up, each a named step
+    (:data:`specdemo.startup.STEPS`) that the page and the command line show. Sets the ready
+    event (also on failure, keeping the error).
+
+    Returns:
+        The model status line.
+    """
+    preset_name = _default_preset_name(preset_name)
+    p = _pairing(preset_name)
+    try:
+        engine_imports()
+        # One device job per step: a Send pressed meanwhile is queued after the step running
+        # now, so a first race waits for the plain run's model, not for what only the
+        # speculative run needs. The forward costs of draft length auto (51 forwards, seconds
+        # to minutes on a busy CPU) are measured by the first race that needs them, between
+        # its plain and its speculative run, so they never delay a first token.
+        plain = CACHE.get(p["target"], "none", p["dtype"], p["quantization"])
+        racing.DEVICE.call(lambda: warm_up(plain))
+        pipe = CACHE.get(p["target"], p["draft"], p["dtype"], p["quantization"])
+        racing.DEVICE.call(lambda: warm_up(pipe, speculative=True))
+    except Exception as exc:  # ModelLoadError, incompatible draft, out of memory: shown, kept
+        _PRELOAD["error"] = racing.describe_error(exc)
+    finally:
+        _READY.set()
+    return model_status(preset_name, p["draft"])
+
+
+def start_preload(preset_name: str | None = None) -> threading.Event:
+    """Start :func:`preload` in a background thread, once per process; returns the ready event.
+    ``python app.py`` calls it at start, and an opening page calls it too (for other launchers)."""
+    with _PRELOAD_LOCK:
+        if not _PRELOAD["started"]:
+            _PRELOAD["started"] = True
+            threading.Thread(target=preload, args=(preset_name,), name="preload",
+                             daemon=True).start()
+    return _READY
+
+
+def wait_until_ready() -> None:
+    """Block until the preload has finished, when one was started (else return at once)."""
+    if _PRELOAD["started"]:
+        _READY.wait()
+
+
+def follow_startup(preset_name: str | None):
+    """The page's progress panel while the models get ready: the step in progress with its
+    estimate, every half second, until ready (then one last update and the handler ends, so an
+    idle page costs nothing)."""
+    ready = start_preload(preset_name)
+    while not ready.wait(0.5):
+        yield startup_html(STEPS.current(), STEPS.recent(), ready=False)
+    yield startup_html(None, STEPS.recent(), ready=True, error=_PRELOAD["error"])

@@ -1,0 +1,81 @@
+"""Issue 12 item 4: presets recommend what runs here, check prints target and draft in the order
+given, run and compare say which draft length they used."""
+
+import json
+
+import pytest
+
+from specdemo import compat, presets
+from specdemo.cli import main
+from specdemo.decode_cli import draft_length_text, format_stats
+from specdemo.stats import DecodeStats
+
+
+@pytest.fixture
+def empty_hub_cache(tmp_path, monkeypatch):
+    """No hub model is cached (the hub presets all need downloads)."""
+    import huggingface_hub.constants as constants
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+def test_unreachable_hub_recommends_a_preset_that_runs_offline(empty_hub_cache, monkeypatch, capsys):
+    import specdemo.models as models
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout_s=5.0: False)
+    assert main(["presets", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    chosen = next(p for p in out["presets"] if p["name"] == out["recommended"])
+    assert chosen["to_download"] == [] and chosen["fits"] is True
+    assert out["hub_unavailable"] == "the model hub (huggingface.co) is not reachable from this machine"
+    assert out["reasons"][0].startswith(out["hub_unavailable"] + ": recommended among the presets "
+                                        "whose models are on this machine already")
+    assert main(["presets"]) == 0
+    text = capsys.readouterr().out
+    assert "[needs the hub: unreachable]" in text and "[downloads on first use]" not in text
+
+
+def test_reachable_hub_keeps_download_presets_in_the_running(empty_hub_cache, monkeypatch, capsys):
+    import specdemo.models as models
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout_s=5.0: True)
+    assert main(["presets", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["hub_unavailable"] is None
+    assert not any("not reachable" in r for r in out["reasons"])
+    assert presets.hub_unavailable() is None
+
+
+def test_check_prints_target_then_draft(monkeypatch, capsys):
+    monkeypatch.setattr(compat, "check_specs", lambda target, draft, **kw: compat.Verdict(
+        "incompatible", [f"checked {target} with draft {draft}"]))
+    assert main(["check", "--target", "T/one", "--draft", "D/two"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "target T/one, draft D/two: incompatible"
+    assert out[1] == "  - checked T/one with draft D/two"
+
+
+def test_run_and_compare_say_the_policy_and_the_k_used():
+    s = DecodeStats(new_tokens=20, ttft_s=0.1, elapsed_s=1.0)
+    for k in (8, 3, 0, 0):
+        s.record_round(k, min(k, 2))
+    assert draft_length_text("auto", s) == "auto (k used: mean 2.8, range 0-8, over 4 rounds)"
+    assert draft_length_text(4, DecodeStats()) == "4 (no verification round)"
+    assert format_stats("speculative", s, "auto").splitlines()[-1] == (
+        "    draft_length=auto (k used: mean 2.8, range 0-8, over 4 rounds)")
+    assert "draft_length" not in format_stats("plain", DecodeStats(new_tokens=3))
+
+
+def test_bench_loads_through_the_shared_path_without_a_draft_length(monkeypatch, capsys):
+    """``bench`` has --draft-lengths, not --draft-length; loading (with its printed steps) must
+    not need it."""
+    from argparse import Namespace
+
+    import specdemo.startup as startup
+    from specdemo.decode_cli import pipeline_from_args
+    from test_race import FakeLoaded
+    from tiny import tiny_llama
+    loaded = FakeLoaded(tiny_llama(seed=0, layers=1))
+    monkeypatch.setattr(startup, "load_model", lambda spec, *a, **k: loaded)
+    args = Namespace(target="t", draft="ngram", device="cpu", dtype="auto", quantization=None,
+                     trust_remote_code=False)
+    assert pipeline_from_args(args).draft_spec == "ngram"

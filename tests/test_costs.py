@@ -1,0 +1,74 @@
+"""``python -m specdemo costs``: the JSON shape, the byte count and the guarded ratios."""
+
+import json
+
+import pytest
+import torch
+
+from specdemo import costs, models
+from specdemo.cli import main
+from specdemo.models import LoadedModel
+from tiny import CharTokenizer, tiny_llama
+
+KEYS = {"target", "device", "dtype", "quantization", "threads", "clock", "context", "forward_s",
+        "forward_ratio", "weight_bytes", "bandwidth_GBps", "bound_tokens_per_s",
+        "plain_tokens_per_s", "plain_vs_bound", "load_average", "fast_path", "notes"}
+
+
+def _loaded(model) -> LoadedModel:
+    return LoadedModel("tiny", model, CharTokenizer(), torch.device("cpu"), torch.float32, 0.0,
+                       "test")
+
+
+def _untied_bytes(model) -> int:
+    """Every parameter except the input embedding (a forward reads only its token rows)."""
+    return 4 * sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+
+
+def test_weight_bytes_skip_the_input_embedding_unless_it_is_the_head():
+    model = tiny_llama(seed=0, vocab_size=32, layers=2, hidden=32)
+    assert costs.weight_bytes_per_forward(model) == _untied_bytes(model)
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied: the head reads all of it once
+    params = {id(p): p for p in model.parameters()}.values()
+    assert costs.weight_bytes_per_forward(model) == 4 * sum(p.numel() for p in params)
+
+
+def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys):
+    model = tiny_llama(seed=0, layers=2)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: _loaded(model))
+    monkeypatch.setattr(costs, "measure_bandwidth_GBps", lambda *a, **k: 8.0)
+    assert main(["costs", "--target", "tiny", "--max-n", "4", "--context", "8",
+                 "--repeats", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == KEYS
+    assert list(out["forward_s"]) == ["1", "2", "3", "4"]  # JSON object keys are strings
+    assert all(s > 0 for s in out["forward_s"].values())
+    assert out["forward_ratio"]["1"] == 1.0
+    assert out["forward_ratio"]["3"] == pytest.approx(out["forward_s"]["3"] / out["forward_s"]["1"])
+    assert out["weight_bytes"] == _untied_bytes(model)
+    assert out["bandwidth_GBps"] == 8.0
+    assert out["bound_tokens_per_s"] == pytest.approx(8e9 / out["weight_bytes"])
+    assert out["plain_vs_bound"] == pytest.approx(out["plain_tokens_per_s"] / out["bound_tokens_per_s"])
+    assert (out["context"], out["dtype"], out["quantization"]) == (8, "float32", None)
+    assert out["threads"] == torch.get_num_threads()
+    assert out["fast_path"] is None  # not loaded through load_model: nothing was patched
+
+
+def test_costs_table_and_refusals(monkeypatch, capsys):
+    report = costs.CostReport("t", "cpu", "float32", None, 2, "wall", 16, {1: 0.01, 2: 0.012},
+                              {1: 1.0, 2: 1.2}, 1000, 7.5, 7.5e6, None, None, 0.5)
+    text = costs.format_report(report)
+    assert "| 2 | 12.0 | 1.20 |" in text and "plain_tokens_per_s n/a" in text
+    assert main(["costs", "--max-n", "0"]) == 2
+    assert "--max-n and --context must be >= 1" in capsys.readouterr().err
+
+    def refuse(*a, **k):
+        raise models.ModelLoadError("int4 uses torchao's CPU int4 kernel; on cuda use 4bit")
+    monkeypatch.setattr(models, "load_model", refuse)
+    assert main(["costs", "--quantization", "int4", "--device", "cpu"]) == 2
+    assert "int4 uses torchao's CPU int4 kernel" in capsys.readouterr().err
+
+
+def test_bandwidth_is_positive_and_finite():
+    gbps = costs.measure_bandwidth_GBps("cpu", nbytes=8 << 20, repeats=2)
+    assert 0 < gbps < 1e4

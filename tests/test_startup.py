@@ -1,0 +1,132 @@
+"""Issue 12 item 1: the slow steps before a first token are named, estimated, remembered and
+printed; a first plain run waits for nothing only the speculative run needs; the GGUF is parsed
+once per conversion and converts to the same weights."""
+
+import io
+import threading
+import time
+
+import pytest
+import torch
+
+from specdemo import startup
+from specdemo.pipeline import DecodeSettings, Pipeline
+from specdemo.race import LOADING, PLAIN, SPECULATIVE, Lane, Race
+from specdemo.startup import Steps
+from test_race import PROMPT, FakeLoaded
+from tiny import tiny_llama
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_a_step_is_estimated_from_the_last_time_it_ran(cache):
+    steps = Steps()
+    with steps.step("convert x", "converting x", estimate_s=30.0):
+        assert steps.current().name == "converting x" and steps.current().estimate_s == 30.0
+        with steps.step("inner", "inner step"):
+            assert steps.current().name == "inner step"  # the innermost step shows
+        assert steps.current().name == "converting x"
+        time.sleep(startup.MIN_REMEMBER_S)
+    assert steps.current() is None
+    remembered = startup.remembered_s("convert x")
+    assert remembered is not None and remembered < 1.0  # this machine's time, not the guess
+    with steps.step("convert x", "converting x", estimate_s=30.0):
+        assert steps.current().estimate_s == remembered
+    assert [d.name for d in steps.recent()] == ["inner step", "converting x", "converting x"]
+
+
+def test_a_failed_or_instant_step_teaches_nothing(cache, monkeypatch):
+    steps = Steps()
+    with pytest.raises(RuntimeError):
+        with steps.step("load y", "loading y", estimate_s=3.0):
+            raise RuntimeError("broken")
+    assert startup.remembered_s("load y") is None and steps.recent()[-1].failed
+    monkeypatch.setattr(startup, "MIN_REMEMBER_S", 10.0)  # a cache hit: far below a real load
+    with steps.step("load y", "loading y", estimate_s=3.0):
+        pass
+    assert startup.remembered_s("load y") is None
+
+
+def test_the_command_line_prints_each_step(cache, monkeypatch):
+    steps = Steps()
+    monkeypatch.setattr(startup, "STEPS", steps)
+    out = io.StringIO()
+    with startup.printed(out):
+        with steps.step("k", "warming up m", estimate_s=3.0):
+            pass
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "… warming up m (about 3 s)"
+    assert lines[1].startswith("✓ warming up m: ") and lines[1].endswith(" s")
+    assert startup.about(150) == "about 2 min" and startup.about(None) == ""
+
+
+def test_the_first_plain_run_waits_for_nothing_only_the_speculative_run_needs(cache):
+    """Warm-ups and forward costs come just before the decode that needs them, as steps: the
+    plain run's first token does not wait for the speculative warm-up or auto's cost table."""
+    loaded = FakeLoaded(tiny_llama(seed=1, layers=2, vocab_size=80), vocab_size=80)
+    seen = []
+    steps = Steps()
+    original = startup.STEPS
+    startup.STEPS = steps
+    try:
+        with steps.listening(lambda event, what: event == "start" and seen.append(what.name)):
+            plain, spec = Pipeline(loaded, "none"), Pipeline(loaded, "ngram")
+            messages = [{"role": "user", "content": PROMPT}]
+            race = Race([Lane(PLAIN, False, lambda: plain, messages),
+                         Lane(SPECULATIVE, True, lambda: spec, messages)],
+                        DecodeSettings(max_new_tokens=8, draft_length="auto"))
+            assert race.snapshot().panes[PLAIN].status == "waiting"
+            race.start()
+            assert race.snapshot().panes[PLAIN].status in (LOADING, "running", "done")
+            final = list(race.run())[-1]
+    finally:
+        startup.STEPS = original
+    assert final.panes[PLAIN].status == final.panes[SPECULATIVE].status == "done"
+    assert seen == ["warming up tiny", "warming up tiny with draft ngram",
+                    "measuring what a forward over n tokens costs tiny here (once, for draft "
+                    "length auto)"]
+    # the plain run's steps were recorded before any speculative preparation started
+    assert race.records[PLAIN].steps[-1].stats.new_tokens == 8
+
+
+def test_start_preload_runs_once_and_reports_failure(monkeypatch):
+    from specdemo import ui_state
+    calls = []
+    monkeypatch.setattr(ui_state, "_PRELOAD", {"started": False, "error": None})
+    monkeypatch.setattr(ui_state, "_READY", threading.Event())
+
+    def fake_preload(name):
+        calls.append(name)
+        ui_state._PRELOAD["error"] = "could not load x"
+        ui_state._READY.set()
+    monkeypatch.setattr(ui_state, "preload", fake_preload)
+    ready = ui_state.start_preload("p")
+    assert ui_state.start_preload("q") is ready
+    assert ready.wait(10) and calls == ["p"]
+    panel = list(ui_state.follow_startup("p"))
+    assert len(panel) == 1 and "could not load x" in panel[0] and 'data-state="error"' in panel[0]
+
+
+@pytest.mark.slow
+def test_gguf_parsed_once_converts_to_the_same_weights():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdemo import models
+    from specdemo.ggufread import shared_reading
+    gguf = models._locate_parts(models.BUILTINS["smollm2-135m"])[0]
+    with shared_reading():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        fast = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                    dtype=torch.float32).state_dict()
+    import gguf as gguf_module
+    assert gguf_module.GGUFReader.__name__ == "GGUFReader"  # restored
+    ref_tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    ref = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                               dtype=torch.float32).state_dict()
+    assert fast.keys() == ref.keys() and all(torch.equal(fast[k], ref[k]) for k in ref)
+    text = "The quick brown fox 🦩 jumps"
+    assert tok.encode(text) == ref_tok.encode(text) and tok.chat_template == ref_tok.chat_template

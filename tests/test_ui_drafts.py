@@ -1,0 +1,54 @@
+"""The draft list never blocks the page while it is checked (issue 11 item 1): a race does not
+wait for a compatibility check, and a draft picked meanwhile is kept."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+
+from specdemo import compat, ui  # noqa: E402
+from specdemo.compat import COMPATIBLE, Verdict  # noqa: E402
+
+
+def test_a_race_does_not_wait_for_a_draft_check(monkeypatch):
+    started, release = threading.Event(), threading.Event()
+
+    def slow_check(target, draft, **kwargs):
+        started.set()
+        release.wait(30)
+        return Verdict(COMPATIBLE, ["fine"])
+    monkeypatch.setattr(compat, "check_specs", slow_check)
+    monkeypatch.setattr(ui, "_VERDICTS", {})
+    checking = threading.Thread(target=ui._verdict, args=("builtin:t", "builtin:d"), daemon=True)
+    checking.start()
+    try:
+        assert started.wait(30)
+        got = ui.LOAD_LOCK.acquire(timeout=2)  # what a race takes first (Race.device_lock)
+        assert got, "a race would wait for the draft check"
+        ui.LOAD_LOCK.release()
+    finally:
+        release.set()
+        checking.join(30)
+    assert ui._VERDICTS[("builtin:t", "builtin:d")].status == COMPATIBLE
+
+
+def test_the_draft_checks_show_no_spinner_over_the_draft_list():
+    """gradio's default progress ("full") covers the output components with a spinner: the draft
+    list could not be used while its check ran. "minimal" shows only the elapsed time."""
+    demo = ui.build_ui()
+    checks = [f for f in demo.fns.values() if f.concurrency_id == "compat"
+              and any(getattr(o, "elem_id", None) == "draft-refused" for o in f.outputs)]
+    assert len(checks) == 3  # after page load, after a preset change, re-check
+    assert {f.show_progress for f in checks} == {"minimal"}
+
+
+def test_a_draft_picked_during_the_check_is_kept(monkeypatch):
+    monkeypatch.setattr(ui, "engine_imports", lambda: None)
+    monkeypatch.setattr(ui, "draft_options", lambda target, presets: (
+        [("ngram", "ngram"), ("self", "self")], []))
+    update, _ = ui.check_drafts(None, "self")
+    assert "value" not in update  # the dropdown keeps whatever is in it now
+    update, _ = ui.check_drafts(None, "builtin:refused")
+    assert update["value"] == "ngram"  # the pairing's own draft

@@ -1,0 +1,93 @@
+"""What the page shows (issue 12 items 2 and 3): human labels with units, the metric key in the
+tooltip, the run's draft length for auto, progress bars, and the chart data."""
+
+import re
+
+from specdemo.race import DONE, LOADING, PLAIN, SPECULATIVE, PaneView, RaceSnapshot
+from specdemo.startup import DoneStep, StepView
+from specdemo.stats import DecodeStats
+from specdemo.ui_format import (acceptance_frame, counters_html, draft_length_cell, race_frame,
+                                startup_html, status_line)
+
+HUMAN = {"new_tokens": "Tokens", "tokens_per_s": "Tokens/s", "ttft_s": "Time to first token",
+         "elapsed_s": "Elapsed", "acceptance_rate": "Acceptance",
+         "mean_acceptance_length": "Mean accepted per step", "drafted / accepted": "Drafted / accepted",
+         "draft_length": "Draft length", "extra_memory_bytes": "Extra memory"}
+
+
+def auto_run() -> DecodeStats:
+    """An auto run: drafted 8, then 3, then stopped drafting (the last round says k = 0)."""
+    s = DecodeStats(new_tokens=13, ttft_s=0.25, elapsed_s=1.0, extra_memory_bytes=12_300_000)
+    for k, accepted in ((8, 6), (3, 2), (0, 0)):
+        s.record_round(k, accepted)
+    return s
+
+
+def view(name=SPECULATIVE, status=DONE, stats=None, timeline=()) -> PaneView:
+    return PaneView(name, status, None, "", (), (), stats, len(timeline), timeline)
+
+
+def cells(html_text: str) -> dict[str, tuple[str, str, str]]:
+    """metric key -> (label, tooltip, value) from the counters' HTML."""
+    found = re.findall(r'<div class="sd-cell" title="([^"]*)"><span class="sd-label">([^<]*)</span>'
+                       r'<span class="sd-value" data-metric="([^"]*)">([^<]*)</span>', html_text)
+    return {key: (label, title, value) for title, label, key, value in found}
+
+
+def test_counters_have_human_labels_with_units_and_the_key_in_the_tooltip():
+    shown = cells(counters_html(view(stats=auto_run()), True, "auto"))
+    assert {key: label for key, (label, _, _) in shown.items()} == HUMAN
+    for key, (_, title, _) in shown.items():
+        assert title.startswith(key + ":")
+    values = {key: value for key, (_, _, value) in shown.items()}
+    assert values == {"new_tokens": "13", "tokens_per_s": "13.0", "ttft_s": "0.25 s",
+                      "elapsed_s": "1.00 s", "acceptance_rate": "73%",
+                      "mean_acceptance_length": "4.00", "drafted / accepted": "11 / 8",
+                      "draft_length": "auto · mean 3.7 (0–8)", "extra_memory_bytes": "12.3 MB"}
+    plain = cells(counters_html(view(PLAIN, stats=DecodeStats(new_tokens=2)), False))
+    assert list(plain) == ["new_tokens", "tokens_per_s", "ttft_s", "elapsed_s"]
+
+
+def test_auto_shows_the_runs_mean_and_range_not_the_last_round():
+    s = auto_run()
+    assert s.draft_length == 0  # what the pane used to show, read as "did not draft"
+    assert draft_length_cell("auto", s) == "auto · mean 3.7 (0–8)"
+    fixed = DecodeStats()
+    for _ in range(3):
+        fixed.record_round(4, 1)
+    assert draft_length_cell(4, fixed) == "4"
+    fixed.record_round(2, 0)  # n-gram lookup found only 2 tokens
+    assert draft_length_cell(4, fixed) == "4 · mean 3.5 (2–4)"
+    assert draft_length_cell("auto", None) == "auto" and draft_length_cell(None, None) == "–"
+
+
+def test_a_loading_pane_and_the_startup_panel_show_the_step_with_its_estimate():
+    step = StepView("converting builtin:smollm2-135m's weights (once; not converted yet)", 12.0, 25.0)
+    line = status_line(view(PLAIN, LOADING), step)
+    assert '<progress class="sd-progress" value="0.480" max="1">' in line
+    assert "converting builtin:smollm2-135m&#x27;s weights" in line and "12 s of about 25 s" in line
+    assert "30 s (expected about 25 s" in status_line(view(PLAIN, LOADING), StepView("x", 30, 25))
+    assert status_line(view(PLAIN, LOADING), None) == "loading the model…"
+    panel = startup_html(step, [DoneStep("loading", 1.25)], ready=False)
+    assert 'data-state="loading"' in panel and "<progress" in panel and "✓ loading (1.2 s)" in panel
+    done = startup_html(None, [DoneStep("a", 20.0), DoneStep("b", 5.0)], ready=True)
+    assert 'data-state="ready"' in done and "✓ a (20.0 s)" in done and "<progress" not in done
+    assert "⚠ no model" in startup_html(None, [], ready=True, error="no model")
+
+
+def test_chart_frames_hold_the_timelines_and_the_per_position_acceptance():
+    spec = view(stats=auto_run(), timeline=((0.25, 1), (0.5, 8), (1.0, 13)))
+    plain = view(PLAIN, stats=DecodeStats(new_tokens=2), timeline=((0.3, 1), (0.6, 2)))
+    frame = race_frame(RaceSnapshot({PLAIN: plain, SPECULATIVE: spec}, "done"))
+    assert frame.values.tolist() == [[0.0, 0, "plain"], [0.3, 1, "plain"], [0.6, 2, "plain"],
+                                     [0.0, 0, "speculative"], [0.25, 1, "speculative"],
+                                     [0.5, 8, "speculative"], [1.0, 13, "speculative"]]
+    # before any token both lanes sit at the origin (the chart needs both from the start)
+    assert race_frame(None).values.tolist() == [[0.0, 0, "plain"], [0.0, 0, "speculative"]]
+    bars = acceptance_frame(spec)
+    s = auto_run()
+    # 8 drafted, 6 accepted: position 7 was verified and refused, position 8 never verified
+    assert bars["position"].tolist() == [str(i) for i in range(1, 8)]
+    assert bars["acceptance"].tolist() == s.per_position_acceptance[:7]
+    assert bars["rounds"].tolist() == s.position_drafted[:7] == [2, 2, 2, 1, 1, 1, 1]
+    assert acceptance_frame(view(stats=None)).empty
