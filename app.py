@@ -62,6 +62,8 @@ def serve_page(args: argparse.Namespace, served: list, failed: threading.Event) 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from specdemo import race, startup, ui_state
+    from specdemo.cli import quiet_library_logs
+    quiet_library_logs()
 
     # This (main) thread runs every load and decode, as `python -m specdemo compare` does, so the
     # race measures what compare measures; the server runs on gradio's threads.

@@ -31,7 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_library_logs() -> None:
+    """Silence torch's notice, printed when transformers imports torchao, that two torchao enums
+    are registered twice (``torch.utils._pytree``): a warning about library internals that new
+    users read as an error."""
+    import logging
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_library_logs()
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

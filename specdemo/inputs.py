@@ -9,6 +9,7 @@ an argparse error (exit status 2), the API and the page into ``gr.Error``.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 DRAFT_LENGTH_MAX = 64  # the engine's limit (policy.make_policy)
 NON_MODEL_DRAFT_FORMS = ("none", "ngram", "self", "early-exit:<layers>")
@@ -105,6 +106,12 @@ def preset(name: str, names: list[str]) -> str:
     return name
 
 
+def _looks_like_path(spec: str) -> bool:
+    """A local path rather than a hub id (``org/name``) or a named drafter."""
+    return (spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
+            or spec.lower().endswith(".gguf"))
+
+
 def draft(field: str, spec) -> str:
     """A draft spec in one of the accepted forms (DESIGN.md, "Command line").
 
@@ -125,6 +132,8 @@ def draft(field: str, spec) -> str:
         if not layers.isdigit() or int(layers) < 1:
             raise InputError(f"{field} {spec!r}: early-exit needs a layer count of at least 1, "
                              f"e.g. early-exit:8; valid forms: {forms}")
+    elif _looks_like_path(spec) and not Path(spec.removesuffix("+ngram")).expanduser().exists():
+        raise InputError(f"{field} {spec!r}: no such file or folder; valid forms: {forms}")
     elif spec.startswith("builtin:") and spec.split(":", 1)[1] not in builtin_names():
         from .drafters.learned import BUILTIN_DRAFTERS, COMBINE
         if spec.split(":", 1)[1].removesuffix(COMBINE) not in BUILTIN_DRAFTERS:

@@ -71,6 +71,15 @@ def _check_memory(n_tokens: int, width: int) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    try:
+        return _train(args)
+    except KeyboardInterrupt:  # outside the training loop, which saves its own checkpoint
+        print(f"\ninterrupted: what was written to {args.out} so far (answers, feature shards) "
+              "is kept; run the same command with --resume to continue", file=sys.stderr)
+        return 130
+
+
+def _train(args: argparse.Namespace) -> int:
     if args.kind != "eagle3":
         print("error: train-draft trains EAGLE-3 heads; DFlash training is not implemented "
               "(load published DFlash drafters with --draft DIR instead)", file=sys.stderr)
