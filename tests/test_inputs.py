@@ -62,3 +62,22 @@ def test_the_api_and_the_cli_share_the_rules():
         inputs.text("prompt", "  ")
     assert inputs.draft("draft", " ngram ") == "ngram"
     assert inputs.draft("draft", "org/model") == "org/model"  # checked when loaded
+
+
+def test_the_page_refuses_with_the_same_words():
+    """The Send handler: the same checks, as a gr.Error the page shows (nothing is loaded)."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from specdemo import ui
+    request = SimpleNamespace(session_hash="test-inputs")
+    with pytest.raises(gr.Error, match="draft length must be 'auto' or a whole number from 1 to 64, "
+                                       "got '0'"):
+        next(ui.send("hi", "", None, "ngram", "0", 0.0, 1.0, 8, -1, True, None, request))
+    with pytest.raises(gr.Error, match="draft 'early-exit:x': early-exit needs a layer count"):
+        next(ui.send("hi", "", None, "early-exit:x", "4", 0.0, 1.0, 8, -1, True, None, request))
+    with pytest.raises(gr.Error, match="system prompt has a character that is not valid text"):
+        next(ui.send("hi", "\udcff", None, "ngram", "4", 0.0, 1.0, 8, -1, True, None, request))
+    with pytest.raises(gr.Error, match="top-p must be a number above 0 and at most 1, got 2"):
+        next(ui.send("hi", "", None, "ngram", "4", 0.0, 2, 8, -1, True, None, request))
