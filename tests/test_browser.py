@@ -177,7 +177,8 @@ def test_cold_start_explains_itself_then_races(tmp_path):
             time.sleep(0.3)
         driver.get(f"http://127.0.0.1:{port}/")
         box = WebDriverWait(driver, 120).until(lambda d: d.find_element(By.CSS_SELECTOR, "#prompt textarea"))
-        number = driver.find_element(By.CSS_SELECTOR, "#max-new-tokens input[type='number']")
+        number = WebDriverWait(driver, 120).until(  # the page may still be drawing its controls
+            lambda d: d.find_element(By.CSS_SELECTOR, "#max-new-tokens input[type='number']"))
         number.send_keys(Keys.CONTROL, "a")
         number.send_keys(str(MAX_NEW_TOKENS), Keys.TAB)
         box.send_keys(PROMPT)
