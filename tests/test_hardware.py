@@ -102,7 +102,9 @@ def test_offline_default_is_chosen_among_the_builtin_presets():
     assert H.recommend(builtin, CPU_24GB).preset.name == "smollm2-135m-eagle3"
 
 
-def test_a_tiny_machine_gets_the_int4_target():
+def test_a_tiny_machine_gets_the_int4_target(monkeypatch):
+    from specdemo import quantize
+    monkeypatch.setattr(quantize, "_has", lambda name: True)  # torchao installed
     pick = H.recommend(list_presets(), TINY_CPU)
     assert pick.preset.name == "smollm2-135m-int4-ngram"
     ok, reason = H.fits(get_preset("smollm2-135m-ngram"), TINY_CPU, alternatives=list_presets())
