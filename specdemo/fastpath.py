@@ -366,32 +366,51 @@ def speed_up(model: torch.nn.Module, rows: tuple[int, ...] = CALIBRATION_ROWS,
         choice, timings, cached = {n: force for n in range(1, max(rows) + 1)}, {}, False
     else:
         choice, timings, cached = _choose(modules, rows)
-    used = set(choice.values())
-    if "packed" not in used:
-        _drop_packed(modules)
-    table = ("linear",) + tuple(choice[n] for n in range(1, max(rows) + 1))  # index = rows
-    forward = _dispatching_forward(table)
-    for m in modules:
-        m.forward = types.MethodType(forward, m)
-    extra = sum(m._specdemo_packed.numel() * m.weight.element_size()
-                for m in modules if hasattr(m, "_specdemo_packed"))
-    info = FastPathInfo(True, kernels=choice, timings_s=timings, extra_memory_bytes=extra,
+    info = FastPathInfo(True, kernels=choice, timings_s=timings,
                         calibrate_s=0.0 if cached else time.perf_counter() - start,
                         linears=len(modules), cached=cached)
+    install(model, info)
     log.info("fast path: kernels by rows %s (%s)", choice,
              "cached" if cached else f"calibrated in {info.calibrate_s:.1f} s")
-    model._specdemo_fastpath = info
     return info
 
 
-def restore(model: torch.nn.Module) -> None:
-    """Undo :func:`speed_up`: the linears use transformers' own forward again."""
+def install(model: torch.nn.Module, info: FastPathInfo) -> None:
+    """Give the model's linears the dispatching forward for ``info.kernels`` (no timing): after
+    :func:`speed_up` chose them, or again after :func:`restore` (before/after comparisons).
+
+    Raises:
+        ValueError: ``packed`` is chosen but oneDNN cannot pack these weights here.
+    """
+    modules = linear_modules(model)
+    if "packed" in info.kernels.values():
+        if not all(hasattr(m, "_specdemo_packed") for m in modules) \
+                and "packed" not in _candidates(modules):
+            raise ValueError("oneDNN cannot pack these weights on this machine")
+    else:
+        _drop_packed(modules)
+    table = ("linear",) + tuple(info.kernels[n] for n in range(1, max(info.kernels) + 1))
+    forward = _dispatching_forward(table)  # table[rows]
+    for m in modules:
+        m.forward = types.MethodType(forward, m)
+    info.extra_memory_bytes = sum(m._specdemo_packed.numel() * m.weight.element_size()
+                                  for m in modules if hasattr(m, "_specdemo_packed"))
+    model._specdemo_fastpath = info
+
+
+def restore(model: torch.nn.Module, forget: bool = True) -> None:
+    """Undo :func:`speed_up`: the linears use transformers' own forward again.
+
+    Args:
+        forget: also drop the record of what was chosen (``fastpath_info`` returns None); keep
+            it to :func:`install` the same kernels again.
+    """
     for m in model.modules():
         if isinstance(m, torch.nn.Linear) and "forward" in m.__dict__:
             del m.forward
         if hasattr(m, "_specdemo_packed"):
             del m._specdemo_packed
-    if hasattr(model, "_specdemo_fastpath"):
+    if forget and hasattr(model, "_specdemo_fastpath"):
         del model._specdemo_fastpath
 
 
