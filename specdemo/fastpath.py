@@ -393,6 +393,7 @@ def install(model: torch.nn.Module, info: FastPathInfo) -> None:
     forward = _dispatching_forward(table)  # table[rows]
     for m in modules:
         m.forward = types.MethodType(forward, m)
+        m._specdemo_dispatch = True  # restore() removes only these forwards
     info.extra_memory_bytes = sum(m._specdemo_packed.numel() * m.weight.element_size()
                                   for m in modules if hasattr(m, "_specdemo_packed"))
     model._specdemo_fastpath = info
@@ -406,8 +407,8 @@ def restore(model: torch.nn.Module, forget: bool = True) -> None:
             it to :func:`install` the same kernels again.
     """
     for m in model.modules():
-        if isinstance(m, torch.nn.Linear) and "forward" in m.__dict__:
-            del m.forward
+        if getattr(m, "_specdemo_dispatch", False):
+            del m.forward, m._specdemo_dispatch
         if hasattr(m, "_specdemo_packed"):
             del m._specdemo_packed
     if forget and hasattr(model, "_specdemo_fastpath"):
