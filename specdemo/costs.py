@@ -55,6 +55,8 @@ class CostReport:
     plain_vs_bound: float | None
     load_average: float | None
     fast_path: dict | None = None
+    stock_forward_s: dict[int, float] | None = None
+    stock_forward_ratio: dict[int, float | None] | None = None
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -149,8 +151,38 @@ def _load_average() -> float | None:
         return None
 
 
+def _median_table(tables: list[dict[int, float]]) -> dict[int, float]:
+    return {n: statistics.median(t[n] for t in tables) for n in tables[0]}
+
+
+def forward_s_before_after(kv, max_n: int, context: int, repeats: int, rounds: int,
+                           clock=time.perf_counter) -> tuple[dict[int, float], dict[int, float]]:
+    """Forward costs with transformers' own linears ("before") and with the fast path
+    ("after"), alternating ``rounds`` times in this process so that both see the same machine.
+
+    Returns:
+        (before, after): {n: median seconds over the rounds}.
+    Raises:
+        ValueError: the fast path is not applied to this model.
+    """
+    from .fastpath import fastpath_info, install, restore
+    from .policy import measure_forward_s
+    info = fastpath_info(kv.model)
+    if info is None or not info.applied:
+        raise ValueError("the fast path is not applied to this model "
+                         f"({info.reason if info else 'not a CPU load'}): nothing to compare")
+    before, after = [], []
+    for _ in range(rounds):
+        restore(kv.model, forget=False)
+        before.append(measure_forward_s(kv, max_n, context=context, repeats=repeats, clock=clock))
+        install(kv.model, info)  # the same kernels again: no recalibration
+        after.append(measure_forward_s(kv, max_n, context=context, repeats=repeats, clock=clock))
+    return _median_table(before), _median_table(after)
+
+
 def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
-                  plain_tokens: int = 48, clock: str = "wall") -> CostReport:
+                  plain_tokens: int = 48, clock: str = "wall",
+                  before_after_rounds: int = 0) -> CostReport:
     """The cost table of an already loaded target (see the module docstring).
 
     Args:
@@ -160,8 +192,11 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         repeats: forwards timed per width (median kept).
         plain_tokens: tokens decoded for ``plain_tokens_per_s``.
         clock: "wall" or "cpu" (this thread's CPU time; meaningful with one torch thread).
+        before_after_rounds: when > 0, ``forward_s`` comes from :func:`forward_s_before_after`
+            and the stock kernels' table is reported beside it (``stock_forward_s``).
     Raises:
-        ValueError: an unknown clock, or "cpu" with more than one torch thread.
+        ValueError: an unknown clock, "cpu" with more than one torch thread, or a before/after
+            comparison on a model without the fast path.
     """
     import torch
     from .fastpath import fastpath_info
@@ -176,7 +211,12 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
     tick = CLOCKS[clock]
     kv = KVModel(loaded.model)
     load_before = _load_average()
-    forward_s = measure_forward_s(kv, max_n, context=context, repeats=repeats, clock=tick)
+    stock = None
+    if before_after_rounds > 0:
+        stock, forward_s = forward_s_before_after(kv, max_n, context, repeats,
+                                                  before_after_rounds, clock=tick)
+    else:
+        forward_s = measure_forward_s(kv, max_n, context=context, repeats=repeats, clock=tick)
     bandwidth = measure_bandwidth_GBps(loaded.device, clock=tick)
     plain = measure_plain_tokens_per_s(loaded, plain_tokens, context, clock=tick)
     nbytes = weight_bytes_per_forward(loaded.model)
@@ -192,7 +232,8 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         plain_tokens_per_s=plain,
         plain_vs_bound=ratio(plain, bound) if plain is not None and bound else None,
         load_average=max(loads) if loads else None,
-        fast_path=info.as_dict() if info else None)
+        fast_path=info.as_dict() if info else None, stock_forward_s=stock,
+        stock_forward_ratio={n: ratio(s, stock[1]) for n, s in stock.items()} if stock else None)
 
 
 def format_report(r: CostReport) -> str:
@@ -207,9 +248,17 @@ def format_report(r: CostReport) -> str:
              f"bound_tokens_per_s {f(r.bound_tokens_per_s, '.1f')}  "
              f"plain_tokens_per_s {f(r.plain_tokens_per_s, '.1f')}  "
              f"plain_vs_bound {f(r.plain_vs_bound)}",
-             "", "| n | forward_s (ms) | / n=1 |", "|---|---|---|"]
-    for n, s in r.forward_s.items():
-        lines.append(f"| {n} | {s * 1000:.1f} | {f(r.forward_ratio[n])} |")
+             ""]
+    if r.stock_forward_s:
+        lines += ["| n | before: forward_s (ms) | / n=1 | after: forward_s (ms) | / n=1 |",
+                  "|---|---|---|---|---|"]
+        for n, s in r.forward_s.items():
+            lines.append(f"| {n} | {r.stock_forward_s[n] * 1000:.1f} | "
+                         f"{f(r.stock_forward_ratio[n])} | {s * 1000:.1f} | {f(r.forward_ratio[n])} |")
+    else:
+        lines += ["| n | forward_s (ms) | / n=1 |", "|---|---|---|"]
+        for n, s in r.forward_s.items():
+            lines.append(f"| {n} | {s * 1000:.1f} | {f(r.forward_ratio[n])} |")
     if r.fast_path:
         fp = r.fast_path
         lines.append("")
@@ -232,6 +281,9 @@ def register(sub) -> None:
     p.add_argument("--clock", default="wall", choices=list(CLOCKS),
                    help="wall (default) or cpu: this thread's CPU time, for a shared machine "
                         "(needs --threads 1)")
+    p.add_argument("--before-after", type=int, default=0, metavar="ROUNDS",
+                   help="also time transformers' own kernels, alternating with the fast path "
+                        "ROUNDS times in this process (stock_forward_s in the output)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_costs)
@@ -252,7 +304,8 @@ def cmd_costs(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        report = measure_costs(loaded, args.max_n, args.context, args.repeats, clock=args.clock)
+        report = measure_costs(loaded, args.max_n, args.context, args.repeats, clock=args.clock,
+                               before_after_rounds=args.before_after)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -61,7 +61,7 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_CHOICES),
                         help="target quantisation: 4bit/8bit bitsandbytes (CUDA), int8/int4 "
-                             "torchao (int4: CPU, bfloat16 compute)")
+                             "torchao (int4: CPU only)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow code from the model repository to run (off by default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -2,11 +2,11 @@
 chosen per row count, measured on this machine.
 
 Where the time of a forward over n tokens goes (SmolLM2-135M, float32, 2-core Xeon, 1 thread):
-the 211 weight matrices take ~70% of a one-token forward and almost all of the growth with n.
-``F.linear`` with one row runs MKL's matrix-vector path at memory speed, but with 2-16 rows it
-runs a general matrix multiply that re-packs the whole weight on every call: 1.7-2.6x the
-one-row time. Attention, norms, the KV-cache append and Python overhead cost about the same for
-every n <= 16. So the fix is the kernel, per row count, and which kernel wins differs between
+the 211 weight matrices take 45-52 ms of a 70-85 ms one-token forward and almost all of the
+growth with n. ``F.linear`` with one row runs MKL's matrix-vector path at memory speed, but with
+2-16 rows it runs a general matrix multiply that re-packs each weight on every call: 1.1x (2
+rows), 1.7x (4), 2.6x (8) the one-row time. Attention, norms, the KV-cache append and Python
+overhead (14 ms with near-zero weights) cost about the same for every n <= 16. So the fix is the kernel, per row count, and which kernel wins differs between
 CPUs (AVX2 vs AVX-512/AMX, MKL vs oneDNN), so it is measured at load time instead of assumed:
 
 * ``linear``: ``F.linear`` as transformers calls it (no extra memory).
@@ -16,7 +16,7 @@ CPUs (AVX2 vs AVX-512/AMX, MKL vs oneDNN), so it is measured at load time instea
   (``torch.ops.mkldnn._reorder_linear_weight``, what PyTorch's Inductor "freezing" and IPEX do
   for CPU linears), multiplied by ``torch.ops.mkldnn._linear_pointwise``. It keeps a second copy
   of the weights, so it is a candidate only where the memory is there; for bfloat16 on a CPU
-  with native bf16 (AVX512-BF16/AMX) it is the kernel that makes bf16 pay.
+  with native bf16 (AVX512-BF16/AMX) it cut a one-token forward by a quarter here.
 
 :func:`speed_up` times each candidate over the model's own weights for a few row counts, then
 gives every ``nn.Linear`` a ``forward`` that dispatches on the row count (rows above the
@@ -366,32 +366,52 @@ def speed_up(model: torch.nn.Module, rows: tuple[int, ...] = CALIBRATION_ROWS,
         choice, timings, cached = {n: force for n in range(1, max(rows) + 1)}, {}, False
     else:
         choice, timings, cached = _choose(modules, rows)
-    used = set(choice.values())
-    if "packed" not in used:
-        _drop_packed(modules)
-    table = ("linear",) + tuple(choice[n] for n in range(1, max(rows) + 1))  # index = rows
-    forward = _dispatching_forward(table)
-    for m in modules:
-        m.forward = types.MethodType(forward, m)
-    extra = sum(m._specdemo_packed.numel() * m.weight.element_size()
-                for m in modules if hasattr(m, "_specdemo_packed"))
-    info = FastPathInfo(True, kernels=choice, timings_s=timings, extra_memory_bytes=extra,
+    info = FastPathInfo(True, kernels=choice, timings_s=timings,
                         calibrate_s=0.0 if cached else time.perf_counter() - start,
                         linears=len(modules), cached=cached)
+    install(model, info)
     log.info("fast path: kernels by rows %s (%s)", choice,
              "cached" if cached else f"calibrated in {info.calibrate_s:.1f} s")
-    model._specdemo_fastpath = info
     return info
 
 
-def restore(model: torch.nn.Module) -> None:
-    """Undo :func:`speed_up`: the linears use transformers' own forward again."""
+def install(model: torch.nn.Module, info: FastPathInfo) -> None:
+    """Give the model's linears the dispatching forward for ``info.kernels`` (no timing): after
+    :func:`speed_up` chose them, or again after :func:`restore` (before/after comparisons).
+
+    Raises:
+        ValueError: ``packed`` is chosen but oneDNN cannot pack these weights here.
+    """
+    modules = linear_modules(model)
+    if "packed" in info.kernels.values():
+        if not all(hasattr(m, "_specdemo_packed") for m in modules) \
+                and "packed" not in _candidates(modules):
+            raise ValueError("oneDNN cannot pack these weights on this machine")
+    else:
+        _drop_packed(modules)
+    table = ("linear",) + tuple(info.kernels[n] for n in range(1, max(info.kernels) + 1))
+    forward = _dispatching_forward(table)  # table[rows]
+    for m in modules:
+        m.forward = types.MethodType(forward, m)
+        m._specdemo_dispatch = True  # restore() removes only these forwards
+    info.extra_memory_bytes = sum(m._specdemo_packed.numel() * m.weight.element_size()
+                                  for m in modules if hasattr(m, "_specdemo_packed"))
+    model._specdemo_fastpath = info
+
+
+def restore(model: torch.nn.Module, forget: bool = True) -> None:
+    """Undo :func:`speed_up`: the linears use transformers' own forward again.
+
+    Args:
+        forget: also drop the record of what was chosen (``fastpath_info`` returns None); keep
+            it to :func:`install` the same kernels again.
+    """
     for m in model.modules():
-        if isinstance(m, torch.nn.Linear) and "forward" in m.__dict__:
-            del m.forward
+        if getattr(m, "_specdemo_dispatch", False):
+            del m.forward, m._specdemo_dispatch
         if hasattr(m, "_specdemo_packed"):
             del m._specdemo_packed
-    if hasattr(model, "_specdemo_fastpath"):
+    if forget and hasattr(model, "_specdemo_fastpath"):
         del model._specdemo_fastpath
 
 

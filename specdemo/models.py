@@ -452,7 +452,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
         dtype: see :func:`resolve_dtype` (the compute dtype when quantised).
         trust_remote_code: allow code from the model's repository to run (hub/local folders).
         quantization: None/"none", "4bit" or "8bit" (bitsandbytes; CUDA only), "int8" or
-            "int4" (torchao; int4 on the CPU only, computing in bfloat16).
+            "int4" (torchao; int4 on the CPU only).
     Returns:
         A :class:`LoadedModel`; the same object again for the same (spec, device, dtype,
         quantization) in this process until :func:`clear_loaded`.
@@ -460,9 +460,8 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
         ModelLoadError: anything that prevents loading, with what to do.
     """
     dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
     quant = _normalise_quantization(quantization)
-    from .quantize import compute_dtype
-    dt = compute_dtype(quant, resolve_dtype(dtype, dev))  # int4: bfloat16
     key = (_canonical(spec), str(dev), str(dt), quant)
     with _LOCK:
         if key in _LOADED:

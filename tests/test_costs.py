@@ -12,7 +12,8 @@ from tiny import CharTokenizer, tiny_llama
 
 KEYS = {"target", "device", "dtype", "quantization", "threads", "clock", "context", "forward_s",
         "forward_ratio", "weight_bytes", "bandwidth_GBps", "bound_tokens_per_s",
-        "plain_tokens_per_s", "plain_vs_bound", "load_average", "fast_path", "notes"}
+        "plain_tokens_per_s", "plain_vs_bound", "load_average", "fast_path", "stock_forward_s",
+        "stock_forward_ratio", "notes"}
 
 
 def _loaded(model) -> LoadedModel:
@@ -52,6 +53,24 @@ def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys):
     assert (out["context"], out["dtype"], out["quantization"]) == (8, "float32", None)
     assert out["threads"] == torch.get_num_threads()
     assert out["fast_path"] is None  # not loaded through load_model: nothing was patched
+    assert out["stock_forward_s"] is None and out["stock_forward_ratio"] is None
+
+
+def test_before_after_alternates_stock_and_fast_kernels(monkeypatch, tmp_path):
+    from specdemo import fastpath
+    from specdemo.kv import KVModel
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
+    model = tiny_llama(seed=0, layers=2, hidden=64)
+    with pytest.raises(ValueError, match="fast path is not applied"):
+        costs.forward_s_before_after(KVModel(model), 3, 8, 1, 1)
+    fastpath.speed_up(model, rows=(1, 2, 4), min_weight_bytes=0)
+    before, after = costs.forward_s_before_after(KVModel(model), 3, 8, 1, 2)
+    assert sorted(before) == sorted(after) == [1, 2, 3]
+    assert fastpath.fastpath_info(model).applied  # left with the fast path on
+    report = costs.measure_costs(_loaded(model), max_n=3, context=8, repeats=1, plain_tokens=3,
+                                 before_after_rounds=1)
+    assert report.stock_forward_ratio[1] == 1.0 and set(report.stock_forward_s) == {1, 2, 3}
+    assert "| 2 |" in costs.format_report(report) and "before: forward_s" in costs.format_report(report)
 
 
 def test_costs_table_and_refusals(monkeypatch, capsys):

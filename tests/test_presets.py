@@ -43,7 +43,7 @@ SHIPPED = sorted(p.stem for p in P.PRESETS_DIR.glob("*.toml"))
 
 def test_shipped_presets_are_the_promised_set():
     assert SHIPPED == sorted([
-        "smollm2-135m-ngram", "smollm2-135m-self", "smollm2-135m-early-exit",
+        "smollm2-135m-ngram", "smollm2-135m-self", "smollm2-135m-early-exit", "smollm2-135m-int4-ngram",
         "qwen2.5-1.5b-0.5b", "qwen2.5-7b-0.5b", "qwen2.5-14b-4bit-0.5b", "qwen2.5-coder-7b-0.5b",
         "llama3.1-8b-3.2-1b", "smollm2-1.7b-135m", "smollm2-1.7b-360m", "gemma2-9b-2b",
         "qwen3-8b-0.6b", "llama3.1-8b-eagle3", "qwen3-4b-dflash", "gemma4-e2b-assistant",
