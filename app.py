@@ -59,6 +59,11 @@ def serve_page(args: argparse.Namespace, served: list, failed: threading.Event) 
         failed.set()
 
 
+def say_when_ready(ready: threading.Event) -> None:
+    ready.wait()
+    print("ready: send a prompt", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from specdemo import race, startup, ui_state
@@ -73,8 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=serve_page, args=(args, served, failed), name="page",
                      daemon=True).start()
     ready = ui_state.start_preload(args.preset)
-    threading.Thread(target=lambda: ready.wait() or print("ready: send a prompt", file=sys.stderr),
-                     name="ready", daemon=True).start()
+    threading.Thread(target=say_when_ready, args=(ready,), name="ready", daemon=True).start()
     try:
         with startup.printed():
             race.DEVICE.serve_forever(stop=failed)

@@ -11,7 +11,8 @@ first token in the plain pane. ``--cold`` uses an empty temporary ``SPECDEMO_CAC
 built-in model is converted first); warm runs use the normal cache. ``idle`` starts the app with
 nobody connected, waits until it printed that it is ready (or ``--wait`` seconds), then reads the
 process's CPU time (psutil, children included) over ``--span`` seconds. Machine load (1-minute
-load average) is printed with every number: on a shared machine, read ratios, not absolutes.
+load average) is printed with every number, and first-token runs also print the CPU seconds the
+app used until then: on a shared machine, read those and ratios, not wall-clock absolutes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 APP_ROOT = [ROOT]  # --root changes it
 PROMPT = "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog by the river."
+FIRST_TOKEN_JS = ("return [...document.querySelectorAll('#plain-chat .sd-tokens')]"
+                  ".some(e => e.textContent.trim().length > 0)")
 FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          "--disable-background-networking", "--disable-component-update", "--no-first-run",
          "--disable-sync", "--window-size=1500,1250")
@@ -55,6 +58,15 @@ def start_app(port: int, cache: str | None, log: Path) -> subprocess.Popen:
         env["SPECDEMO_CACHE"] = cache
     return subprocess.Popen([sys.executable, "app.py", "--no-browser", "--port", str(port)],
                             cwd=APP_ROOT[0], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its children: the work done, which a busy
+    machine does not inflate the way it inflates wall time."""
+    import psutil
+    proc = psutil.Process(pid)
+    times = [proc.cpu_times()] + [c.cpu_times() for c in proc.children(recursive=True)]
+    return sum(t.user + t.system for t in times)
 
 
 def first_token_s(cold: bool, log: Path) -> dict:
@@ -89,10 +101,11 @@ def first_token_s(cold: bool, log: Path) -> dict:
         while True:
             progress = progress or bool(driver.find_elements(
                 By.CSS_SELECTOR, "#startup progress, #plain-stats progress"))
-            if any(t.text.strip() for t in driver.find_elements(By.CSS_SELECTOR, "#plain-chat .sd-tokens")):
+            if driver.execute_script(FIRST_TOKEN_JS):
                 break
             time.sleep(0.1)
         marks["first_token_s"] = time.monotonic() - start
+        marks["app_cpu_s_until_first_token"] = cpu_seconds(app.pid)
         marks["progress_seen_before_first_token"] = progress
         marks["load_1min_after"] = os.getloadavg()[0]
     finally:
@@ -106,21 +119,15 @@ def first_token_s(cold: bool, log: Path) -> dict:
 
 def idle_cpu(wait_s: float, span_s: float, log: Path) -> dict:
     """Share of one core the app uses while idle, nobody connected."""
-    import psutil
     app = start_app(free_port(), None, log)
     try:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and "ready: send a prompt" not in log.read_text():
             time.sleep(1)
         time.sleep(5)  # let the last step's threads settle
-        proc = psutil.Process(app.pid)
-
-        def cpu_s() -> float:
-            times = [proc.cpu_times()] + [c.cpu_times() for c in proc.children(recursive=True)]
-            return sum(t.user + t.system for t in times)
-        load, before, t0 = os.getloadavg()[0], cpu_s(), time.monotonic()
+        load, before, t0 = os.getloadavg()[0], cpu_seconds(app.pid), time.monotonic()
         time.sleep(span_s)
-        used, elapsed = cpu_s() - before, time.monotonic() - t0
+        used, elapsed = cpu_seconds(app.pid) - before, time.monotonic() - t0
     finally:
         app.terminate()
         app.wait(timeout=60)

@@ -400,10 +400,12 @@ class Race:
         """Start the race and yield snapshots as lanes progress, the last one with phase ``done``.
 
         Yields at most one snapshot per ``min_interval_s`` (events in between are merged), so a
-        slow consumer never slows the decode. Closing the generator early stops the race.
+        slow consumer never slows the decode; the first snapshot with a token comes at once
+        (a first token should not wait for the interval). Closing the generator early stops the
+        race.
         """
         self.start()
-        last_yield = 0.0
+        last_yield, token_shown = 0.0, False
         try:
             while True:
                 with self._changed:
@@ -412,8 +414,9 @@ class Race:
                 if self.finished:
                     break
                 now = time.monotonic()
-                if now - last_yield >= min_interval_s:
-                    last_yield = now
+                has_tokens = any(r.steps for r in self.records.values())
+                if now - last_yield >= min_interval_s or (has_tokens and not token_shown):
+                    last_yield, token_shown = now, has_tokens
                     yield self.snapshot()
             self.join()
             yield self.snapshot()

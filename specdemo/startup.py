@@ -170,9 +170,11 @@ STEPS = Steps()
 
 
 def about(seconds: float | None) -> str:
-    """``"about 25 s"``, ``"about 2 min"``; empty when unknown."""
+    """``"about 25 s"``, ``"about 2 min"``, ``"under a second"``; empty when unknown."""
     if seconds is None:
         return ""
+    if seconds < 1:
+        return "under a second"
     return f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.0f} min"
 
 

@@ -196,8 +196,9 @@ def test_cold_start_explains_itself_then_races(tmp_path):
                 if "converting" in step and "converting" not in " ".join(steps_seen):
                     driver.save_screenshot(str(COLD_SCREENSHOTS[0]))
                 steps_seen.add(step)
-            first_token = any(t.text.strip() for t in driver.find_elements(
-                By.CSS_SELECTOR, "#plain-chat .sd-tokens"))
+            first_token = driver.execute_script(
+                "return [...document.querySelectorAll('#plain-chat .sd-tokens')]"
+                ".some(e => e.textContent.trim().length > 0)")
             time.sleep(0.2)
         # the progress bar was there before the first token, naming the conversion and the load
         assert any(s.startswith("locating and converting builtin:smollm2-135m's weights (once")

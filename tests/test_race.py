@@ -300,3 +300,25 @@ def test_a_thread_can_adopt_the_device_role():
     threading.Timer(0.2, stop.set).start()
     device.serve_forever(stop, poll_s=0.05)
     assert future.result(timeout=1) is threading.current_thread()
+
+
+def test_the_first_token_is_shown_at_once_not_after_the_update_interval(loaded):
+    """With 30 s between page updates, the first snapshot with a token still comes while the
+    decode runs (here: 0.2 s between events), not at the end."""
+    import time
+
+    def slow():
+        pipe = Pipeline(loaded, "none")
+        stream = pipe.stream
+
+        def paced(*args, **kwargs):
+            for event in stream(*args, **kwargs):
+                yield event
+                time.sleep(0.2)
+        pipe.stream = paced
+        return pipe
+    race = Race(lanes(loaded, plain=slow), DecodeSettings(max_new_tokens=6, draft_length=2))
+    snaps = list(race.run(min_interval_s=30.0))
+    live = [s for s in snaps if not s.done and s.panes[PLAIN].stats is not None]
+    assert live and live[0].panes[PLAIN].status == RUNNING
+    assert live[0].panes[PLAIN].stats.new_tokens < 6 and snaps[-1].done
