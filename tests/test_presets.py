@@ -47,7 +47,7 @@ def test_shipped_presets_are_the_promised_set():
         "qwen2.5-1.5b-0.5b", "qwen2.5-7b-0.5b", "qwen2.5-14b-4bit-0.5b", "qwen2.5-coder-7b-0.5b",
         "llama3.1-8b-3.2-1b", "smollm2-1.7b-135m", "smollm2-1.7b-360m", "gemma2-9b-2b",
         "qwen3-8b-0.6b", "llama3.1-8b-eagle3", "qwen3-4b-dflash", "gemma4-e2b-assistant",
-        "smollm2-135m-eagle3", "smollm2-135m-int4-ngram",
+        "smollm2-135m-eagle3",
     ])
 
 
