@@ -194,6 +194,7 @@ def test_cold_start_explains_itself_then_races(tmp_path):
                 except Exception:  # the element was redrawn meanwhile
                     continue
                 if "converting" in step and "converting" not in " ".join(steps_seen):
+                    driver.execute_script("window.scrollTo(0, 0)")  # the progress is at the top
                     driver.save_screenshot(str(COLD_SCREENSHOTS[0]))
                 steps_seen.add(step)
             first_token = driver.execute_script(

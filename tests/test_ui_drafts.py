@@ -52,3 +52,24 @@ def test_a_draft_picked_during_the_check_is_kept(monkeypatch):
     assert "value" not in update  # the dropdown keeps whatever is in it now
     update, _ = ui.check_drafts(None, "builtin:refused")
     assert update["value"] == "ngram"  # the pairing's own draft
+
+
+def test_draft_checks_run_at_the_lowest_cpu_priority(monkeypatch):
+    """A check that a race overtakes must not be timed as part of the race: it computes on a
+    thread of nice 19 (Linux), not on the page's worker thread."""
+    import sys
+    seen = {}
+
+    def check(target, draft, **kwargs):
+        seen["thread"] = threading.current_thread().name
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return Verdict(COMPATIBLE, ["fine"])
+    monkeypatch.setattr(compat, "check_specs", check)
+    monkeypatch.setattr(ui, "_VERDICTS", {})
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert ui._verdict("builtin:t", "builtin:d").status == COMPATIBLE
+    assert seen["thread"].startswith("specdemo-checks")
+    assert threading.current_thread().name != seen["thread"]
+    if sys.platform.startswith("linux"):
+        assert seen["nice"] == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # caller untouched
