@@ -49,7 +49,8 @@ def serve_page(args: argparse.Namespace, served: list, failed: threading.Event) 
     """Import gradio, build the page and launch it (on a thread of its own). If that fails (a
     port in use, say), the error is printed and ``failed`` is set: no app without its page."""
     try:
-        from specdemo import ui
+        from specdemo import ui, ui_state
+        ui_state.APP_PRESET[0] = args.preset  # also what /race runs when it names no preset
         demo = ui.build_ui(args.preset, host=args.host, share=args.share)
         ui.launch(demo, host=args.host, port=args.port, inbrowser=not args.no_browser,
                   share=args.share, prevent_thread_lock=True)

@@ -79,6 +79,9 @@ def result_dict(result: DecodeResult) -> dict:
             "from_draft": result.from_draft}
 
 
+FORWARD_COSTS_ATTR = "_specdemo_forward_s"  # the table, kept on the target model
+
+
 class Pipeline:
     """A target, a drafter spec and (for model drafts) the draft model.
 
@@ -104,10 +107,20 @@ class Pipeline:
         return self.draft.model
 
     def forward_costs(self) -> dict[int, float]:
-        """Seconds of a target forward by width, measured once per pipeline (for ``auto``)."""
+        """Seconds of a target forward by width (for ``auto``), measured once per target model
+        in this process: every pipeline over the same loaded target (any drafter) reuses it."""
+        if self._forward_s is None:
+            self._forward_s = getattr(self.target.model, FORWARD_COSTS_ATTR, None)
         if self._forward_s is None:
             self._forward_s = measure_forward_s(self.kv, AdaptiveDraftLength().max_k + 1)
+            setattr(self.target.model, FORWARD_COSTS_ATTR, self._forward_s)
         return self._forward_s
+
+    @property
+    def forward_costs_known(self) -> bool:
+        """True when :meth:`forward_costs` would not measure (this target was measured before)."""
+        return (self._forward_s is not None
+                or getattr(self.target.model, FORWARD_COSTS_ATTR, None) is not None)
 
     @property
     def context_length(self) -> int | None:

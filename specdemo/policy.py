@@ -86,7 +86,19 @@ class AdaptiveDraftLength:
         self.acceptance[j] += weight * ((1.0 if accepted else 0.0) - self.acceptance[j])
 
     def forward_time(self, n: int) -> float:
-        """Estimated seconds of a target forward over n tokens (interpolated from measurements)."""
+        """Estimated seconds of a target forward over n tokens (interpolated from measurements).
+
+        A wider forward does at least the work of a narrower one, and another process taking
+        the CPU only ever adds time; so a one-token forward is taken to cost no more than the
+        cheapest width measured, and no width less than that. A one-token time inflated by a
+        disturbance would otherwise make every draft length look free next to it (``auto`` once
+        drafted 16 tokens a round, accepting 1%, for a whole session).
+        """
+        floor = min(self.forward_s.values()) if 1 in self.forward_s else None
+        t = self._forward_time(n)
+        return t if floor is None else (floor if n == 1 else max(t, floor))
+
+    def _forward_time(self, n: int) -> float:
         if n in self.forward_s:
             return self.forward_s[n]
         t1 = self.forward_s.get(1)
@@ -142,11 +154,15 @@ class AdaptiveDraftLength:
 
 def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3,
                       clock=time.perf_counter) -> dict[int, float]:
-    """Median seconds of a target forward over n = 1..max_n new tokens after ``context`` tokens.
+    """Seconds of a target forward over n = 1..max_n new tokens after ``context`` tokens.
 
     On a CPU the cost is not monotonic in n (matrix-multiply kernels change with the row count;
     for SmolLM2-135M on 2 cores, 3 tokens took longer than 5), so the adaptive policy uses this
     table instead of a formula. Takes about repeats * max_n forwards; resets ``kv``'s cache.
+    Keeps the fastest of the repeats per width: another process taking the CPU only adds time,
+    and one disturbed forward must not make a width look cheap or dear for a whole session
+    (``auto`` once drafted 16 tokens a round for a session after a one-token forward was timed
+    at 1.9 s under load).
 
     Args:
         kv: a ``KVModel`` over the target.
@@ -169,7 +185,7 @@ def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3,
             times[n].append(clock() - start)
             kv.rollback(context)
     kv.reset()
-    return {n: sorted(v)[len(v) // 2] for n, v in times.items()}
+    return {n: min(v) for n, v in times.items()}
 
 
 def make_policy(draft_length: int | str, forward_s: dict[int, float] | None = None) -> DraftLengthPolicy:

@@ -240,8 +240,8 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi") -> No
 
 def measure_forward_costs(pipe: Pipeline) -> None:
     """Measure what a target forward over n tokens costs on this machine (draft length ``auto``
-    needs it), once per pipeline, as a named step; call it on the device thread."""
-    if pipe in _COSTED:
+    needs it), once per target model, as a named step; call it on the device thread."""
+    if pipe in _COSTED or pipe.forward_costs_known:
         return
     with STEPS.step(f"forward costs {pipe.target.spec}",
                     f"measuring what a forward over n tokens costs {pipe.target.spec} here "

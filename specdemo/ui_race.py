@@ -224,7 +224,7 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
 
     Args:
         prompt: the user message (chat template applied).
-        preset: a preset name (default: the default preset).
+        preset: a preset name (default: the one the app was started with, else the default preset).
         draft: none, ngram, self, early-exit:N or a model (default: the preset's draft).
         max_new_tokens: tokens to generate at most.
         temperature: 0 for greedy.

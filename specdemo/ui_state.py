@@ -48,10 +48,16 @@ def _pairing(preset_name: str | None) -> dict:
             "dtype": "float32", "quantization": "none", "preset": None}
 
 
+APP_PRESET: list[str | None] = [None]  # the preset app.py was started with (--preset), if any
+
+
 def _default_preset_name(name: str | None) -> str | None:
+    """``name``, else the preset the app was started with, else the default preset."""
     from .presets import PresetError, default_preset
     if name:
         return name
+    if APP_PRESET[0]:
+        return APP_PRESET[0]
     try:
         return default_preset().name
     except PresetError:
@@ -86,8 +92,11 @@ def model_status(preset_name: str | None, draft: str | None) -> str:
                 and not _READY.is_set() else "loads on first Send or with Load")
         return f"Models: `{p['target']}` not loaded yet ({when})."
     t = plain.target
-    line = (f"Models: `{t.spec}` loaded ({str(t.dtype).replace('torch.', '')} on {t.device}, "
-            f"{t.load_s:.1f} s)")
+    dtype = str(t.dtype).replace('torch.', '')
+    library = "torchao" if t.quantization in ("int4", "int8") else "bitsandbytes"
+    weights = (f"{t.quantization} {library} weights, rest {dtype}," if t.quantization
+               else dtype)
+    line = f"Models: `{t.spec}` loaded ({weights} on {t.device}, {t.load_s:.1f} s)"
     if pipe is None:
         return line + f"; draft `{draft}` not loaded yet."
     if pipe.draft is not None:

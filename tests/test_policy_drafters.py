@@ -109,3 +109,44 @@ def test_measure_forward_s_on_a_tiny_vocabulary():
     from specdemo.policy import measure_forward_s
     costs = measure_forward_s(KVModel(tiny_llama(vocab_size=8)), max_n=5, repeats=1)
     assert sorted(costs) == [1, 2, 3, 4, 5] and all(t > 0 for t in costs.values())
+
+
+def test_a_disturbed_one_token_forward_does_not_make_long_drafts_look_free():
+    """What a new user saw: the one-token forward timed at 1.9 s while another process had the
+    CPU, the wider ones at ~0.08 s; with nothing accepted, auto drafted 16 tokens every round."""
+    disturbed = {1: 1.9, **{n: 0.05 + 0.005 * n for n in range(2, 18)}}
+    policy = AdaptiveDraftLength(forward_s=disturbed)
+    assert policy.forward_time(1) == pytest.approx(0.06)  # no dearer than the cheapest width
+    assert all(policy.forward_time(n) >= policy.forward_time(1) for n in range(2, 18))
+    ks = []
+    for _ in range(64):  # nothing is accepted; drafting costs 4 ms a token
+        k = policy.choose()
+        ks.append(k)
+        policy.update(k + 1, 0.05 + 0.005 * (k + 1), k, 0, 0.004 * k)
+    assert ks.count(0) >= 50, ks
+
+
+def test_measure_forward_s_keeps_the_fastest_repeat(monkeypatch):
+    """One forward slowed by another process must not set a width's cost."""
+    from specdemo.kv import KVModel
+    from specdemo.policy import measure_forward_s
+    ticks = iter([0.0, 5.0] + [0.0, 0.01] * 20)  # the first timed forward "took" 5 s
+    costs = measure_forward_s(KVModel(tiny_llama(vocab_size=8)), max_n=2, repeats=3,
+                              clock=lambda: next(ticks))
+    assert costs == {1: 0.01, 2: 0.01}
+
+
+def test_forward_costs_are_measured_once_per_target(monkeypatch):
+    """Switching the draft keeps the target's table (it does not depend on the drafter)."""
+    from specdemo import pipeline as P
+    calls = []
+    monkeypatch.setattr(P, "measure_forward_s", lambda kv, n: calls.append(n) or {1: 0.1, 2: 0.12})
+
+    class Loaded:
+        model = tiny_llama(vocab_size=8)
+    target = Loaded()
+    first, second = P.Pipeline(target, "ngram"), P.Pipeline(target, "self")
+    assert not second.forward_costs_known
+    assert first.forward_costs() == {1: 0.1, 2: 0.12}
+    assert second.forward_costs_known and second.forward_costs() == {1: 0.1, 2: 0.12}
+    assert len(calls) == 1

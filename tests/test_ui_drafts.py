@@ -73,3 +73,29 @@ def test_draft_checks_run_at_the_lowest_cpu_priority(monkeypatch):
     if sys.platform.startswith("linux"):
         assert seen["nice"] == 19
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # caller untouched
+
+
+def test_the_api_defaults_to_the_preset_the_app_was_started_with(monkeypatch):
+    """`python app.py --preset X`: a /race call that names no preset races X, as the page does."""
+    from specdemo import presets, ui_state
+    default = presets.default_preset().name
+    assert ui_state._default_preset_name(None) == default
+    monkeypatch.setattr(ui_state, "APP_PRESET", ["smollm2-135m-int4-ngram"])
+    assert ui_state._default_preset_name(None) == "smollm2-135m-int4-ngram"
+    assert ui_state._default_preset_name("smollm2-135m-self") == "smollm2-135m-self"
+
+
+def test_model_status_names_a_quantised_target(monkeypatch):
+    """An int4 target is not shown as a float32 one."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from specdemo import ui_state
+    target = NS(spec="builtin:smollm2-135m", dtype=torch.float32, device="cpu", load_s=4.6,
+                quantization="int4")
+    monkeypatch.setattr(ui_state.CACHE, "loaded", lambda *a: NS(target=target, draft=None))
+    line = ui_state.model_status("smollm2-135m-int4-ngram", "ngram")
+    assert "(int4 torchao weights, rest float32, on cpu, 4.6 s)" in line
+    target.quantization = None
+    assert "(float32 on cpu, 4.6 s)" in ui_state.model_status("smollm2-135m-ngram", "ngram")
