@@ -52,7 +52,9 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
     parser.add_argument("--repetition-penalty", default=1.0,
                         type=checked(inputs.number, "repetition penalty", above=0))
     parser.add_argument("--seed", default=None, type=checked(inputs.number, "seed", integer=True))
-    parser.add_argument("--draft-length", type=draft_length_arg, default=4, help="k or auto")
+    parser.add_argument("--draft-length", type=draft_length_arg, default=4,
+                        help="draft tokens per round, 1..64, or auto (default 4; the app and "
+                             "the presets use auto)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)",
                         type=checked(inputs.text, "stop", required=False))
     parser.add_argument("--system", default=None, help="system prompt",

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 CONVERT_BYTES_PER_S = 4e6  # GGUF bytes converted per second on a 2-core CPU (see module doc)
 TIMES_FILE = "step-times.json"
-GUESS_S = {"load": 3.0, "warm-up": 3.0, "forward costs": 8.0, "tokenizer": 10.0}
+GUESS_S = {"imports": 5.0, "load": 3.0, "warm-up": 3.0, "forward costs": 8.0, "tokenizer": 10.0}
 MIN_REMEMBER_S = 0.05  # faster than this was a cache hit (a model already in memory): no lesson
 
 

@@ -132,7 +132,7 @@ def startup_html(step: StepView | None, done: list[DoneStep], ready: bool,
         state = "ready"
     else:
         body = ("<b>Getting ready</b>: the models load now, so that Send answers at once. "
-                + (progress_html(step) if step else "next step…"))
+                + (progress_html(step) if step else "starting…"))
         state = "loading"
     return (f'<div class="sd-startup" data-state="{state}">{body}'
             + (f'<div class="sd-done-steps">{finished}</div>' if finished else "") + "</div>")

@@ -73,11 +73,16 @@ def engine_imports() -> None:
     """
     if _IMPORTED.is_set():
         return
+    from .startup import GUESS_S, STEPS
     with LOAD_LOCK:
-        import transformers
+        if _IMPORTED.is_set():
+            return
+        with STEPS.step("imports", "importing torch and transformers (once per start)",
+                        GUESS_S["imports"]):
+            import transformers
 
-        from . import compat, models, pipeline  # noqa: F401
-        transformers.AutoTokenizer, transformers.AutoModelForCausalLM, transformers.AutoConfig
+            from . import compat, models, pipeline  # noqa: F401
+            transformers.AutoTokenizer, transformers.AutoModelForCausalLM, transformers.AutoConfig
         _IMPORTED.set()
 
 
