@@ -77,8 +77,8 @@ def race_warnings(plain: DecodeStats | None, speculative: DecodeStats | None) ->
     """Warnings about a plain-vs-speculative comparison: [] or one sentence naming the runs
     during which other processes used more than ``machine.BUSY_SHARE`` of the CPU (their
     ``other_cpu_share``), since the speedup then compares a slowed run with another."""
-    shares = {name: s.other_cpu_share for name, s in (("plain", plain), ("speculative", speculative))
-              if s is not None}
+    lanes = {"plain": plain, "speculative": speculative}
+    shares = {name: s.other_cpu_share for name, s in lanes.items() if s is not None}
     warning = busy_warning(shares)
     return [warning] if warning else []
 
