@@ -263,7 +263,8 @@ def format_report(r: CostReport) -> str:
         fp = r.fast_path
         lines.append("")
         lines.append(f"fast path: {'on' if fp['applied'] else 'off (' + fp['reason'] + ')'}"
-                     + (f", kernels by rows {fp['kernels']}" if fp["applied"] else ""))
+                     + (f", kernels by rows {fp['kernels']}" if fp["applied"] else "")
+                     + (f" ({fp['reason']})" if fp["applied"] and fp["reason"] else ""))
     return "\n".join(lines)
 
 

@@ -189,6 +189,8 @@ def cmd_compare(args) -> int:
     speed = "n/a" if comparison.speedup is None else f"{comparison.speedup:.2f}x"
     same = "yes" if comparison.identical else f"no, first divergence at token {comparison.first_divergence}"
     print(f"speedup: {speed}   identical: {same}")
+    for warning in comparison.warnings:
+        print(f"warning: {warning}")
     return 0
 
 
@@ -211,7 +213,8 @@ def format_stats(label: str, s, draft_length: int | str | None = None) -> str:
     policy of a speculative run) also the k it used."""
     lines = [f"[{label}] new_tokens={s.new_tokens} tokens_per_s={_fmt(s.tokens_per_s)} "
              f"decode_tokens_per_s={_fmt(s.decode_tokens_per_s)} ttft_s={_fmt(s.ttft_s, '.3f')} "
-             f"target_forwards={s.target_forwards} finish_reason={s.finish_reason}"]
+             f"target_forwards={s.target_forwards} finish_reason={s.finish_reason} "
+             f"other_cpu_share={_fmt(s.other_cpu_share)}"]
     if s.drafted:
         per_pos = ", ".join(_fmt(a) for a in s.per_position_acceptance)
         lines.append(f"    drafted={s.drafted} accepted={s.accepted} "

@@ -18,6 +18,7 @@ import torch
 
 from .drafters import Drafter, wants_features
 from .kv import Cancelled, KVModel, stop_on
+from .machine import OtherCpuUse
 from .policy import DraftLengthPolicy, FixedDraftLength
 from .sampling import SamplingParams, choose, next_token_probs, verify
 from .stats import DecodeStats
@@ -148,7 +149,8 @@ def decode(
             long prefill (of the target, or of a draft model catching up with the prompt);
             finish_reason "cancelled", what was emitted is kept.
     Yields:
-        DecodeEvent per round; the last has ``done=True`` and the final stats.
+        DecodeEvent per round; the last has ``done=True`` and the final stats (with
+        ``other_cpu_share``: how much of the CPU other processes took meanwhile).
     Raises:
         ValueError: on an empty prompt or max_new_tokens < 1.
     """
@@ -193,6 +195,8 @@ def decode(
         if stats.ttft_s is None:
             stats.ttft_s = stats.elapsed_s
         done = stats.finish_reason is not None
+        if done:
+            stats.other_cpu_share = others.share_if_measurable()
         return DecodeEvent(tokens[:kept], flags[:kept], text.delta(final=done), stats.copy(), done)
 
     layers = wants_features(drafter)
@@ -205,8 +209,10 @@ def decode(
 
     def cancelled() -> DecodeEvent:
         stats.finish_reason = "cancelled"
+        stats.other_cpu_share = others.share_if_measurable()
         return DecodeEvent([], [], text.delta(final=True), stats.copy(), True)
 
+    others = OtherCpuUse()  # how busy the machine is while this decode is timed
     start = time.perf_counter()
     target.reset()
     try:

@@ -24,7 +24,10 @@ calibrated range use ``F.linear``, the best for prefill). All kernels compute th
 products in a different summation order, so logits differ in the last bits only.
 ``SPECDEMO_FASTPATH=0`` leaves the model as transformers built it (for before/after measurements).
 The choice is stored per machine and model shape and reused (``SPECDEMO_FASTPATH=recalibrate``
-measures again).
+measures again). A calibration during which other processes used more than
+``machine.BUSY_SHARE`` of the CPU is not stored (timings of 0.10-1.04 s per pass instead of
+0.016-0.047 s chose the wrong kernels on a shared 2-core machine): that session keeps ``linear``
+for every row count, and the next load calibrates again.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from .machine import BUSY_SHARE, OtherCpuUse
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +63,16 @@ class FastPathInfo:
 
     Attributes:
         applied: False when the model was left as it was (then ``reason`` says why).
+        reason: why the model was left as it was; when applied, a note on the choice or "" (a
+            calibration on a busy machine: ``linear`` kept for every row count, not stored).
         kernels: rows -> kernel name for 1..max calibrated rows (more rows: ``linear``).
         timings_s: kernel -> {rows: seconds of one pass over the timed weights}.
         extra_memory_bytes: bytes of packed weight copies kept.
         calibrate_s: seconds the calibration took (0 when the choice came from the cache).
         linears: number of ``nn.Linear`` modules given the dispatching forward.
         cached: True when the kernels came from an earlier calibration on this machine.
+        other_cpu_share: CPU time other processes took during this calibration, as a share of
+            all cores' time (0..1); None when nothing was calibrated (cached or forced).
     """
 
     applied: bool
@@ -74,6 +83,7 @@ class FastPathInfo:
     calibrate_s: float = 0.0
     linears: int = 0
     cached: bool = False
+    other_cpu_share: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -302,18 +312,27 @@ def _store_choice(key: str, kernels: dict[int, str], timings: dict[str, dict[int
         log.warning("fast path: could not store the calibration in %s (%s)", path, exc)
 
 
-def _choose(modules: list[torch.nn.Linear], rows: tuple[int, ...]
-            ) -> tuple[dict[int, str], dict[str, dict[int, float]], bool]:
+def _choose(modules: list[torch.nn.Linear], rows: tuple[int, ...]) -> FastPathInfo:
     """Kernels by rows from the cache when this machine calibrated this model shape before (the
-    packed weights are rebuilt if needed), else by :func:`calibrate` (then stored)."""
+    packed weights are rebuilt if needed), else by :func:`calibrate`, then stored unless other
+    processes used more than ``BUSY_SHARE`` of the CPU meanwhile (then ``linear`` for every row
+    count, a note in ``reason``, nothing stored). ``calibrate_s`` and ``linears`` are left 0."""
     key = _cache_key(modules, rows)
     cached = _cached_choice(key)
     if cached is not None and ("packed" not in cached[0].values()
                                or "packed" in _candidates(modules)):
-        return (*cached, True)
+        return FastPathInfo(True, kernels=cached[0], timings_s=cached[1], cached=True)
+    others = OtherCpuUse()
     choice, timings = calibrate(modules, _candidates(modules), rows)
+    share = others.share()
+    if share > BUSY_SHARE:
+        note = (f"machine busy during calibration (others used {share:.0%} of the CPU): kept "
+                "F.linear, not stored")
+        log.warning("fast path: %s", note)
+        return FastPathInfo(True, reason=note, kernels={n: "linear" for n in choice},
+                            timings_s=timings, other_cpu_share=share)
     _store_choice(key, choice, timings)
-    return choice, timings, False
+    return FastPathInfo(True, kernels=choice, timings_s=timings, other_cpu_share=share)
 
 
 def _drop_packed(modules: list[torch.nn.Linear]) -> None:
@@ -340,7 +359,9 @@ def speed_up(model: torch.nn.Module, rows: tuple[int, ...] = CALIBRATION_ROWS,
             models stay deterministic; per-call overhead dominates there anyway).
     Returns:
         :class:`FastPathInfo`; ``applied`` is False when ``SPECDEMO_FASTPATH=0`` or when the
-        model has no plain float linears on the CPU.
+        model has no plain float linears on the CPU. A calibration during which other processes
+        took more than ``machine.BUSY_SHARE`` of the CPU is not stored and chooses ``linear``
+        for every row count (``reason`` says so, ``other_cpu_share`` gives the share).
     Raises:
         ValueError: an unknown ``force`` kernel, or ``packed`` where oneDNN cannot pack.
     """
@@ -363,15 +384,14 @@ def speed_up(model: torch.nn.Module, rows: tuple[int, ...] = CALIBRATION_ROWS,
             raise ValueError(f"unknown kernel {force!r}; choose from {', '.join(KERNELS)}")
         if force == "packed" and "packed" not in _candidates(modules):
             raise ValueError("oneDNN cannot pack these weights on this machine")
-        choice, timings, cached = {n: force for n in range(1, max(rows) + 1)}, {}, False
+        info = FastPathInfo(True, kernels={n: force for n in range(1, max(rows) + 1)})
     else:
-        choice, timings, cached = _choose(modules, rows)
-    info = FastPathInfo(True, kernels=choice, timings_s=timings,
-                        calibrate_s=0.0 if cached else time.perf_counter() - start,
-                        linears=len(modules), cached=cached)
+        info = _choose(modules, rows)
+    info.calibrate_s = 0.0 if info.cached else time.perf_counter() - start
+    info.linears = len(modules)
     install(model, info)
-    log.info("fast path: kernels by rows %s (%s)", choice,
-             "cached" if cached else f"calibrated in {info.calibrate_s:.1f} s")
+    log.info("fast path: kernels by rows %s (%s)", info.kernels,
+             "cached" if info.cached else f"calibrated in {info.calibrate_s:.1f} s")
     return info
 
 

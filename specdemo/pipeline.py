@@ -13,9 +13,10 @@ from typing import Iterator
 from .drafters import make_drafter
 from .engine import DecodeEvent, DecodeResult, collect, decode
 from .kv import KVModel
+from .machine import busy_warning
 from .policy import AdaptiveDraftLength, make_policy, measure_forward_s
 from .sampling import SamplingParams
-from .stats import speedup
+from .stats import DecodeStats, speedup
 
 
 @dataclass(frozen=True)
@@ -46,23 +47,40 @@ class DecodeSettings:
 
 @dataclass
 class Comparison:
-    """Plain and speculative decodes of one prompt, run one after the other."""
+    """Plain and speculative decodes of one prompt, run one after the other.
+
+    Attributes:
+        warnings: sentences on why the numbers may not hold, e.g. other processes used more
+            than ``machine.BUSY_SHARE`` of the CPU during a run (see :func:`race_warnings`).
+    """
 
     plain: DecodeResult
     speculative: DecodeResult
     speedup: float | None = field(init=False)
     identical: bool = field(init=False)
     first_divergence: int | None = field(init=False)
+    warnings: list[str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.speedup = speedup(self.plain.stats, self.speculative.stats)
         self.first_divergence = first_divergence(self.plain.token_ids, self.speculative.token_ids)
         self.identical = self.first_divergence is None
+        self.warnings = race_warnings(self.plain.stats, self.speculative.stats)
 
     def as_dict(self) -> dict:
         return {"plain": result_dict(self.plain), "speculative": result_dict(self.speculative),
                 "speedup": self.speedup, "identical": self.identical,
-                "first_divergence": self.first_divergence}
+                "first_divergence": self.first_divergence, "warnings": self.warnings}
+
+
+def race_warnings(plain: DecodeStats | None, speculative: DecodeStats | None) -> list[str]:
+    """Warnings about a plain-vs-speculative comparison: [] or one sentence naming the runs
+    during which other processes used more than ``machine.BUSY_SHARE`` of the CPU (their
+    ``other_cpu_share``), since the speedup then compares a slowed run with another."""
+    lanes = {"plain": plain, "speculative": speculative}
+    shares = {name: s.other_cpu_share for name, s in lanes.items() if s is not None}
+    warning = busy_warning(shares)
+    return [warning] if warning else []
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

@@ -157,6 +157,8 @@ class RaceSnapshot:
         speedup: tokens_per_s(speculative) / tokens_per_s(plain), once both have tokens.
         first_divergence: index of the first differing token once both lanes finished, else None.
         identical: True/False once both lanes finished with tokens, else None.
+        warnings: sentences on why the speedup may not hold (``pipeline.race_warnings``: other
+            processes used much of the CPU during a finished lane), else empty.
     """
 
     panes: dict[str, PaneView]
@@ -165,6 +167,7 @@ class RaceSnapshot:
     speedup: float | None = None
     first_divergence: int | None = None
     identical: bool | None = None
+    warnings: tuple[str, ...] = ()
 
     @property
     def done(self) -> bool:
@@ -381,7 +384,7 @@ class Race:
                         tuple((s.t_s, s.stats.new_tokens) for s in steps))
 
     def _snapshot(self, views: dict[str, PaneView], phase: str, clock_s: float | None = None) -> RaceSnapshot:
-        from .pipeline import first_divergence
+        from .pipeline import first_divergence, race_warnings
         plain, spec = views.get(PLAIN), views.get(SPECULATIVE)
         gain = divergence = identical = None
         if plain and spec and plain.stats and spec.stats:
@@ -389,7 +392,8 @@ class Race:
             if plain.finished and spec.finished:
                 divergence = first_divergence(list(plain.token_ids), list(spec.token_ids))
                 identical = divergence is None
-        return RaceSnapshot(views, phase, clock_s, gain, divergence, identical)
+        warnings = race_warnings(plain.stats if plain else None, spec.stats if spec else None)
+        return RaceSnapshot(views, phase, clock_s, gain, divergence, identical, tuple(warnings))
 
     def snapshot(self) -> RaceSnapshot:
         """Both panes as recorded so far."""

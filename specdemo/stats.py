@@ -60,6 +60,10 @@ class DecodeStats:
             ``draft_length`` can be 0 although the run drafted; these describe the whole run.
         extra_memory_bytes: bytes the drafter adds (its weights not shared with the target + its
             KV cache); 0 for plain decoding and for the n-gram drafter.
+        other_cpu_share: CPU time other processes took during this decode (request to last
+            token) as a share of all cores' time, 0..1 (``machine.OtherCpuUse``); set on the
+            final event, None before it and for decodes shorter than ``machine.MIN_MEASURED_S``.
+            Above ``machine.BUSY_SHARE`` the decode's times are not this machine's.
         finish_reason: "eos", "stop", "length", "cancelled" or None while running.
     """
 
@@ -83,6 +87,7 @@ class DecodeStats:
     draft_length_min: int | None = None
     draft_length_max: int | None = None
     extra_memory_bytes: int = 0
+    other_cpu_share: float | None = None
     finish_reason: str | None = None
 
     # --- derived metrics (DESIGN.md names) -------------------------------------------------

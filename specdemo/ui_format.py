@@ -171,7 +171,8 @@ def counters_html(view: PaneView | None, speculative: bool, draft_length: int | 
 
 
 def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
-    """Speedup between the panes and the lossless badge."""
+    """Speedup between the panes, a warning beside it when the machine was busy during a lane
+    (``snap.warnings``), and the lossless badge."""
     if snap is None:
         return '<div class="sd-verdict"><span class="sd-chip">send a prompt to start the race</span></div>'
     chips = []
@@ -180,6 +181,13 @@ def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
         chips.append(f'<span class="sd-chip sd-speedup" data-speedup="{snap.speedup:.4f}" '
                      f'title="speedup: tokens_per_s(speculative) / tokens_per_s(plain)">'
                      f'Speedup {snap.speedup:.2f}× (speculative {word}, in tokens/s)</span>')
+    shares = {name: view.stats.other_cpu_share for name, view in snap.panes.items()
+              if view.stats is not None and view.stats.other_cpu_share is not None}
+    busy_title = "other_cpu_share: " + ", ".join(f"{name} {share:.2f}"
+                                                 for name, share in shares.items())
+    for warning in snap.warnings:
+        chips.append(f'<span class="sd-chip sd-busy" data-warning="busy" '
+                     f'title="{html.escape(busy_title)}">⚠ {html.escape(warning)}</span>')
     plain, spec = snap.panes.get(PLAIN), snap.panes.get(SPECULATIVE)
     if snap.done and plain and spec:
         if plain.status != DONE or spec.status != DONE:

@@ -231,7 +231,9 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         draft_length: 1..64 or "auto" (default: the preset's).
     Returns:
         {"plain": {...}, "speculative": {...}, "speedup": x, "identical": bool,
-        "first_divergence": i} with DESIGN.md metric names; a pane that failed has "error"
+        "first_divergence": i, "warnings": [...]} with DESIGN.md metric names (each pane's
+        ``other_cpu_share``; ``warnings`` says when other processes used so much of the CPU
+        during a run that the speedup is not reliable); a pane that failed has "error"
         (a draft that cannot be loaded fails before either pane runs: the other is "skipped").
     Raises:
         gr.Error: an empty or invalid prompt, an unknown preset, a malformed draft, or a value
@@ -254,5 +256,6 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         _forget_cancel(request, race.cancel)
     return {PLAIN: _pane_dict(snap.panes[PLAIN]), SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE]),
             "speedup": snap.speedup, "identical": snap.identical,
-            "first_divergence": snap.first_divergence, "preset": preset,
+            "first_divergence": snap.first_divergence, "warnings": list(snap.warnings),
+            "preset": preset,
             "draft": draft or pairing["draft"]}

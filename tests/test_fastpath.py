@@ -9,6 +9,7 @@ from specdemo import fastpath
 from specdemo.drafters import make_drafter
 from specdemo.engine import generate
 from specdemo.kv import KVModel
+from specdemo.machine import OtherCpuUse
 from specdemo.policy import FixedDraftLength
 from tiny import CharTokenizer, tiny_llama
 
@@ -74,11 +75,18 @@ def test_greedy_plain_and_speculative_through_the_fast_path_equal_unpatched_plai
         assert run.stats.drafted > 0
 
 
+def other_processes_use(monkeypatch, share: float) -> None:
+    """Other processes' share of the CPU during every calibration, as OtherCpuUse reports it."""
+    monkeypatch.setattr(OtherCpuUse, "share", lambda self: share)
+
+
 def test_calibration_picks_a_kernel_per_row_count_and_is_reused(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
+    other_processes_use(monkeypatch, 0.05)  # quiet, whoever else shares this machine now
     model = tiny_llama(seed=1, layers=2, hidden=64)
     info = fastpath.speed_up(model, rows=(1, 2, 4), min_weight_bytes=0)
     assert info.applied and not info.cached and info.calibrate_s > 0
+    assert info.reason == "" and info.other_cpu_share == 0.05
     assert sorted(info.kernels) == [1, 2, 3, 4]
     assert info.kernels[3] == info.kernels[2]  # rows between timed counts use the one below
     assert set(info.timings_s) == set(_kernels())
@@ -92,6 +100,7 @@ def test_calibration_picks_a_kernel_per_row_count_and_is_reused(monkeypatch, tmp
     again = fastpath.speed_up(tiny_llama(seed=5, layers=2, hidden=64), rows=(1, 2, 4),
                               min_weight_bytes=0)  # same shapes, other weights: same choice
     assert again.cached and again.kernels == info.kernels and again.calibrate_s == 0.0
+    assert again.other_cpu_share is None  # nothing measured: the cache answered
     assert (tmp_path / fastpath.CACHE_FILE).is_file()
     other = fastpath.speed_up(tiny_llama(seed=1, layers=3, hidden=64), rows=(1, 2, 4),
                               min_weight_bytes=0)
@@ -111,3 +120,29 @@ def test_left_alone_when_disabled_or_small(monkeypatch):
     with pytest.raises(ValueError, match="unknown kernel"):
         monkeypatch.delenv("SPECDEMO_FASTPATH")
         fastpath.speed_up(model, force="magic")
+
+
+def test_a_calibration_on_a_busy_machine_keeps_linear_and_is_not_stored(monkeypatch, tmp_path,
+                                                                         caplog):
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
+    monkeypatch.setattr(fastpath, "_pick", lambda seconds: "blocked")  # what a quiet run chose
+    other_processes_use(monkeypatch, 0.43)
+    model = tiny_llama(seed=1, layers=2, hidden=64)
+    with caplog.at_level("WARNING", logger="specdemo.fastpath"):
+        info = fastpath.speed_up(model, rows=(1, 2, 4), min_weight_bytes=0)
+    note = "machine busy during calibration (others used 43% of the CPU): kept F.linear, not stored"
+    assert info.applied and not info.cached and info.reason == note
+    assert info.other_cpu_share == 0.43
+    assert info.kernels == {1: "linear", 2: "linear", 3: "linear", 4: "linear"}
+    assert sorted(info.timings_s["linear"]) == [1, 2, 4]  # what was measured stays inspectable
+    assert info.extra_memory_bytes == 0  # no packed copies kept for kernels never used
+    assert not (tmp_path / fastpath.CACHE_FILE).exists()
+    assert note in caplog.text
+    # The next load, on a quiet machine, calibrates again and stores what it chose.
+    other_processes_use(monkeypatch, 0.1)
+    quiet = fastpath.speed_up(tiny_llama(seed=1, layers=2, hidden=64), rows=(1, 2, 4),
+                              min_weight_bytes=0)
+    assert not quiet.cached and quiet.reason == ""
+    assert set(quiet.kernels.values()) == {"blocked"}
+    assert (tmp_path / fastpath.CACHE_FILE).is_file()
+    assert fastpath.speed_up(model, rows=(1, 2, 4), min_weight_bytes=0).kernels == quiet.kernels

@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from ..machine import OtherCpuUse
 from ..stats import ratio
 from .aggregate import aggregate, best_overall_draft_length, median, rounded
 from .config import DIGITS, BenchConfig, PeakMemory, Run
@@ -297,30 +298,4 @@ def machine_info(target) -> dict:
     elif device.type == "mps":
         info["device_name"] = f"Apple silicon ({platform.machine()}) via MPS"
     return info
-
-
-class OtherCpuUse:
-    """CPU time other processes take while the benchmark runs, as a share of all cores' time.
-
-    System-wide busy seconds (psutil) minus this process's own, over wall seconds x logical cores.
-    """
-
-    def __init__(self) -> None:
-        import psutil
-        self._psutil = psutil
-        self._start = (self._busy_s(), self._own_s(), time.perf_counter())
-
-    def _busy_s(self) -> float:
-        t = self._psutil.cpu_times()
-        return sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
-
-    def _own_s(self) -> float:
-        t = self._psutil.Process().cpu_times()
-        return t.user + t.system
-
-    def share(self) -> float:
-        busy0, own0, wall0 = self._start
-        wall = (time.perf_counter() - wall0) * (self._psutil.cpu_count(logical=True) or 1)
-        others = (self._busy_s() - busy0) - (self._own_s() - own0)
-        return max(0.0, min(1.0, others / wall)) if wall > 0 else 0.0
 
