@@ -291,10 +291,15 @@ def check_specs(target_spec: str, draft_spec: str, *, trust_remote_code: bool = 
 # --- command line -----------------------------------------------------------------------------
 
 def register(sub) -> None:
-    """Add ``check --target T --draft D [--json]`` (exit status 0 / 0 / 2; 1 when loading fails)."""
+    """Add ``check --target T --draft D [--json]``: exit status 0 / 0 / 2 for the verdicts; 2 also
+    for a spec refused at once (``specdemo.inputs``, the same words as run and the /race API);
+    1 when a tokenizer or the target's config cannot be read."""
+    from .decode_cli import checked  # the argparse face of specdemo.inputs
+    from .inputs import draft, target
     parser = sub.add_parser("check", help="can this draft serve this target? (exit 0 / 0 / 2)")
-    parser.add_argument("--target", required=True, help="HF id, local dir, .gguf file or builtin:<name>")
-    parser.add_argument("--draft", required=True,
+    parser.add_argument("--target", required=True, type=checked(target, "target"),
+                        help="HF id, local dir, .gguf file or builtin:<name>")
+    parser.add_argument("--draft", required=True, type=checked(draft, "draft"),
                         help="a model like --target, ngram / self / early-exit:N / mtp, or a "
                              "learned drafter folder or hub id (EAGLE-3, DFlash, Gemma 4 assistant)")
     parser.add_argument("--trust-remote-code", action="store_true",

@@ -163,9 +163,13 @@ def test_check_command_exit_status_and_json(models_module, capsys):
 
 
 def test_check_command_reports_unloadable_tokenizer(tmp_path, models_module, capsys):
+    """Folders that exist but hold no tokenizer (a missing path is refused at once, exit status
+    2: tests/test_inputs.py)."""
     from specdemo.cli import main
 
-    status = main(["check", "--target", str(tmp_path / "missing"), "--draft", str(tmp_path / "gone")])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bare").mkdir()
+    status = main(["check", "--target", str(tmp_path / "empty"), "--draft", str(tmp_path / "bare")])
     assert status == 1
     assert capsys.readouterr().out.startswith("error: cannot load a tokenizer")
 
