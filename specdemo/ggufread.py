@@ -7,6 +7,9 @@ module of the model. Measured on a 2-core CPU for SmolLM2-135M (Q4_1, 98 MB): ea
 ~47 s conversion. Inside :func:`shared_reading` the reader is built once per file and the name
 map once per (architecture, layers); the tensors, config and tokenizer come out identical (the
 reader is read-only; checked by ``tests/test_startup.py``).
+
+:func:`block_count` reads a model's layer count from the metadata at the head of the file
+alone (milliseconds), where ``GGUFReader`` would parse the whole file first.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import struct
 import threading
-from typing import Iterator
+from pathlib import Path
+from typing import BinaryIO, Iterator
 
 _LOCK = threading.Lock()  # one patch at a time: the patched names are module globals
 
@@ -41,3 +46,83 @@ def shared_reading() -> Iterator[None]:
             yield
         finally:
             gguf.GGUFReader, gguf.get_tensor_name_map = make_reader, name_map
+
+
+# GGUF metadata value types (ggml's gguf.md, "GGUF file structure"): fixed sizes in bytes
+_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_INTS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}
+_STRING, _ARRAY = 8, 9
+
+
+class _Parts:
+    """The files of a GGUF split into parts, read as one stream (only forward)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._paths, self._file = list(paths), None
+
+    def read(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            if self._file is None:
+                if not self._paths:
+                    raise ValueError("the GGUF file ends inside its metadata")
+                self._file = open(self._paths.pop(0), "rb")
+            chunk = self._file.read(n - len(out))
+            if not chunk:
+                self._file.close()
+                self._file = None
+            out += chunk
+        return out
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def _unpack(f: BinaryIO | _Parts, fmt: str):
+    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+
+def _value(f: BinaryIO | _Parts, kind: int):
+    """One metadata value: an int or str, or None for a value skipped (floats, bools, arrays)."""
+    if kind == _STRING:
+        return f.read(_unpack(f, "<Q")).decode("utf-8", "replace")
+    if kind == _ARRAY:
+        item, n = _unpack(f, "<I"), _unpack(f, "<Q")
+        if item in _SIZES:
+            f.read(_SIZES[item] * n)
+        else:
+            for _ in range(n):
+                _value(f, item)
+        return None
+    if kind in _INTS:
+        return _unpack(f, _INTS[kind])
+    if kind in _SIZES:
+        f.read(_SIZES[kind])
+        return None
+    raise ValueError(f"unknown GGUF metadata type {kind}")
+
+
+def block_count(paths: list[Path]) -> int:
+    """The number of decoder layers (``<architecture>.block_count``) of the GGUF file made of
+    ``paths`` (one file, or its parts in order), read from its metadata only.
+
+    Raises:
+        ValueError: not a GGUF file, or no block count before the metadata ends.
+        OSError: a file cannot be read.
+    """
+    f = _Parts(paths)
+    try:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{paths[0]} is not a GGUF file")
+        _version, _tensors, n_keys = struct.unpack("<IQQ", f.read(20))
+        values: dict[str, object] = {}
+        for _ in range(n_keys):
+            key = f.read(_unpack(f, "<Q")).decode("utf-8", "replace")
+            values[key] = _value(f, _unpack(f, "<I"))
+            arch = values.get("general.architecture")
+            if isinstance(values.get(f"{arch}.block_count"), int):
+                return int(values[f"{arch}.block_count"])
+    finally:
+        f.close()
+    raise ValueError(f"{paths[0]} has no <architecture>.block_count in its metadata")

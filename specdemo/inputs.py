@@ -112,29 +112,58 @@ def _looks_like_path(spec: str) -> bool:
             or spec.lower().endswith(".gguf"))
 
 
+def _model_forms() -> str:
+    from .models import builtin_names
+    return ("builtin:<name> (" + ", ".join(builtin_names()) + "), a local model folder, a .gguf "
+            "file or a Hugging Face id like org/name")
+
+
+def _missing_path(field: str, spec: str, forms: str) -> None:
+    """Refuse a spec that looks like a local path (``<path>+ngram`` included) but names nothing."""
+    if _looks_like_path(spec) and not Path(spec.removesuffix("+ngram")).expanduser().exists():
+        raise InputError(f"{field} {spec!r}: no such file or folder; valid forms: {forms}")
+
+
+def target(field: str, spec) -> str:
+    """A target model spec: ``builtin:<name>``, a local folder or ``.gguf`` file that exists, or
+    a hub id (checked when it is loaded).
+
+    Raises:
+        InputError: empty text, a path that does not exist, or an unknown built-in name (the
+            message lists the forms and the built-in names).
+    """
+    from .models import builtin_names
+    spec = text(field, spec).strip()
+    forms = _model_forms()
+    _missing_path(field, spec, forms)
+    if spec.startswith("builtin:") and spec.split(":", 1)[1] not in builtin_names():
+        raise InputError(f"{field} {spec!r} is not a built-in model; valid forms: {forms}")
+    return spec
+
+
 def draft(field: str, spec) -> str:
-    """A draft spec in one of the accepted forms (DESIGN.md, "Command line").
+    """A draft spec in one of the accepted forms (README, "Command line").
 
     Names that are not models are checked here (``early-exit:`` needs a layer count >= 1,
-    ``builtin:`` a built-in name); a model spec is checked when it is loaded, which a race does
-    for both lanes before either runs.
+    ``builtin:`` a built-in name), and a local path must exist; the rest of a model spec is
+    checked when it is loaded, which a race does for both lanes before either runs. Whether an
+    early-exit layer count fits the target is ``compat.check_specs``' question (it needs the
+    target's config).
 
     Raises:
         InputError: a malformed spec (the message lists the forms and the built-in names).
     """
     from .models import builtin_names
     spec = text(field, spec).strip()
-    forms = (", ".join(NON_MODEL_DRAFT_FORMS) + ", builtin:<name> ("
-             + ", ".join(builtin_names()) + "), a local model folder, a .gguf file or a Hugging "
-             "Face id like org/name")
+    forms = ", ".join(NON_MODEL_DRAFT_FORMS) + ", " + _model_forms()
     if spec.startswith("early-exit"):
         _, _, layers = spec.partition(":")
         if not layers.isdigit() or int(layers) < 1:
             raise InputError(f"{field} {spec!r}: early-exit needs a layer count of at least 1, "
                              f"e.g. early-exit:8; valid forms: {forms}")
-    elif _looks_like_path(spec) and not Path(spec.removesuffix("+ngram")).expanduser().exists():
-        raise InputError(f"{field} {spec!r}: no such file or folder; valid forms: {forms}")
-    elif spec.startswith("builtin:") and spec.split(":", 1)[1] not in builtin_names():
+        return spec
+    _missing_path(field, spec, forms)
+    if spec.startswith("builtin:") and spec.split(":", 1)[1] not in builtin_names():
         from .drafters.learned import BUILTIN_DRAFTERS, COMBINE
         if spec.split(":", 1)[1].removesuffix(COMBINE) not in BUILTIN_DRAFTERS:
             raise InputError(f"{field} {spec!r} is not a built-in model or drafter; valid forms: "

@@ -523,3 +523,44 @@ def _load_tokenizer(spec: str, trust_remote_code: bool) -> PreTrainedTokenizerBa
                                              trust_remote_code=trust_remote_code)
     return _from_hub(spec, lambda local_only: AutoTokenizer.from_pretrained(
         spec, trust_remote_code=trust_remote_code, local_files_only=local_only))
+
+
+def layer_count(spec: str, *, trust_remote_code: bool = False) -> int:
+    """The decoder layers of ``spec``'s model, read from its config without loading weights (for
+    the early-exit check): a model already loaded lends its config; a built-in reads its
+    converted folder or its GGUF metadata; a ``.gguf`` file its metadata; a folder or a hub id
+    its ``config.json`` (the hub only as :func:`load_model` would use it).
+
+    Raises:
+        ModelLoadError: the config cannot be read (a missing path, a hub id not cached while the
+            hub is off limits, ...), with what to do.
+    """
+    canonical = _canonical(spec)
+    for key, loaded in list(_LOADED.items()):
+        if key[0] == canonical:
+            return int(loaded.model.config.get_text_config().num_hidden_layers)
+    try:
+        return _layer_count(spec, trust_remote_code)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        _remote_code_guard(spec, exc)
+        raise ModelLoadError(f"could not read the config of {spec}: {_reason(exc)}") from exc
+
+
+def _layer_count(spec: str, trust_remote_code: bool) -> int:
+    from transformers import AutoConfig
+    kind = _kind(spec)
+    if kind == "builtin":
+        return builtin.builtin_layer_count(builtin._builtin(spec.split(":", 1)[1]))
+    if kind == "gguf":
+        from .ggufread import block_count
+        folder, name = _split_gguf(Path(spec).expanduser())
+        return block_count([folder / name])
+    if kind == "dir":
+        config = AutoConfig.from_pretrained(Path(spec).expanduser(),
+                                            trust_remote_code=trust_remote_code)
+    else:
+        config = _from_hub(spec, lambda local_only: AutoConfig.from_pretrained(
+            spec, trust_remote_code=trust_remote_code, local_files_only=local_only))
+    return int(config.get_text_config().num_hidden_layers)

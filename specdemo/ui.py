@@ -91,31 +91,31 @@ def _verdict(target: str, draft: str):
 def draft_options(target: str, presets: list) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Compatible drafts for ``target`` as (label, spec) choices, and (spec, reason) per refused one.
 
-    Candidates: ngram and self (always compatible), early-exit drafts of presets for this target,
-    learned drafters built for it (presets' EAGLE-3 / DFlash / MTP drafts and shipped
+    Candidates: ngram and self (always compatible), early-exit drafts of presets for this
+    target, learned drafters built for it (presets' EAGLE-3 / DFlash / MTP drafts and shipped
     ``builtin:`` drafters), the model drafts of those presets and the other built-in models.
-    Model drafts are checked with ``compat.check_specs`` (tokenizers only, no weights); learned
+    All but the first two are checked with ``compat.check_specs``: model drafts by their
+    tokenizers (no weights), early-exit layer counts against the target's config, learned
     drafters against the target's weights (``drafters.learned``).
     """
+    from .compat import is_early_exit
     from .drafters.learned import BUILTIN_DRAFTERS
     from .models import ModelLoadError, builtin_names
     ours = [p for p in presets if p.target == target]
-    non_model = list(NON_MODEL_DRAFTS) + sorted({p.draft for p in ours
-                                                 if p.draft.startswith("early-exit")})
+    early_exits = sorted({p.draft for p in ours if is_early_exit(p.draft)})
     kinds = {f"builtin:{n}": "eagle3" for n, t in BUILTIN_DRAFTERS.items() if t == target}
     kinds.update({p.draft: p.draft_kind for p in ours if p.draft_is_learned})
     models = list(dict.fromkeys(list(kinds) + [p.draft for p in ours if p.draft_is_model]
                                 + [f"builtin:{n}" for n in builtin_names()
                                    if f"builtin:{n}" != target]))
-    choices = [(spec, spec) for spec in non_model]
+    choices = [(spec, spec) for spec in NON_MODEL_DRAFTS]
     refused = []
-    for spec in models:
+    for spec in early_exits + models:
         kind = f" ({KIND_LABELS[kinds[spec]]})" if spec in kinds else ""
         try:
             verdict = _verdict(target, spec)
         except (ModelLoadError, OSError, ValueError, RuntimeError) as exc:
-            what = "it" if kind else "its tokenizer"
-            refused.append((spec, f"cannot check {what} ({exc})"))
+            refused.append((spec, _cannot_check(spec, exc, learned=bool(kind))))
             continue
         if verdict.status == "incompatible":
             refused.append((spec, verdict.reasons[0]))
@@ -124,6 +124,14 @@ def draft_options(target: str, presets: list) -> tuple[list[tuple[str, str]], li
         else:
             choices.append((f"{spec}{kind} (with warnings)", spec))
     return choices, refused
+
+
+def _cannot_check(spec: str, exc: Exception, learned: bool = False) -> str:
+    """Why ``spec`` could not be checked, for the draft list and the draft note."""
+    from .compat import is_early_exit
+    if is_early_exit(spec):
+        return str(exc)  # "cannot check early-exit:N: the layer count of T is unknown (...)"
+    return f"cannot check {'it' if learned else 'its tokenizer'} ({exc})"
 
 
 KIND_LABELS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "gemma4-assistant": "Gemma 4 assistant",
@@ -216,7 +224,7 @@ def on_draft(preset_name, draft):
         try:
             verdict = _verdict(p["target"], draft)
         except Exception as exc:
-            return f"⚠ `{draft}`: cannot check its tokenizer ({exc})"
+            return f"⚠ `{draft}`: {_cannot_check(draft, exc)}"
     mark = {"compatible": "✓", "compatible with warnings": "⚠", "incompatible": "✗"}[verdict.status]
     return f"{mark} `{draft}`: {verdict.status}. " + " ".join(verdict.reasons[:2])
 

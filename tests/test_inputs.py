@@ -81,3 +81,23 @@ def test_the_page_refuses_with_the_same_words():
         next(ui.send("hi", "\udcff", None, "ngram", "4", 0.0, 1.0, 8, -1, True, None, request))
     with pytest.raises(gr.Error, match="top-p must be a number above 0 and at most 1, got 2"):
         next(ui.send("hi", "", None, "ngram", "4", 0.0, 2, 8, -1, True, None, request))
+
+
+@pytest.mark.parametrize("flag", ["--target", "--draft"])
+def test_check_refuses_a_missing_path_at_once_with_runs_words(capsys, monkeypatch, flag):
+    """A user's report: ``check --draft /tmp/nonexistent`` took 8 s and ended with exit status 1
+    and other words than ``run``'s immediate refusal."""
+    import specdemo.models as models
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a tokenizer or config was read for a path that does not exist")
+    for name in ("load_tokenizer", "load_model", "layer_count"):
+        monkeypatch.setattr(models, name, no_load)
+    other = "--draft" if flag == "--target" else "--target"
+    spec = {"--target": "builtin:smollm2-135m", "--draft": "ngram"}[other]
+    missing = "/tmp/specdemo-no-such-model-anywhere"
+    checked = cli_error(capsys, "check", flag, missing, other, spec)
+    field = flag.removeprefix("--")
+    assert f"argument {flag}: {field} '{missing}': no such file or folder; valid forms: " in checked
+    ran = cli_error(capsys, "run", "--prompt", "hi", flag, missing, other, spec)
+    assert checked.splitlines()[-1].split(": error: ")[1] == ran.splitlines()[-1].split(": error: ")[1]

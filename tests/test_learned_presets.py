@@ -155,4 +155,5 @@ def test_dropdown_offers_the_learned_drafters_built_for_the_target(monkeypatch):
     assert not any("DFlash" in spec or "assistant" in spec for spec in checked)
     checked.clear()
     ui.draft_options("builtin:smollm2-135m", presets)
-    assert checked[0] == "builtin:smollm2-135m-eagle3"
+    # the preset's early-exit draft is checked too (its layer count against the target's)
+    assert checked[:2] == ["early-exit:12", "builtin:smollm2-135m-eagle3"]

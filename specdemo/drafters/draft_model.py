@@ -10,6 +10,7 @@ import copy
 
 import torch
 
+from ..compat import early_exit_problem
 from ..kv import KVModel
 from ..sampling import SamplingParams
 from .base import Proposal, draw, fit_vocab, param_bytes
@@ -79,8 +80,9 @@ def early_exit_view(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
     layers = getattr(inner, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         raise ValueError(f"early-exit needs a decoder with model.layers; {type(model).__name__} has none")
-    if not 1 <= n_layers < len(layers):
-        raise ValueError(f"early-exit layers must be in 1..{len(layers) - 1}, got {n_layers}")
+    problem = early_exit_problem(n_layers, len(layers))
+    if problem:
+        raise ValueError(problem)
     config = copy.copy(model.config)
     config.num_hidden_layers = n_layers
     if getattr(config, "layer_types", None):
