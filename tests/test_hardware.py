@@ -99,7 +99,7 @@ def test_cpu_only_24gb_picks_a_cpu_preset_and_refuses_gpu_only_ones():
 
 def test_offline_default_is_chosen_among_the_builtin_presets():
     builtin = [p for p in list_presets() if p.target.startswith("builtin:")]
-    assert H.recommend(builtin, CPU_24GB).preset.name == "smollm2-135m-eagle3"
+    assert H.recommend(builtin, CPU_24GB).preset.name == "smollm2-135m-eagle3-ngram"
 
 
 def test_a_small_cpu_gets_the_int4_target_and_a_tinier_one_nothing(monkeypatch):

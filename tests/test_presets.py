@@ -47,7 +47,7 @@ def test_shipped_presets_are_the_promised_set():
         "qwen2.5-1.5b-0.5b", "qwen2.5-7b-0.5b", "qwen2.5-14b-4bit-0.5b", "qwen2.5-coder-7b-0.5b",
         "llama3.1-8b-3.2-1b", "smollm2-1.7b-135m", "smollm2-1.7b-360m", "gemma2-9b-2b",
         "qwen3-8b-0.6b", "llama3.1-8b-eagle3", "qwen3-4b-dflash", "gemma4-e2b-assistant",
-        "smollm2-135m-eagle3",
+        "smollm2-135m-eagle3", "smollm2-135m-eagle3-ngram",
     ])
 
 
@@ -74,16 +74,17 @@ def test_memory_comment_arithmetic_adds_up(name):
     assert sum(terms) == total == P.load_preset(P.PRESETS_DIR / f"{name}.toml").memory_bytes
 
 
-def test_exactly_one_default_and_it_is_the_offline_trained_head():
+def test_exactly_one_default_and_it_is_the_offline_trained_head_with_prompt_lookup():
     presets = P.list_presets()
-    assert [p.name for p in presets if p.default] == ["smollm2-135m-eagle3"]
+    assert [p.name for p in presets if p.default] == ["smollm2-135m-eagle3-ngram"]
     default = P.default_preset()
-    assert (default.target, default.draft) == ("builtin:smollm2-135m", "builtin:smollm2-135m-eagle3")
+    assert (default.target, default.draft) == ("builtin:smollm2-135m", "builtin:smollm2-135m-eagle3+ngram")
 
 
 def test_builtin_presets_cover_ngram_self_early_exit_and_the_trained_head():
     builtin = {p.draft for p in P.list_presets() if p.target == "builtin:smollm2-135m"}
-    assert builtin == {"ngram", "self", "early-exit:12", "builtin:smollm2-135m-eagle3"}
+    assert builtin == {"ngram", "self", "early-exit:12", "builtin:smollm2-135m-eagle3",
+                       "builtin:smollm2-135m-eagle3+ngram"}
 
 
 def test_gated_presets_are_llama_and_gemma():
@@ -94,7 +95,8 @@ def test_gated_presets_are_llama_and_gemma():
 def test_learned_presets_declare_their_family():
     kinds = {p.name: p.draft_kind for p in P.list_presets() if p.draft_is_learned}
     assert kinds == {"llama3.1-8b-eagle3": "eagle3", "qwen3-4b-dflash": "dflash",
-                     "gemma4-e2b-assistant": "gemma4-assistant", "smollm2-135m-eagle3": "eagle3"}
+                     "gemma4-e2b-assistant": "gemma4-assistant", "smollm2-135m-eagle3": "eagle3",
+                     "smollm2-135m-eagle3-ngram": "eagle3"}
     assert P.get_preset("qwen2.5-7b-0.5b").draft_kind == "model"
     assert P.get_preset("smollm2-135m-ngram").draft_kind == ""
 
@@ -212,7 +214,7 @@ def test_presets_command_text_marks_fit_and_default(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("this machine: ")
-    assert re.search(r"fits smollm2-135m-eagle3 .*\[default\]", out)
+    assert re.search(r"fits smollm2-135m-eagle3-ngram .*\[default\]", out)
     assert "recommended: " in out
 
 
