@@ -100,6 +100,7 @@ def test_builtin_layer_count_needs_no_conversion(tmp_path, monkeypatch, capsys):
     one from its folder's config."""
     gguf_file = tmp_path / "smol.gguf"
     _write_gguf(gguf_file, 30)
+    monkeypatch.setattr(models, "_LOADED", {})  # a model loaded by an earlier test lends its config
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(builtin, "_locate_parts", lambda b: [gguf_file])
     assert main(["check", "--target", "builtin:smollm2-135m", "--draft", "early-exit:99"]) == 2

@@ -99,3 +99,19 @@ def test_model_status_names_a_quantised_target(monkeypatch):
     assert "(int4 torchao weights, rest float32, on cpu, 4.6 s)" in line
     target.quantization = None
     assert "(float32 on cpu, 4.6 s)" in ui_state.model_status("smollm2-135m-ngram", "ngram")
+
+
+def test_model_status_names_a_stacked_drafter(monkeypatch):
+    """The default preset's draft is a learned drafter with prompt lookup over it (Combined)."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from specdemo import ui_state
+    from specdemo.drafters.learned import Combined
+    target = NS(spec="builtin:smollm2-135m", dtype=torch.float32, device="cpu", load_s=1.2,
+                quantization=None)
+    draft = Combined(NS(spec="builtin:smollm2-135m-eagle3", warnings=[]), load_s=0.1)
+    monkeypatch.setattr(ui_state.CACHE, "loaded", lambda *a: NS(target=target, draft=draft))
+    line = ui_state.model_status("smollm2-135m-eagle3-ngram", "builtin:smollm2-135m-eagle3+ngram")
+    assert "draft `builtin:smollm2-135m-eagle3+ngram` loaded (0.1 s)" in line

@@ -151,6 +151,11 @@ class Combined:
     load_s: float = 0.0
 
     @property
+    def spec(self) -> str:
+        """The spec it was loaded from, e.g. ``builtin:smollm2-135m-eagle3+ngram``."""
+        return self.learned.spec + COMBINE
+
+    @property
     def warnings(self) -> list[str]:
         return self.learned.warnings
 
