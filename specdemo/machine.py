@@ -9,6 +9,7 @@ path's calibration read it, and :func:`busy_warning` says when a result should n
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
@@ -85,3 +86,31 @@ def busy_warning(shares: dict[str, float | None], result: str = "the speedup") -
              else f"{share:.0%} during the {name} run" for i, (name, share) in enumerate(busy)]
     return (f"machine busy: other processes used {' and '.join(parts)}; {result} is not "
             "reliable")
+
+
+class ActiveRaces:
+    """How many races are queued or running in this process, so that background work of the
+    app (the draft list's compatibility checks) can wait until none is: work done meanwhile
+    would be timed as part of a race."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._idle = threading.Condition()
+
+    def begin(self) -> None:
+        with self._idle:
+            self._count += 1
+
+    def end(self) -> None:
+        with self._idle:
+            self._count = max(0, self._count - 1)
+            if self._count == 0:
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block until no race is queued or running (True), or ``timeout_s`` passed (False)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._count == 0, timeout_s)
+
+
+ACTIVE_RACES = ActiveRaces()

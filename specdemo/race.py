@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from .machine import ACTIVE_RACES
 from .startup import GUESS_S, STEPS, measure_forward_costs, warm_up
 from .stats import DecodeStats, speedup
 
@@ -356,7 +357,9 @@ class Race:
         if self._future is None:
             if self.lanes and self.records[self.lanes[0].name].status == WAITING:
                 self.records[self.lanes[0].name].status = LOADING
+            ACTIVE_RACES.begin()  # background checks of the page wait until it is done
             self._future = DEVICE.submit(self._work)
+            self._future.add_done_callback(lambda _: ACTIVE_RACES.end())
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until the race has run (no-op when it was never started)."""

@@ -21,6 +21,7 @@ import gradio as gr
 
 from . import inputs
 from . import race as racing
+from .machine import ACTIVE_RACES
 from .ui_format import (CHART_COLORS, LEGEND, acceptance_frame, chat_messages,  # noqa: F401
                         counters_html, privacy_html, race_frame, startup_html, tokens_html,
                         verdict_html)
@@ -74,15 +75,16 @@ def _checks() -> ThreadPoolExecutor:
 def _verdict(target: str, draft: str):
     """compat.check_specs, remembered per pair for this process (``recheck`` forgets).
 
-    Waits while a race is being timed (it holds LOAD_LOCK) but computes without the lock, so a
-    race never waits for a check of the draft list; and it computes on a thread of the lowest
+    Waits while a race is queued or being timed (and while models load) but computes without
+    the lock, so a race never waits for a check of the draft list; and it computes on a thread of the lowest
     CPU priority, so a race that starts meanwhile is not slowed by it (a Gemma 3 tokenizer check
     takes ~10 s of CPU, which would otherwise be timed as part of the speculative run).
     """
     from .compat import check_specs
     key = (target, draft)
     if key not in _VERDICTS:
-        with LOAD_LOCK:  # not during a timed race...
+        ACTIVE_RACES.wait_idle(600)  # not while a race is queued or timed...
+        with LOAD_LOCK:  # ...nor while models load
             pass
         _VERDICTS[key] = _checks().submit(check_specs, target, draft).result()  # ...nor in its way
     return _VERDICTS[key]

@@ -115,3 +115,41 @@ def test_model_status_names_a_stacked_drafter(monkeypatch):
     monkeypatch.setattr(ui_state.CACHE, "loaded", lambda *a: NS(target=target, draft=draft))
     line = ui_state.model_status("smollm2-135m-eagle3-ngram", "builtin:smollm2-135m-eagle3+ngram")
     assert "draft `builtin:smollm2-135m-eagle3+ngram` loaded (0.1 s)" in line
+
+
+def test_a_draft_check_waits_while_a_race_is_queued_or_running(monkeypatch):
+    """Its CPU would be timed as part of the race: it starts only once no race is active."""
+    from specdemo.machine import ActiveRaces
+    races = ActiveRaces()
+    monkeypatch.setattr(ui, "ACTIVE_RACES", races)
+    monkeypatch.setattr(ui, "_VERDICTS", {})
+    started = threading.Event()
+
+    def check(target, draft, **kwargs):
+        started.set()
+        return Verdict(COMPATIBLE, ["fine"])
+    monkeypatch.setattr(compat, "check_specs", check)
+    races.begin()
+    checking = threading.Thread(target=ui._verdict, args=("builtin:t", "builtin:d"), daemon=True)
+    checking.start()
+    try:
+        assert not started.wait(0.5), "the check ran during a race"
+    finally:
+        races.end()
+    assert started.wait(30)
+    checking.join(30)
+    assert ui._VERDICTS[("builtin:t", "builtin:d")].status == COMPATIBLE
+
+
+def test_races_are_counted_until_their_device_work_is_done():
+    from specdemo.machine import ACTIVE_RACES
+    from specdemo.race import Race
+    assert ACTIVE_RACES.wait_idle(5)
+    race = Race([], None, None)
+    release = threading.Event()
+    monkey_work = lambda: release.wait(30)  # noqa: E731
+    race._work = monkey_work
+    race.start()
+    assert not ACTIVE_RACES.wait_idle(0.2)
+    release.set()
+    assert ACTIVE_RACES.wait_idle(30)
