@@ -123,7 +123,8 @@ def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_toke
         config = config_from_inputs(tasks, draft_lengths, max_new_tokens, repeats,
                                     prompts_per_task, temperature, reference, concurrency)
     except ValueError as exc:
-        raise gr.Error(str(exc))
+        from .ui_race import refusal
+        raise refusal(str(exc)) from None
     pair = pairing(preset_name)
     target, draft = (target or pair["target"]).strip(), (draft or pair["draft"]).strip()
     progress(0, desc=f"loading {target} + {draft}")

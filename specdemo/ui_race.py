@@ -71,13 +71,22 @@ def stop(request: gr.Request) -> None:
             event.set()
 
 
+def refusal(message: str) -> gr.Error:
+    """A gr.Error for input the user can fix: shown on the page and returned to API callers, but
+    not printed as a traceback in the app's terminal (it is not a fault of the app)."""
+    try:
+        return gr.Error(message, print_exception=False)
+    except TypeError:  # a gradio without print_exception
+        return gr.Error(message)
+
+
 def _valid(check, *args, **kwargs):
     """An :mod:`specdemo.inputs` check whose InputError becomes a gr.Error (the same message the
     command line gives)."""
     try:
         return check(*args, **kwargs)
     except inputs.InputError as exc:
-        raise gr.Error(str(exc)) from None
+        raise refusal(str(exc)) from None
 
 
 def _settings(temperature, top_p, max_new_tokens, seed, draft_length, names: dict | None = None):
@@ -185,7 +194,7 @@ def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, m
 def replay(replayable, conv, highlight, request: gr.Request):
     """Play the last race back, both panes side by side at their measured pace."""
     if not replayable:
-        raise gr.Error("Nothing to replay yet: send a prompt first.")
+        raise refusal("Nothing to replay yet: send a prompt first.")
     race, prompt, upto = replayable["race"], replayable["prompt"], replayable["upto"]
     cancel = _session_cancel(request)
     try:

@@ -153,3 +153,14 @@ def test_races_are_counted_until_their_device_work_is_done():
     assert not ACTIVE_RACES.wait_idle(0.2)
     release.set()
     assert ACTIVE_RACES.wait_idle(30)
+
+
+def test_refused_input_is_not_printed_as_a_traceback():
+    """A bad value from the page or the API is the user's to fix: gradio shows the message but
+    the app's terminal gets no traceback for it (a fresh user saw nine for nine refusals)."""
+    import gradio as gr
+    import pytest
+    with pytest.raises(gr.Error) as caught:
+        ui.race_api("   ", max_new_tokens=4)
+    assert "the prompt is empty" in str(caught.value)
+    assert getattr(caught.value, "print_exception", False) is False
