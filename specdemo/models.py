@@ -467,13 +467,8 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
         if key in _LOADED:
             return _LOADED[key]
         start = time.perf_counter()
-        try:
-            model, tokenizer, source = _load(spec, dev, dt, quant, trust_remote_code)
-        except ModelLoadError:
-            raise
-        except Exception as exc:
-            _remote_code_guard(spec, exc)
-            raise ModelLoadError(f"could not load {spec}: {_reason(exc)}") from exc
+        model, tokenizer, source = _explained(
+            lambda: _load(spec, dev, dt, quant, trust_remote_code), spec, "could not load")
         if dev.type == "cpu":
             from .fastpath import speed_up
             speed_up(model)  # kernel per row count, measured here (specdemo/fastpath.py)
@@ -498,17 +493,30 @@ def load_tokenizer(spec: str, *, trust_remote_code: bool = False) -> PreTrainedT
     Raises:
         ModelLoadError: as :func:`load_model`.
     """
+    loaded = _already_loaded(spec)
+    if loaded is not None:
+        return loaded.tokenizer
+    return _explained(lambda: _load_tokenizer(spec, trust_remote_code), spec,
+                      "could not load the tokenizer of")
+
+
+def _already_loaded(spec: str) -> LoadedModel | None:
+    """A model loaded in this process for ``spec`` (any device, dtype, quantization), or None.
+    No lock: a load in progress must not block a caller that only reads its config."""
     canonical = _canonical(spec)
-    for key, loaded in list(_LOADED.items()):  # no lock: a load in progress must not block this
-        if key[0] == canonical:
-            return loaded.tokenizer
+    return next((loaded for key, loaded in list(_LOADED.items()) if key[0] == canonical), None)
+
+
+def _explained(read: Callable[[], T], spec: str, failed: str) -> T:
+    """``read()``, with any failure but a ModelLoadError turned into one that says what to do
+    (``f"{failed} {spec}: reason"``; remote code refused with how to allow it)."""
     try:
-        return _load_tokenizer(spec, trust_remote_code)
+        return read()
     except ModelLoadError:
         raise
     except Exception as exc:
         _remote_code_guard(spec, exc)
-        raise ModelLoadError(f"could not load the tokenizer of {spec}: {_reason(exc)}") from exc
+        raise ModelLoadError(f"{failed} {spec}: {_reason(exc)}") from exc
 
 
 def _load_tokenizer(spec: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
@@ -535,17 +543,11 @@ def layer_count(spec: str, *, trust_remote_code: bool = False) -> int:
         ModelLoadError: the config cannot be read (a missing path, a hub id not cached while the
             hub is off limits, ...), with what to do.
     """
-    canonical = _canonical(spec)
-    for key, loaded in list(_LOADED.items()):
-        if key[0] == canonical:
-            return int(loaded.model.config.get_text_config().num_hidden_layers)
-    try:
-        return _layer_count(spec, trust_remote_code)
-    except ModelLoadError:
-        raise
-    except Exception as exc:
-        _remote_code_guard(spec, exc)
-        raise ModelLoadError(f"could not read the config of {spec}: {_reason(exc)}") from exc
+    loaded = _already_loaded(spec)
+    if loaded is not None:
+        return int(loaded.model.config.get_text_config().num_hidden_layers)
+    return _explained(lambda: _layer_count(spec, trust_remote_code), spec,
+                      "could not read the config of")
 
 
 def _layer_count(spec: str, trust_remote_code: bool) -> int:

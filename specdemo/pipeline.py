@@ -115,7 +115,6 @@ class Pipeline:
         self.draft_spec = draft_spec
         self.draft = draft
         self.kv = KVModel(target.model)
-        self._forward_s: dict[int, float] | None = None
 
     @property
     def draft_source(self):
@@ -127,18 +126,15 @@ class Pipeline:
     def forward_costs(self) -> dict[int, float]:
         """Seconds of a target forward by width (for ``auto``), measured once per target model
         in this process: every pipeline over the same loaded target (any drafter) reuses it."""
-        if self._forward_s is None:
-            self._forward_s = getattr(self.target.model, FORWARD_COSTS_ATTR, None)
-        if self._forward_s is None:
-            self._forward_s = measure_forward_s(self.kv, AdaptiveDraftLength().max_k + 1)
-            setattr(self.target.model, FORWARD_COSTS_ATTR, self._forward_s)
-        return self._forward_s
+        if not self.forward_costs_known:
+            setattr(self.target.model, FORWARD_COSTS_ATTR,
+                    measure_forward_s(self.kv, AdaptiveDraftLength().max_k + 1))
+        return getattr(self.target.model, FORWARD_COSTS_ATTR)
 
     @property
     def forward_costs_known(self) -> bool:
         """True when :meth:`forward_costs` would not measure (this target was measured before)."""
-        return (self._forward_s is not None
-                or getattr(self.target.model, FORWARD_COSTS_ATTR, None) is not None)
+        return getattr(self.target.model, FORWARD_COSTS_ATTR, None) is not None
 
     @property
     def context_length(self) -> int | None:

@@ -212,7 +212,6 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", **kwargs):
 
 
 _WARM: "weakref.WeakSet" = weakref.WeakSet()  # models warmed plainly, pipelines speculatively
-_COSTED: "weakref.WeakSet[Pipeline]" = weakref.WeakSet()  # pipelines with measured forward costs
 
 
 def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi") -> None:
@@ -241,10 +240,9 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi") -> No
 def measure_forward_costs(pipe: Pipeline) -> None:
     """Measure what a target forward over n tokens costs on this machine (draft length ``auto``
     needs it), once per target model, as a named step; call it on the device thread."""
-    if pipe in _COSTED or pipe.forward_costs_known:
+    if pipe.forward_costs_known:
         return
     with STEPS.step(f"forward costs {pipe.target.spec}",
                     f"measuring what a forward over n tokens costs {pipe.target.spec} here "
                     "(once, for draft length auto)", GUESS_S["forward costs"]):
         pipe.forward_costs()
-    _COSTED.add(pipe)
