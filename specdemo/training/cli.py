@@ -27,6 +27,12 @@ def register(sub) -> None:
     p.add_argument("--max-prompts", type=int, default=None, help="use only the first N training prompts")
     p.add_argument("--answers-per-prompt", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=128, help="longest generated answer")
+    p.add_argument("--temperatures", default="0.7",
+                   help="comma-separated sampling temperatures of answers 1.. (answer 0 is greedy), "
+                        "used in turn; e.g. 0.7,1.0")
+    p.add_argument("--generate-batch", type=int, default=16, help="answers generated together")
+    p.add_argument("--stop-after", choices=["answers", "features"], default=None,
+                   help="stop after this stage (e.g. generate data in the background, train later)")
     p.add_argument("--generate-minutes", type=float, default=None,
                    help="stop generating answers after this long and train on what exists")
     p.add_argument("--epochs", type=int, default=3)
@@ -40,6 +46,17 @@ def register(sub) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--resume", action="store_true", help="continue from what --out holds")
     p.set_defaults(func=cmd_train)
+
+
+def _temperatures(text: str) -> float | tuple[float, ...]:
+    """``--temperatures``: one float, or a tuple of floats used in turn (refused when not > 0)."""
+    try:
+        temps = tuple(float(t) for t in text.split(","))
+    except ValueError:
+        raise SystemExit(f"error: --temperatures {text!r}: expected numbers separated by commas") from None
+    if not temps or any(not t > 0 for t in temps):
+        raise SystemExit(f"error: --temperatures {text!r}: every temperature must be above 0")
+    return temps[0] if len(temps) == 1 else temps
 
 
 def _versions() -> dict:
@@ -102,7 +119,7 @@ def _train(args: argparse.Namespace) -> int:
     recipe = train.Recipe(draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps,
                           epochs=args.epochs, learning_rate=args.learning_rate,
                           batch_tokens=args.batch_tokens, answers_per_prompt=args.answers_per_prompt,
-                          max_new_tokens=args.max_tokens,
+                          max_new_tokens=args.max_tokens, temperature=_temperatures(args.temperatures),
                           feature_layers=eagle3_default_layers(num_layers(target.model)))
     recipe_file = out / "recipe.json"
     if args.resume and recipe_file.exists():
@@ -112,15 +129,21 @@ def _train(args: argparse.Namespace) -> int:
     timings = {}
     t0 = time.time()
     data.generate_answers(target, train_rows, out, recipe.answers_per_prompt, recipe.temperature,
-                          recipe.max_new_tokens,
+                          recipe.max_new_tokens, batch_size=args.generate_batch,
                           budget_s=None if args.generate_minutes is None else 60 * args.generate_minutes)
     timings["generate_s"] = time.time() - t0
+    if args.stop_after == "answers":
+        print(f"answers are in {out / data.ANSWERS}; run the same command with --resume to go on")
+        return 0
     answers = data.load_answers(out)
     hidden = target.model.config.get_text_config().hidden_size
     _check_memory(sum(len(a["ids"]) for a in answers), hidden * (len(recipe.feature_layers) + 1))
     t0 = time.time()
     shards = data.capture_features(target, answers, recipe.feature_layers, out)
     timings["capture_s"] = time.time() - t0
+    if args.stop_after == "features":
+        print(f"features are in {out / data.FEATURES}; run the same command with --resume to go on")
+        return 0
     import torch
     items = [x for s in shards for x in torch.load(s, weights_only=False)]
     head = train.new_head(target, recipe, train.token_counts(items, target.vocab_size))

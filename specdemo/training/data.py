@@ -22,12 +22,17 @@ ANSWERS = "answers.jsonl"
 FEATURES = "features"
 
 
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """Prompt ids as the app builds them (chat template when the tokenizer has one)."""
+def chat_ids(tokenizer, prompt: str, messages: list[dict] | None = None) -> list[int]:
+    """Prompt ids as the app builds them (chat template when the tokenizer has one).
+
+    ``messages`` (earlier turns ending with the user's ``prompt``) replaces the single user turn.
+    """
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+        ids = tokenizer.apply_chat_template(messages or [{"role": "user", "content": prompt}],
                                             add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    if messages:
+        return tokenizer.encode("\n\n".join(m["content"] for m in messages))
     return tokenizer.encode(prompt)
 
 
@@ -46,7 +51,8 @@ def _done(path: Path) -> set[tuple[int, int]]:
 
 @torch.inference_mode()
 def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
-                     temperature: float = 0.7, max_new_tokens: int = 160, batch_size: int = 16,
+                     temperature: float | tuple[float, ...] = 0.7, max_new_tokens: int = 160,
+                     batch_size: int = 16,
                      seed: int = 0, budget_s: float | None = None) -> Path:
     """Append the target's answers to ``out_dir/answers.jsonl`` (resumable).
 
@@ -56,7 +62,8 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
     Args:
         target: a ``models.LoadedModel``.
         rows: prompt rows ({"task", "prompt"}).
-        answers_per_prompt: answer 0 is greedy, the others sampled at ``temperature``.
+        answers_per_prompt: answer 0 is greedy, answer a > 0 is sampled at ``temperature`` (or,
+            for a tuple, at ``temperature[(a - 1) % len(temperature)]``).
         budget_s: start no new batch after this many seconds (greedy answers of every prompt
             come first, shortest prompts first); None = generate everything.
     Returns:
@@ -69,7 +76,7 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
     pad = pad if pad is not None else min(target.eos_token_ids)
     eos = target.eos_token_ids
     todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
-    prompts = {i: chat_ids(tok, rows[i]["prompt"]) for i, _ in todo}
+    prompts = {i: chat_ids(tok, rows[i]["prompt"], rows[i].get("messages")) for i, _ in todo}
     todo.sort(key=lambda ia: (ia[1], len(prompts[ia[0]])))  # similar lengths batch together
     bar = tqdm(total=len(todo), desc="generating answers", unit="answer")
     began = time.perf_counter()
@@ -85,16 +92,18 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
             mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i])
                                  for i, _ in batch])
             sample = batch[0][1] > 0
+            temps = temperature if isinstance(temperature, (list, tuple)) else (temperature,)
+            temp = temps[(batch[0][1] - 1) % len(temps)] if sample else 0.0
             torch.manual_seed(seed + start + 1000 * batch[0][1])
             gen = model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
                                  max_new_tokens=max_new_tokens, do_sample=sample,
-                                 temperature=temperature if sample else None, top_p=None, top_k=None,
+                                 temperature=temp if sample else None, top_p=None, top_k=None,
                                  pad_token_id=pad, eos_token_id=sorted(eos))
             for row_i, (i, a) in enumerate(batch):
                 answer = gen[row_i, width:].tolist()
                 cut = next((n + 1 for n, t in enumerate(answer) if t in eos), len(answer))
                 out.write(json.dumps({"prompt_index": i, "answer_index": a,
-                                      "task": rows[i].get("task", "chat"),
+                                      "task": rows[i].get("task", "chat"), "temperature": temp,
                                       "ids": prompts[i] + answer[:cut], "n_prompt": len(prompts[i])}) + "\n")
             out.flush()
             bar.update(len(batch))

@@ -1,9 +1,12 @@
 """The drafter-training prompt set, generated from templates (written for this project; nothing
 downloaded). ``python -m specdemo.training.prompt_set`` rewrites ``assets/train/prompts.jsonl``.
 
-Five tasks (chat, code, maths, summaries, creative writing), several hundred prompts, a seeded
-tenth of them held out for the training report. None of them is one of the benchmark prompts
-under ``assets/prompts/`` (checked when written).
+Wave 2: five tasks (chat, code, maths, summaries, creative writing), 617 prompts. Wave 3 adds
+~4,500 more (``prompt_more``: multi-turn chat, code in twelve languages, word problems, rewrites of
+a given passage, creative writing, Chinese in both scripts, French, Spanish, German). A seeded
+tenth of each task is held out for the training report; the wave-2 rows keep their split. None of
+them is one of the benchmark prompts under ``assets/prompts/`` (checked when written). A row may
+carry ``messages`` (earlier turns of a conversation); its ``prompt`` is the last user message.
 """
 
 from __future__ import annotations
@@ -117,7 +120,25 @@ def _maths(rng: random.Random) -> list[str]:
 
 
 def build(seed: int = 0) -> list[dict]:
-    """Every prompt as {"task", "prompt", "split"} (split: "train" or "heldout"), deterministic."""
+    """Every prompt as {"task", "prompt", "split"[, "messages"]} (split: "train" or "heldout"),
+    deterministic: the wave-2 rows first, unchanged, then the wave-3 rows."""
+    rows = build_wave2(seed)
+    seen = {r["prompt"] for r in rows}
+    rng = random.Random(seed + 1)
+    from .prompt_more import build_more
+    for task, items in build_more(seed + 1).items():
+        items = [i if isinstance(i, dict) else {"prompt": i} for i in items]
+        items = [i for i in {(i["prompt"] if "messages" not in i else repr(i["messages"])): i
+                             for i in items}.values() if "messages" in i or i["prompt"] not in seen]
+        rng.shuffle(items)
+        n_held = max(2, round(len(items) * HELDOUT_FRACTION))
+        rows += [{"task": task, **i, "split": "heldout" if n < n_held else "train"} for n, i in enumerate(items)]
+        seen.update(i["prompt"] for i in items)
+    return rows
+
+
+def build_wave2(seed: int = 0) -> list[dict]:
+    """The wave-2 prompt set (617 rows), as it was: its held-out split stays held out."""
     rng = random.Random(seed)
     tasks = {
         "chat": [t.format(t=x) for t in CHAT for x in TOPICS[:24]] +
@@ -156,6 +177,13 @@ def load(path: Path = PROMPTS_FILE, split: str | None = None) -> list[dict]:
             assert isinstance(row["prompt"], str) and row["prompt"].strip()
         except (ValueError, KeyError, TypeError, AssertionError):
             raise ValueError(f"{path}:{n}: expected a JSON object with a non-empty \"prompt\"") from None
+        messages = row.get("messages")
+        if messages is not None and not (
+                isinstance(messages, list) and messages and all(
+                    isinstance(m, dict) and m.get("role") in ("user", "assistant", "system")
+                    and isinstance(m.get("content"), str) for m in messages)
+                and messages[-1]["role"] == "user"):
+            raise ValueError(f"{path}:{n}: \"messages\" must be a list of {{role, content}} ending with a user turn")
         row.setdefault("task", "chat")
         row.setdefault("split", "train")
         if split is None or row["split"] == split:

@@ -47,7 +47,7 @@ class Recipe:
     batch_tokens: int = 1024
     weight_decay: float = 0.0
     answers_per_prompt: int = 2
-    temperature: float = 0.7
+    temperature: float | tuple[float, ...] = 0.7  # answers 1.. (answer 0 is greedy); a tuple is used in turn
     max_new_tokens: int = 128
     feature_layers: tuple[int, ...] = ()
     seed: int = 0
