@@ -31,6 +31,10 @@ def register(sub) -> None:
                    help="comma-separated sampling temperatures of answers 1.. (answer 0 is greedy), "
                         "used in turn; e.g. 0.7,1.0")
     p.add_argument("--generate-batch", type=int, default=16, help="answers generated together")
+    p.add_argument("--generate-endpoint", default=None, metavar="URL",
+                   help="generate the answers with a llama.cpp llama-server serving the target's GGUF "
+                        "(e.g. http://127.0.0.1:8080, started with --parallel >= --generate-batch); "
+                        "default: the target itself, batched")
     p.add_argument("--stop-after", choices=["answers", "features"], default=None,
                    help="stop after this stage (e.g. generate data in the background, train later)")
     p.add_argument("--generate-minutes", type=float, default=None,
@@ -128,9 +132,15 @@ def _train(args: argparse.Namespace) -> int:
     recipe_file.write_text(json.dumps(asdict(recipe), indent=1))
     timings = {}
     t0 = time.time()
-    data.generate_answers(target, train_rows, out, recipe.answers_per_prompt, recipe.temperature,
-                          recipe.max_new_tokens, batch_size=args.generate_batch,
-                          budget_s=None if args.generate_minutes is None else 60 * args.generate_minutes)
+    budget_s = None if args.generate_minutes is None else 60 * args.generate_minutes
+    if args.generate_endpoint:
+        data.generate_answers_endpoint(args.generate_endpoint, target.tokenizer, train_rows, out,
+                                       recipe.answers_per_prompt, recipe.temperature, recipe.max_new_tokens,
+                                       set(target.eos_token_ids), concurrency=args.generate_batch,
+                                       budget_s=budget_s)
+    else:
+        data.generate_answers(target, train_rows, out, recipe.answers_per_prompt, recipe.temperature,
+                              recipe.max_new_tokens, batch_size=args.generate_batch, budget_s=budget_s)
     timings["generate_s"] = time.time() - t0
     if args.stop_after == "answers":
         print(f"answers are in {out / data.ANSWERS}; run the same command with --resume to go on")

@@ -111,6 +111,63 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
     return path
 
 
+def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
+                              temperature: float | tuple[float, ...] = 0.7, max_new_tokens: int = 160,
+                              eos_token_ids: set[int] | frozenset[int] = frozenset(), concurrency: int = 16,
+                              seed: int = 0, budget_s: float | None = None, timeout_s: float = 600.0) -> Path:
+    """Append answers to ``out_dir/answers.jsonl`` from a llama.cpp ``llama-server`` serving the
+    target's own GGUF weights (resumable; the same lines as ``generate_answers``, plus "source").
+
+    The prompt goes as token ids (our tokenizer's chat template) to llama-server's native
+    ``/completion`` endpoint with ``return_tokens``, so prompt and answer ids are exactly the ids
+    our engine would see; ``concurrency`` requests run at once (start the server with
+    ``--parallel`` at least that). Answers of a quantised GGUF can differ from the float32
+    target's in places; training targets are the target's own logits, captured afterwards.
+
+    Raises:
+        RuntimeError: the server did not answer or answered without token ids.
+    """
+    import concurrent.futures as cf
+
+    import httpx
+
+    path = out_dir / ANSWERS
+    done = _done(path)
+    todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
+    temps = temperature if isinstance(temperature, (list, tuple)) else (temperature,)
+    base = url.rstrip("/").removesuffix("/v1")
+    client = httpx.Client(timeout=timeout_s)
+
+    def one(ia: tuple[int, int]) -> dict:
+        i, a = ia
+        ids = chat_ids(tokenizer, rows[i]["prompt"], rows[i].get("messages"))
+        temp = temps[(a - 1) % len(temps)] if a > 0 else 0.0
+        body = {"prompt": ids, "n_predict": max_new_tokens, "temperature": temp, "top_k": 0, "top_p": 1.0,
+                "min_p": 0.0, "seed": seed + 7919 * i + a, "return_tokens": True, "cache_prompt": True,
+                "samplers": ["temperature"] if temp > 0 else ["top_k"]}
+        reply = client.post(f"{base}/completion", json=body)
+        reply.raise_for_status()
+        answer = reply.json().get("tokens")
+        if not isinstance(answer, list):
+            raise RuntimeError(f"{base}/completion answered without token ids (is it llama-server?)")
+        cut = next((n + 1 for n, t in enumerate(answer) if t in eos_token_ids), len(answer))
+        return {"prompt_index": i, "answer_index": a, "task": rows[i].get("task", "chat"), "temperature": temp,
+                "ids": ids + answer[:cut], "n_prompt": len(ids), "source": "llama-server"}
+
+    bar = tqdm(total=len(todo), desc="generating answers (llama-server)", unit="answer")
+    began = time.perf_counter()
+    with path.open("a") as out, cf.ThreadPoolExecutor(concurrency) as pool:
+        for start in range(0, len(todo), 4 * concurrency):
+            if budget_s is not None and time.perf_counter() - began > budget_s:
+                break
+            for row in pool.map(one, todo[start:start + 4 * concurrency]):
+                out.write(json.dumps(row) + "\n")
+                bar.update(1)
+            out.flush()
+    bar.close()
+    return path
+
+
 def load_answers(out_dir: Path) -> list[dict]:
     """The complete lines of ``answers.jsonl``, in (prompt_index, answer_index) order."""
     rows = []
