@@ -109,6 +109,7 @@ def _train(args: argparse.Namespace) -> int:
     from ..drafters.features import eagle3_default_layers, num_layers
     from ..models import ModelLoadError, load_model
     from . import data, prompt_set, train
+    temperature = _temperatures(args.temperatures)  # refused before any work
     out = args.out
     if out.exists() and any(out.iterdir()) and not args.resume and not (out / "recipe.json").exists():
         fail(f"{out} is not empty; give --resume to continue a run there, or another folder")
@@ -123,7 +124,7 @@ def _train(args: argparse.Namespace) -> int:
     recipe = train.Recipe(draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps,
                           epochs=args.epochs, learning_rate=args.learning_rate,
                           batch_tokens=args.batch_tokens, answers_per_prompt=args.answers_per_prompt,
-                          max_new_tokens=args.max_tokens, temperature=_temperatures(args.temperatures),
+                          max_new_tokens=args.max_tokens, temperature=temperature,
                           feature_layers=eagle3_default_layers(num_layers(target.model)))
     recipe_file = out / "recipe.json"
     if args.resume and recipe_file.exists():

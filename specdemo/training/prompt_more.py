@@ -4,14 +4,17 @@ for this project (nothing downloaded).
 Tasks: multi-turn chat (rows carry ``messages``: earlier turns, then the user's last message, which
 is also ``prompt``), code in several languages, arithmetic and word problems, summaries and
 rewrites of a passage given in the prompt, creative writing, and prompts in Chinese (Traditional
-and Simplified), French, Spanish and German. Deterministic for a seed. ``prompt_set.build`` puts
-these after the wave-2 rows, whose order and held-out split stay as they were.
+and Simplified), French, Spanish and German. Deterministic for a seed. ``build`` puts
+these after the wave-2 rows, whose order and held-out split stay as they were
+(``build``); ``python -m specdemo.training.prompt_more`` writes them all to ``PROMPTS_FILE``.
 """
 
 from __future__ import annotations
 
+import json
 import random
 
+from .prompt_set import HELDOUT_FRACTION, PROMPTS_FILE, build_wave2
 from .prompt_set import ACTIVITIES, CHARACTERS, CODE_TASKS, EVENTS, FACTS, PLACES, POEM_TOPICS, THINGS, TOPICS
 
 MORE_TOPICS = ["rainforests", "the Silk Road", "batteries", "the human brain", "wind turbines", "glaciers",
@@ -251,3 +254,39 @@ def build_more(seed: int = 1) -> dict[str, list]:
     other = [t.format(t=x) for lang, ts in OTHER.items() for t in ts for x in OTHER_TOPICS[lang]]
     return {"chat": chat, "chat-multiturn": multi, "code": code, "maths": sorted(set(_maths(rng, 1400))),
             "summary": summary, "creative": creative, "chinese": chinese, "other-languages": other}
+
+
+def build(seed: int = 0) -> list[dict]:
+    """Every prompt as {"task", "prompt", "split"[, "messages"]} (split: "train" or "heldout"),
+    deterministic: the wave-2 rows first, unchanged, then the wave-3 rows."""
+    rows = build_wave2(seed)
+    seen = {r["prompt"] for r in rows}
+    rng = random.Random(seed + 1)
+    for task, items in build_more(seed + 1).items():
+        items = [i if isinstance(i, dict) else {"prompt": i} for i in items]
+        items = [i for i in {(i["prompt"] if "messages" not in i else repr(i["messages"])): i
+                             for i in items}.values() if "messages" in i or i["prompt"] not in seen]
+        rng.shuffle(items)
+        n_held = max(2, round(len(items) * HELDOUT_FRACTION))
+        rows += [{"task": task, **i, "split": "heldout" if n < n_held else "train"} for n, i in enumerate(items)]
+        seen.update(i["prompt"] for i in items)
+    return rows
+
+
+def main() -> None:
+    from ..prompts import load_prompts  # deferred: only the writer needs the bench prompts
+    rows = build()
+    bench = {p for ps in load_prompts().values() for p in ps}
+    clash = [r["prompt"] for r in rows if r["prompt"] in bench]
+    if clash:
+        raise SystemExit(f"training prompts overlap the benchmark prompts: {clash[:3]}")
+    PROMPTS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    PROMPTS_FILE.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    counts = {}
+    for r in rows:
+        counts[(r["task"], r["split"])] = counts.get((r["task"], r["split"]), 0) + 1
+    print(f"wrote {len(rows)} prompts to {PROMPTS_FILE}: {counts}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,6 @@
 """The drafter-training prompt set, generated from templates (written for this project; nothing
-downloaded). ``python -m specdemo.training.prompt_set`` rewrites ``assets/train/prompts.jsonl``.
+downloaded). ``python -m specdemo.training.prompt_more`` rewrites ``assets/train/prompts.jsonl``
+(``prompt_more.build``: the wave-2 rows of this module, then the wave-3 ones).
 
 Wave 2: five tasks (chat, code, maths, summaries, creative writing), 617 prompts. Wave 3 adds
 ~4,500 more (``prompt_more``: multi-turn chat, code in twelve languages, word problems, rewrites of
@@ -119,24 +120,6 @@ def _maths(rng: random.Random) -> list[str]:
     return out
 
 
-def build(seed: int = 0) -> list[dict]:
-    """Every prompt as {"task", "prompt", "split"[, "messages"]} (split: "train" or "heldout"),
-    deterministic: the wave-2 rows first, unchanged, then the wave-3 rows."""
-    rows = build_wave2(seed)
-    seen = {r["prompt"] for r in rows}
-    rng = random.Random(seed + 1)
-    from .prompt_more import build_more
-    for task, items in build_more(seed + 1).items():
-        items = [i if isinstance(i, dict) else {"prompt": i} for i in items]
-        items = [i for i in {(i["prompt"] if "messages" not in i else repr(i["messages"])): i
-                             for i in items}.values() if "messages" in i or i["prompt"] not in seen]
-        rng.shuffle(items)
-        n_held = max(2, round(len(items) * HELDOUT_FRACTION))
-        rows += [{"task": task, **i, "split": "heldout" if n < n_held else "train"} for n, i in enumerate(items)]
-        seen.update(i["prompt"] for i in items)
-    return rows
-
-
 def build_wave2(seed: int = 0) -> list[dict]:
     """The wave-2 prompt set (617 rows), as it was: its held-out split stays held out."""
     rng = random.Random(seed)
@@ -189,22 +172,3 @@ def load(path: Path = PROMPTS_FILE, split: str | None = None) -> list[dict]:
         if split is None or row["split"] == split:
             rows.append(row)
     return rows
-
-
-def main() -> None:
-    from ..prompts import load_prompts
-    rows = build()
-    bench = {p for ps in load_prompts().values() for p in ps}
-    clash = [r["prompt"] for r in rows if r["prompt"] in bench]
-    if clash:
-        raise SystemExit(f"training prompts overlap the benchmark prompts: {clash[:3]}")
-    PROMPTS_FILE.parent.mkdir(parents=True, exist_ok=True)
-    PROMPTS_FILE.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    counts = {}
-    for r in rows:
-        counts[(r["task"], r["split"])] = counts.get((r["task"], r["split"]), 0) + 1
-    print(f"wrote {len(rows)} prompts to {PROMPTS_FILE}: {counts}")
-
-
-if __name__ == "__main__":
-    main()
