@@ -23,7 +23,8 @@ What it does, in this order, touching nothing until every check has passed:
    module imported by a name it no longer has keeps that name with ``as``), and every other
    mention of a moved module's dotted name or file path (``mock.patch("specdemo.x.y")``,
    ``monkeypatch`` and ``importlib`` strings, ``python -m specdemo.x``, ``logging`` names,
-   ``import specdemo.x``, ``specdemo/x.py`` in docs);
+   ``import specdemo.x``, ``specdemo/x.py`` and package folders like ``specdemo/drafters/`` in
+   docs);
 4. ``git mv``s each file to its new place and writes a docstring ``__init__.py`` per layer.
 
 Run it from the repository root, on a clean work tree, after merging:
@@ -145,7 +146,7 @@ PY_TARGETS = ("specdemo", "tests", "scripts", "app.py")
 TEXT_TARGETS = ("README.md", "docs")
 
 DOTTED = re.compile(r"(?<![\w.])specdemo(?:\.\w+)+")
-PATH = re.compile(r"(?<![\w/.-])specdemo/(?:\w+/)*\w+\.py\b")
+PATH = re.compile(r"(?<![\w.-])specdemo(?:/\w+)+(?:\.py\b|/)")  # a module's file or a package's folder
 
 
 class Refused(Exception):
@@ -279,9 +280,11 @@ def rewrite_names(text: str, spans: list[tuple[int, int]], modules: set[str]) ->
                     edits.append((match.start(), match.start() + len(head), new_name(head)))
                 break
     for match in PATH.finditer(text):
-        name = match.group()[:-3].replace("/", ".")
+        path, suffix = (match.group()[:-3], ".py") if match.group().endswith(".py") else (
+            match.group()[:-1], "/")
+        name = path.replace("/", ".")
         if name in modules and new_name(name) != name and outside(match.start()):
-            edits.append((match.start(), match.end(), new_name(name).replace(".", "/") + ".py"))
+            edits.append((match.start(), match.end(), new_name(name).replace(".", "/") + suffix))
     return edits
 
 

@@ -38,7 +38,8 @@ TREE = {
     "tests/test_x.py": 'from specdemo import models\nfrom specdemo.drafters.learned import is_learned\n'
                        'PATCH = "specdemo.models.load_model"\nLOGGER = "specdemo.builtin"\n'
                        'CSS = "assets/specdemo.css"\nRUN = "python -m specdemo run"\n',
-    "README.md": "See [the loader](specdemo/models.py) and `specdemo.drafters.learned`.\n",
+    "README.md": "See [the loader](specdemo/models.py), `specdemo.drafters.learned`, "
+                 "`specdemo/drafters/` and `specdemo/builtin_drafters/x/config.json`.\n",
 }
 
 
@@ -83,8 +84,9 @@ def test_moves_and_rewrites_a_small_tree(tmp_path):
         "from specdemo.models.learned import is_learned\n"
         'PATCH = "specdemo.models.loading.load_model"\nLOGGER = "specdemo.models.builtin"\n'
         'CSS = "assets/specdemo.css"\nRUN = "python -m specdemo run"\n')
-    assert read("README.md") == ("See [the loader](specdemo/models/loading.py) and "
-                                 "`specdemo.models.learned`.\n")
+    assert read("README.md") == ("See [the loader](specdemo/models/loading.py), "
+                                 "`specdemo.models.learned`, `specdemo/core/drafters/` and "
+                                 "`specdemo/builtin_drafters/x/config.json`.\n")
     assert read("specdemo/core/__init__.py").startswith('"""Core: ')
     done = subprocess.run([sys.executable, "-c", "import specdemo.__main__, specdemo.interfaces."
                            "decode_cli, specdemo.models.learned, specdemo.checks.compat as c; "
