@@ -37,7 +37,8 @@ TREE = {
                                     "def is_learned(spec):\n    return False\n",
     "tests/test_x.py": 'from specdemo import models\nfrom specdemo.drafters.learned import is_learned\n'
                        'PATCH = "specdemo.models.load_model"\nLOGGER = "specdemo.builtin"\n'
-                       'CSS = "assets/specdemo.css"\nRUN = "python -m specdemo run"\n',
+                       'CSS = "assets/specdemo.css"\nRUN = "python -m specdemo run"\n'
+                       'CODE = "from specdemo import builtin as B, inputs\\nprint(B)"\n',
     "README.md": "See [the loader](specdemo/models.py), `specdemo.drafters.learned`, "
                  "`specdemo/drafters/` and `specdemo/builtin_drafters/x/config.json`.\n",
 }
@@ -83,7 +84,9 @@ def test_moves_and_rewrites_a_small_tree(tmp_path):
         "from specdemo.models import loading as models\n"
         "from specdemo.models.learned import is_learned\n"
         'PATCH = "specdemo.models.loading.load_model"\nLOGGER = "specdemo.models.builtin"\n'
-        'CSS = "assets/specdemo.css"\nRUN = "python -m specdemo run"\n')
+        'CSS = "assets/specdemo.css"\nRUN = "python -m specdemo run"\n'
+        'CODE = "from specdemo.models import builtin as B; from specdemo.checks import inputs\\n'
+        'print(B)"\n')
     assert read("README.md") == ("See [the loader](specdemo/models/loading.py), "
                                  "`specdemo.models.learned`, `specdemo/core/drafters/` and "
                                  "`specdemo/builtin_drafters/x/config.json`.\n")
@@ -96,11 +99,11 @@ def test_moves_and_rewrites_a_small_tree(tmp_path):
 
 
 def test_refuses_modules_missing_from_the_table_and_changes_nothing(tmp_path, capsys):
-    build(tmp_path, {**TREE, "specdemo/endpoints.py": "", "specdemo/training/dflash_train.py": ""})
+    build(tmp_path, {**TREE, "specdemo/lanes.py": "", "specdemo/drafters/medusa.py": ""})
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert relayer.main(["--root", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "'specdemo.endpoints': ?," in err and "'specdemo.training.dflash_train': ?," in err
+    assert "'specdemo.lanes': ?," in err and "'specdemo.drafters.medusa': ?," in err
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     assert relayer.main(["--check", "--root", str(tmp_path)]) == 2
 
