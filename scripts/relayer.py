@@ -27,11 +27,19 @@ What it does, in this order, touching nothing until every check has passed:
    docs);
 4. ``git mv``s each file to its new place and writes a docstring ``__init__.py`` per layer.
 
-Run it from the repository root, on a clean work tree, after merging:
+Run it from the repository root, on a clean work tree, after merging the branches:
 
     python scripts/relayer.py --check   # lists modules missing from the table; changes nothing
-    python scripts/relayer.py           # moves and rewrites (then: git diff --stat, and commit)
-    lint-imports && python -m pytest -q -m "not slow"
+    # add each listed module to MAPPING (in the lowest layer its imports allow), then:
+    python scripts/relayer.py           # moves (git mv) and rewrites; stages everything
+    lint-imports                        # an upward import names both modules: move the function
+                                        # it needs down a layer (or the module up), then rerun
+    python -m pytest -q -m "not slow"   # then commit the move as one commit
+
+It reads only the tree it runs on, so a branch that is merged after the move can be relayered
+the same way first (on that branch, with its own new modules added to the table) and then
+merged: both sides then hold the same renames. ``git log --follow`` and ``git blame -C`` follow
+the moved files.
 
 Options: ``--dry-run`` prints the moves and the files it would rewrite; ``--no-git`` moves with
 the file system instead of ``git mv`` (for a copy of the tree that is not a checkout).
