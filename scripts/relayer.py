@@ -127,14 +127,17 @@ MAPPING: dict[str, str] = {
     "specdemo.ui_format": "specdemo.interfaces.ui_format",
     "specdemo.ui_race": "specdemo.interfaces.ui_race",
     "specdemo.ui_state": "specdemo.interfaces.ui_state",
-    # Modules other wave-3 branches were adding when this table was written, placed by what
-    # DESIGN.md says they do (a target backend is a model; a lane to a server is a service).
-    # An entry for a module that does not exist is ignored; check the guesses with lint-imports.
-    "specdemo.ggml_backend": "specdemo.models.ggml_backend",
-    "specdemo.llama_ctypes": "specdemo.models.llama_ctypes",
-    "specdemo.endpoints": "specdemo.services.endpoints",
-    "specdemo.serve": "specdemo.services.serve",
-    "specdemo.training.dflash_train": "specdemo.services.training.dflash_train",
+    # Modules the other wave-3 branches add (as committed on them at 15:10 on 2026-12-01),
+    # placed by their imports; an entry for a module that does not exist is ignored.
+    "specdemo.drafters.folders": "specdemo.core.drafters.folders",  # faults
+    "specdemo.ggml_backend": "specdemo.models.ggml_backend",  # speed
+    "specdemo.llama_ctypes": "specdemo.models.llama_ctypes",  # speed
+    "specdemo.endpoints": "specdemo.services.endpoints",  # engines: server lanes
+    "specdemo.endpoint_bench": "specdemo.services.endpoint_bench",  # engines
+    "specdemo.serve": "specdemo.services.serve",  # engines: runs llama-server
+    "specdemo.ui_engines": "specdemo.interfaces.ui_engines",  # engines
+    "specdemo.training.dflash_train": "specdemo.services.training.dflash_train",  # dflash
+    "specdemo.training.prompt_more": "specdemo.services.training.prompt_more",  # data
 }
 
 #: modules that stay where they are
