@@ -15,8 +15,9 @@ What it does, in this order, touching nothing until every check has passed:
 1. refuses when the tree is already laid out (``specdemo/core/`` exists);
 2. lists every module under ``specdemo/`` and refuses, naming them, when one is in neither
    :data:`MAPPING` nor :data:`KEEP` (a module a merged branch brought: add it to the table,
-   in the layer its imports allow, and run again), or when a package folder it empties holds
-   files other than Python modules;
+   in the layer its imports allow, and run again), when a module to move uses ``__file__`` (its
+   data paths would break: use ``specdemo.PROJECT_DIR`` / ``PACKAGE_DIR``), or when a package
+   folder it empties holds files other than Python modules;
 3. rewrites, in ``specdemo/``, ``tests/``, ``scripts/``, ``app.py``, ``README.md`` and ``docs/``:
    ``from``-imports, absolute and relative (``from .x``, ``from ..x``, ``from . import x``),
    at module level and inside functions (re-expressed relative to the module's new folder; a
@@ -360,6 +361,12 @@ def plan(root: Path) -> tuple[dict[str, Path], dict[Path, Path], list[Path], lis
         raise Refused("modules not in scripts/relayer.py's MAPPING (add each to the layer its "
                       "imports allow, then run again):\n" + "\n".join(f"    {m!r}: ?," for m in
                                                                        missing))
+    located = [f"{path.relative_to(root)}:{n}" for old, path in modules.items() if old not in KEEP
+               for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               if "__file__" in line and not line.lstrip().startswith("#")]
+    if located:
+        raise Refused("modules that find files from their own location, which the move changes "
+                      "(use specdemo.PROJECT_DIR or PACKAGE_DIR instead): " + ", ".join(located))
     moves = {}
     for old, path in modules.items():
         if old in KEEP:

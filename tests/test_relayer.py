@@ -108,6 +108,14 @@ def test_refuses_modules_missing_from_the_table_and_changes_nothing(tmp_path, ca
     assert relayer.main(["--check", "--root", str(tmp_path)]) == 2
 
 
+def test_refuses_a_module_that_finds_files_from_its_own_folder(tmp_path):
+    build(tmp_path, {**TREE, "specdemo/inputs.py": "from pathlib import Path\n"
+                                                   "DOCS = Path(__file__).parent.parent / 'docs'\n"})
+    with pytest.raises(relayer.Refused, match=r"PROJECT_DIR .*specdemo/inputs.py:2"):
+        relayer.relayer(tmp_path, use_git=False)
+    assert (tmp_path / "specdemo" / "inputs.py").exists()
+
+
 def test_refuses_a_tree_already_in_layers(tmp_path):
     build(tmp_path)
     relayer.relayer(tmp_path, use_git=False)
