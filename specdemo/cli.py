@@ -16,7 +16,7 @@ COMMAND_MODULES = (
     "specdemo.decode_cli",
     "specdemo.presets",
     "specdemo.compat",
-    "specdemo.bench",
+    "specdemo.bench.cli",
     "specdemo.training.cli",
     "specdemo.costs",
 )

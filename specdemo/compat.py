@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+from . import inputs, models
 
 COMPATIBLE = "compatible"
 WARNINGS = "compatible with warnings"
@@ -228,13 +230,9 @@ def is_early_exit(draft_spec: str) -> bool:
     return draft_spec.startswith("early-exit")
 
 
-def early_exit_problem(n_layers: int, target_layers: int) -> str | None:
-    """Why the first ``n_layers`` of a ``target_layers``-layer model cannot draft, else None
-    (one layer at least, and fewer than the target has). The engine refuses with the same words
-    (``drafters.early_exit_view``)."""
-    if not 1 <= n_layers < target_layers:
-        return f"early-exit layers must be in 1..{target_layers - 1}, got {n_layers}"
-    return None
+def is_model_draft(spec: str) -> bool:
+    """True when ``spec`` names a draft model (not none, ngram, self or early-exit:N)."""
+    return spec not in NON_MODEL_DRAFTS and not is_early_exit(spec)
 
 
 def early_exit_verdict(target_spec: str, draft_spec: str, *,
@@ -249,7 +247,7 @@ def early_exit_verdict(target_spec: str, draft_spec: str, *,
     if not layers.isdigit():
         return Verdict(INCOMPATIBLE, [f"early-exit needs a layer count, e.g. early-exit:8; got "
                                       f"{draft_spec!r}"])
-    from . import models  # lazy: transformers is heavy
+    from .drafters.draft_model import early_exit_problem  # deferred: imports torch
     try:
         total = models.layer_count(target_spec, trust_remote_code=trust_remote_code)
     except models.ModelLoadError as exc:
@@ -278,8 +276,7 @@ def check_specs(target_spec: str, draft_spec: str, *, trust_remote_code: bool = 
         return verdict
     if is_early_exit(draft_spec):
         return early_exit_verdict(target_spec, draft_spec, trust_remote_code=trust_remote_code)
-    from . import models  # lazy: transformers is heavy
-    from .drafters.learned import is_learned, learned_verdict
+    from .drafters.learned import is_learned  # deferred: imports torch
     if is_learned(draft_spec):  # EAGLE-3 / DFlash / MTP: checked against the target's weights
         return learned_verdict(target_spec, draft_spec)
 
@@ -288,18 +285,36 @@ def check_specs(target_spec: str, draft_spec: str, *, trust_remote_code: bool = 
     return check_compatibility(target, draft, target_label=target_spec, draft_label=draft_spec)
 
 
+def learned_verdict(target_spec: str, draft_spec: str, load_target: Callable | None = None) -> Verdict:
+    """The verdict of a learned drafter against a target (loads both; no decoding): incompatible
+    with the drafter's problems when it is refused, else what it reads and predicts.
+
+    Args:
+        load_target: spec -> loaded target (default ``models.load_model``).
+    Raises:
+        ModelLoadError: the target cannot be loaded.
+    """
+    from .drafters.learned import DrafterRefused, describe, load_learned  # deferred: imports torch
+    target = (load_target or models.load_model)(target_spec)
+    try:
+        loaded = load_learned(draft_spec, target)
+    except DrafterRefused as exc:
+        return Verdict(INCOMPATIBLE, exc.problems)
+    summary = describe(loaded)
+    return Verdict(WARNINGS, [summary] + loaded.warnings) if loaded.warnings \
+        else Verdict(COMPATIBLE, [summary])
+
+
 # --- command line -----------------------------------------------------------------------------
 
 def register(sub) -> None:
     """Add ``check --target T --draft D [--json]``: exit status 0 / 0 / 2 for the verdicts; 2 also
     for a spec refused at once (``specdemo.inputs``, the same words as run and the /race API);
     1 when a tokenizer or the target's config cannot be read."""
-    from .decode_cli import checked  # the argparse face of specdemo.inputs
-    from .inputs import draft, target
     parser = sub.add_parser("check", help="can this draft serve this target? (exit 0 / 0 / 2)")
-    parser.add_argument("--target", required=True, type=checked(target, "target"),
+    parser.add_argument("--target", required=True, type=inputs.checked(inputs.target, "target"),
                         help="HF id, local dir, .gguf file or builtin:<name>")
-    parser.add_argument("--draft", required=True, type=checked(draft, "draft"),
+    parser.add_argument("--draft", required=True, type=inputs.checked(inputs.draft, "draft"),
                         help="a model like --target, ngram / self / early-exit:N / mtp, or a "
                              "learned drafter folder or hub id (EAGLE-3, DFlash, Gemma 4 assistant)")
     parser.add_argument("--trust-remote-code", action="store_true",

@@ -64,7 +64,7 @@ class CostReport:
 
 
 def _sync(device) -> None:
-    from .engine import _sync as sync
+    from .clock import sync  # deferred: imports torch
     sync(device)
 
 

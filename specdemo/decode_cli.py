@@ -6,25 +6,11 @@ import argparse
 import json
 import sys
 
-from . import inputs
-from .compat import NON_MODEL_DRAFTS  # none, ngram, self: drafters that are not models
+from . import compat, inputs, startup
+from .compat import is_model_draft
+from .inputs import checked
+from .models import ModelLoadError
 from .quantize import QUANTIZATION_CHOICES
-
-
-def is_model_draft(spec: str) -> bool:
-    """True when ``spec`` names a draft model (not none, ngram, self or early-exit:N)."""
-    return spec not in NON_MODEL_DRAFTS and not spec.startswith("early-exit")
-
-
-def checked(check, *args, **kwargs):
-    """An argparse ``type=`` from an :mod:`specdemo.inputs` check: its message, exit status 2."""
-    def parse(value: str):
-        try:
-            return check(*args, value, **kwargs)
-        except inputs.InputError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    parse.__name__ = check.__name__  # argparse names the type in some messages
-    return parse
 
 
 def draft_length_arg(value: str) -> int | str:
@@ -82,7 +68,7 @@ def register(sub) -> None:
 
 
 def settings_from_args(args):
-    from .pipeline import DecodeSettings
+    from .pipeline import DecodeSettings  # deferred: imports torch
     return DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p,
                           repetition_penalty=args.repetition_penalty, seed=args.seed,
@@ -97,31 +83,27 @@ def pipeline_from_args(args):
     Raises:
         SystemExit(2) with the reason printed, for load failures and incompatible drafts.
     """
-    from .startup import printed
-    with printed():
+    with startup.printed():
         pipe = _load_pipeline(args)
         if args.draft != "none" and getattr(args, "draft_length", None) == "auto":  # bench: none
-            from .startup import measure_forward_costs
-            measure_forward_costs(pipe)
+            startup.measure_forward_costs(pipe)
     return pipe
 
 
 def _load_pipeline(args):
-    from .models import ModelLoadError
-    from .pipeline import Pipeline
-    from .startup import load_model
+    from .pipeline import Pipeline  # deferred: imports torch
     try:
-        target = load_model(args.target, args.device, args.dtype,
+        target = startup.load_model(args.target, args.device, args.dtype,
                             trust_remote_code=args.trust_remote_code, quantization=args.quantization)
         draft = None
-        from .drafters.learned import is_learned, load_learned
+        from .drafters.learned import is_learned, load_learned  # deferred: imports torch
         if is_learned(args.draft):  # EAGLE-3 / DFlash / MTP: checked against the target
             draft = load_learned(args.draft, target)
             for warning in draft.warnings:
                 print(f"warning: {warning}", file=sys.stderr)
         elif is_model_draft(args.draft):
             refuse_incompatible(args.target, args.draft, args.trust_remote_code)
-            draft = load_model(args.draft, str(target.device), args.dtype,
+            draft = startup.load_model(args.draft, str(target.device), args.dtype,
                                trust_remote_code=args.trust_remote_code)
         return Pipeline(target, args.draft, draft)
     except ModelLoadError as exc:
@@ -130,8 +112,7 @@ def _load_pipeline(args):
 
 def refuse_incompatible(target_spec: str, draft_spec: str, trust_remote_code: bool) -> None:
     """Exit with the verdict's reasons when the draft's tokenizer cannot serve the target."""
-    from .compat import check_specs
-    verdict = check_specs(target_spec, draft_spec, trust_remote_code=trust_remote_code)
+    verdict = compat.check_specs(target_spec, draft_spec, trust_remote_code=trust_remote_code)
     if verdict.status == "incompatible":
         fail(f"draft {draft_spec} is incompatible with target {target_spec}: "
              + "; ".join(verdict.reasons))
@@ -152,7 +133,7 @@ def cmd_run(args) -> int:
             result = stream_to_terminal(pipe, ids, settings, args.draft != "none")
     except ValueError as exc:
         fail(str(exc))
-    from .pipeline import result_dict
+    from .pipeline import result_dict  # deferred: imports torch
     if args.json:
         print(json.dumps(result_dict(result)))
     else:
@@ -163,7 +144,7 @@ def cmd_run(args) -> int:
 
 
 def stream_to_terminal(pipe, ids, settings, speculative):
-    from .engine import collect
+    from .engine import collect  # deferred: imports torch
 
     def echo(events):
         for event in events:

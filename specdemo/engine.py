@@ -16,6 +16,7 @@ from typing import Iterator
 
 import torch
 
+from .clock import sync as _sync
 from .drafters import Drafter, wants_features
 from .kv import Cancelled, KVModel, stop_on
 from .machine import OtherCpuUse
@@ -54,14 +55,6 @@ class DecodeResult:
     from_draft: list[bool]
     stats: DecodeStats
     events: int = 0
-
-
-def _sync(device: torch.device) -> None:
-    """Wait for queued device work so that a clock read measures it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 _REPLACEMENT = "\ufffd"  # what a decoder shows for bytes that are not (yet) a whole character

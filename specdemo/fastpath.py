@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .builtin import cache_dir
+from .hardware import _cpu_name
 from .machine import BUSY_SHARE, OtherCpuUse
 
 log = logging.getLogger(__name__)
@@ -269,7 +271,6 @@ def _candidates(modules: list[torch.nn.Linear]) -> tuple[str, ...]:
 
 def _cache_key(modules: list[torch.nn.Linear], rows: tuple[int, ...]) -> str:
     """What a calibration depends on: CPU model, torch, threads, dtype, weight shapes, rows."""
-    from .hardware import _cpu_name
     shapes = sorted({tuple(m.weight.shape) for m in modules})
     parts = [_cpu_name(), torch.__version__, torch.get_num_threads(), str(modules[0].weight.dtype),
              shapes, len(modules), list(rows), CALIBRATION_BYTES, MARGIN]
@@ -277,7 +278,6 @@ def _cache_key(modules: list[torch.nn.Linear], rows: tuple[int, ...]) -> str:
 
 
 def _cache_path():
-    from .models import cache_dir
     return cache_dir() / CACHE_FILE
 
 

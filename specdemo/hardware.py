@@ -15,11 +15,33 @@ import importlib.util
 import os
 import platform
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import psutil
 
-from .presets import Preset, format_bytes
+
+class Preset(Protocol):
+    """What a fit reads of a preset (``specdemo.presets.Preset`` has it); named here so that
+    the machine's facts do not import the presets that use them."""
+
+    name: str
+    devices: tuple[str, ...]
+    quantization: str
+    memory_bytes: int
+    target_params: int
+    gated: bool
+    default: bool
+    tasks: tuple[str, ...]
+
+    def weight_bytes(self, quantization: str | None = None) -> int: ...
+
+
+def format_bytes(n: int) -> str:
+    """``17_578_253_056`` -> ``'17.6 GB'`` (decimal units, as model cards and GPU boxes use)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,11 @@ an argparse error (exit status 2), the API and the page into ``gr.Error``.
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
+
+from . import models
 
 DRAFT_LENGTH_MAX = 64  # the engine's limit (policy.make_policy)
 NON_MODEL_DRAFT_FORMS = ("none", "ngram", "self", "early-exit:<layers>")
@@ -17,6 +20,17 @@ NON_MODEL_DRAFT_FORMS = ("none", "ngram", "self", "early-exit:<layers>")
 
 class InputError(ValueError):
     """A value a person gave that cannot be used; the message says which field and why."""
+
+
+def checked(check, *args, **kwargs):
+    """An argparse ``type=`` from a check of this module: its message, exit status 2."""
+    def parse(value: str):
+        try:
+            return check(*args, value, **kwargs)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse.__name__ = check.__name__  # argparse names the type in some messages
+    return parse
 
 
 def text(field: str, value, *, required: bool = True) -> str:
@@ -113,14 +127,13 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def _model_forms() -> str:
-    from .models import builtin_names
-    return ("builtin:<name> (" + ", ".join(builtin_names()) + "), a local model folder, a .gguf "
+    return ("builtin:<name> (" + ", ".join(models.builtin_names()) + "), a local model folder, a .gguf "
             "file or a Hugging Face id like org/name")
 
 
 def _drafter_forms() -> str:
     """The learned-drafter forms a draft spec may also take."""
-    from .drafters.learned import BUILTIN_DRAFTERS
+    from .drafters.learned import BUILTIN_DRAFTERS  # deferred: imports torch
     shipped = ", ".join(f"builtin:{n}" for n in BUILTIN_DRAFTERS)
     return (f"a learned drafter ({shipped}, an EAGLE-3/DFlash folder or hub id, mtp), and a "
             "learned drafter with +ngram")
@@ -140,11 +153,10 @@ def target(field: str, spec) -> str:
         InputError: empty text, a path that does not exist, or an unknown built-in name (the
             message lists the forms and the built-in names).
     """
-    from .models import builtin_names
     spec = text(field, spec).strip()
     forms = _model_forms()
     _missing_path(field, spec, forms)
-    if spec.startswith("builtin:") and spec.split(":", 1)[1] not in builtin_names():
+    if spec.startswith("builtin:") and spec.split(":", 1)[1] not in models.builtin_names():
         raise InputError(f"{field} {spec!r} is not a built-in model; valid forms: {forms}")
     return spec
 
@@ -161,7 +173,6 @@ def draft(field: str, spec) -> str:
     Raises:
         InputError: a malformed spec (the message lists the forms and the built-in names).
     """
-    from .models import builtin_names
     spec = text(field, spec).strip()
     forms = ", ".join(NON_MODEL_DRAFT_FORMS) + ", " + _model_forms() + "; " + _drafter_forms()
     if spec.startswith("early-exit"):
@@ -171,8 +182,8 @@ def draft(field: str, spec) -> str:
                              f"e.g. early-exit:8; valid forms: {forms}")
         return spec
     _missing_path(field, spec, forms)
-    if spec.startswith("builtin:") and spec.split(":", 1)[1] not in builtin_names():
-        from .drafters.learned import BUILTIN_DRAFTERS, COMBINE
+    if spec.startswith("builtin:") and spec.split(":", 1)[1] not in models.builtin_names():
+        from .drafters.learned import BUILTIN_DRAFTERS, COMBINE  # deferred: imports torch
         if spec.split(":", 1)[1].removesuffix(COMBINE) not in BUILTIN_DRAFTERS:
             raise InputError(f"{field} {spec!r} is not a built-in model or drafter; valid forms: "
                              f"{forms}; built-in drafters: "

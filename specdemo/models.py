@@ -470,7 +470,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
         model, tokenizer, source = _explained(
             lambda: _load(spec, dev, dt, quant, trust_remote_code), spec, "could not load")
         if dev.type == "cpu":
-            from .fastpath import speed_up
+            from .fastpath import speed_up  # deferred: imports torch
             speed_up(model)  # kernel per row count, measured here (specdemo/fastpath.py)
         loaded = LoadedModel(spec, model, tokenizer, dev, dt, time.perf_counter() - start, source,
                              quant)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+from .clock import sync
+
 
 class DraftLengthPolicy(Protocol):
     def choose(self) -> int: ...
@@ -171,17 +173,16 @@ def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3,
     Returns:
         {n: seconds} for n = 1..max_n.
     """
-    from .engine import _sync  # local: engine imports this module
     vocab = kv.model.get_input_embeddings().num_embeddings
     kv.reset()
     kv.forward([i % vocab for i in range(1, context + 1)])
     times: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
     for _ in range(repeats):
         for n in times:
-            _sync(kv.device)
+            sync(kv.device)
             start = clock()
             kv.forward([1] * n, logits_to_keep=n)
-            _sync(kv.device)
+            sync(kv.device)
             times[n].append(clock() - start)
             kv.rollback(context)
     kv.reset()

@@ -36,7 +36,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+from . import PROJECT_DIR, hardware, models
+from .compat import is_model_draft
+from .hardware import format_bytes  # noqa: F401  (re-exported: callers look here)
+
+PRESETS_DIR = PROJECT_DIR / "presets"
 
 TASKS = ("chat", "code", "maths", "grounded")
 DEVICES = ("cuda", "mps", "cpu")
@@ -96,7 +100,6 @@ class Preset:
     def draft_is_model(self) -> bool:
         """True when the draft has weights of its own to fetch and load (a draft model or a learned
         drafter; not none, ngram, self, early-exit:N or the target's own MTP layers)."""
-        from .decode_cli import is_model_draft
         return is_model_draft(self.draft) and self.draft_kind != "mtp"
 
     @property
@@ -178,7 +181,6 @@ def _draft(path: Path, value: Any) -> str:
 
 def _draft_kind(path: Path, data: dict[str, Any]) -> str:
     """The declared kind of a model-like draft ("model" by default); "" for the others."""
-    from .decode_cli import is_model_draft
     draft = data["draft"]
     model_like = isinstance(draft, str) and is_model_draft(draft)
     kind = data.get("draft_kind", ("mtp" if draft == "mtp" else "model") if model_like else "")
@@ -330,20 +332,11 @@ def hub_models_to_fetch(preset: Preset) -> list[str]:
 def hub_unavailable() -> str | None:
     """Why models cannot be downloaded now (HF_HUB_OFFLINE set, or the hub did not answer a
     quick request), or None when the hub is reachable."""
-    from .models import _hub_offline, _hub_reachable
-    if _hub_offline():
+    if models._hub_offline():
         return "HF_HUB_OFFLINE is set, so nothing is downloaded"
-    if not _hub_reachable(timeout_s=3.0):
+    if not models._hub_reachable(timeout_s=3.0):
         return "the model hub (huggingface.co) is not reachable from this machine"
     return None
-
-
-def format_bytes(n: int) -> str:
-    """``17_578_253_056`` -> ``'17.6 GB'`` (decimal units, as model cards and GPU boxes use)."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 # --- command line -----------------------------------------------------------------------------
@@ -359,8 +352,6 @@ def register(sub) -> None:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from . import hardware  # imports torch: only when the command runs
-
     try:
         presets = list_presets(args.dir)
     except PresetError as exc:

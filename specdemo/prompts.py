@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-PROMPT_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+from . import PROJECT_DIR
+
+PROMPT_DIR = PROJECT_DIR / "assets" / "prompts"
 TASKS = ("code", "maths", "grounded", "chat", "creative")
 
 

@@ -542,7 +542,7 @@ class PipelineCache:
               device: str) -> Pipeline:
         key = (target, draft, dtype, quantization, device)
         with self.lock:
-            from .decode_cli import is_model_draft
+            from .compat import is_model_draft
             from .pipeline import Pipeline
             if key in self._pipelines:
                 return self._pipelines[key]

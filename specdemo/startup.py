@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
+from . import models
+
 if TYPE_CHECKING:
     from .pipeline import Pipeline
 
@@ -66,8 +68,7 @@ class DoneStep:
 
 
 def _times_path() -> Path:
-    from .models import cache_dir
-    return cache_dir() / TIMES_FILE
+    return models.cache_dir() / TIMES_FILE
 
 
 def remembered_s(key: str) -> float | None:
@@ -200,7 +201,6 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", **kwargs):
     Raises:
         ModelLoadError: as ``models.load_model``.
     """
-    from . import models
     reason = models.builtin_conversion_needed(spec)
     if reason is not None:
         guess = models.builtin_source_bytes(spec) / CONVERT_BYTES_PER_S
@@ -224,7 +224,7 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi") -> No
     waits for nothing the speculative run needs (the forward costs that draft length ``auto``
     needs come separately, from :func:`measure_forward_costs`).
     """
-    from .pipeline import DecodeSettings
+    from .pipeline import DecodeSettings  # deferred: imports torch
     key = pipe if speculative else pipe.target.model
     if key in _WARM or (speculative and pipe.draft_spec == "none"):
         return

@@ -19,7 +19,7 @@ from typing import Any
 
 import gradio as gr
 
-from . import inputs
+from . import PROJECT_DIR, inputs
 from . import race as racing
 from .machine import ACTIVE_RACES
 from .ui_format import (CHART_COLORS, LEGEND, acceptance_frame, chat_messages,  # noqa: F401
@@ -31,7 +31,7 @@ from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, _default_preset_name, 
                        _pairing, _presets, engine_imports, follow_startup, model_status, preload,
                        start_preload, wait_until_ready)
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = PROJECT_DIR / "assets"
 CSS_PATH = ASSETS / "specdemo.css"
 NON_MODEL_DRAFTS = ("ngram", "self")
 DRAFT_LENGTHS = ["auto"] + [str(k) for k in range(1, 17)]

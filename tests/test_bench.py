@@ -271,13 +271,14 @@ def test_sweep_refuses_plain_only(target):
 
 
 def test_cli_parser_and_preset_conflict():
+    from specdemo.bench.cli import resolve_models
     from specdemo.cli import build_parser
     args = build_parser().parse_args(["bench", "--preset", "p", "--target", "t", "--out", "x"])
     with pytest.raises(ValueError, match="either --preset or --target"):
-        bench.resolve_models(args)
+        resolve_models(args)
     args = build_parser().parse_args(["bench", "--target", "t", "--draft", "self", "--out", "x",
                                       "--draft-lengths", "2,auto", "--concurrency", "1,4"])
-    assert bench.resolve_models(args) == ("t", "self", "auto", None)
+    assert resolve_models(args) == ("t", "self", "auto", None)
     assert args.draft_lengths == "2,auto" and args.concurrency == "1,4"
 
 

@@ -7,10 +7,11 @@ import re
 import pytest
 import torch
 
+from specdemo.compat import learned_verdict
 from specdemo.drafters import dflash
 from specdemo.drafters.dflash import DFlashDrafter
 from specdemo.drafters.features import dflash_indices
-from specdemo.drafters.learned import DrafterRefused, learned_verdict, load_learned
+from specdemo.drafters.learned import DrafterRefused, load_learned
 from specdemo.engine import generate
 from specdemo.kv import KVModel
 from specdemo.models import LoadedModel

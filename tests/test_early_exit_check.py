@@ -44,9 +44,10 @@ def test_the_check_gives_the_engines_own_words():
     from tiny import tiny_llama
 
     from specdemo.drafters import early_exit_view
+    from specdemo.drafters.draft_model import early_exit_problem
     with pytest.raises(ValueError) as refused:
         early_exit_view(tiny_llama(layers=4), 99)
-    assert str(refused.value) == REFUSAL.format(n=99) == compat.early_exit_problem(99, 4)
+    assert str(refused.value) == REFUSAL.format(n=99) == early_exit_problem(99, 4)
 
 
 def test_check_command_refuses_with_exit_status_2(four_layers, capsys):

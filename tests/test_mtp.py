@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdemo.drafters.learned import DrafterRefused, learned_verdict, load_learned
+from specdemo.compat import learned_verdict
+from specdemo.drafters.learned import DrafterRefused, load_learned
 from specdemo.drafters.mtp import Gemma4AssistantDrafter, NativeMtpDrafter
 from specdemo.engine import generate
 from specdemo.kv import KVModel

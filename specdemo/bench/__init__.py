@@ -34,13 +34,12 @@ from .config import (DEFAULT_DRAFT_LENGTHS, DIGITS, ENGINES, BenchConfig, PeakMe
 from .report import (CONCURRENCY_COLUMNS, CSV_COLUMNS, best_lines, figures, fmt, report_markdown,
                      summary_text, write_outputs)
 from .run import Progress, SpecdemoEngine, Sweep, concurrency_sweep, machine_info, run_sweep
-from .cli import register, resolve_models
 
 __all__ = [
     "BenchConfig", "CONCURRENCY_COLUMNS", "CSV_COLUMNS", "DEFAULT_DRAFT_LENGTHS", "DIGITS",
     "ENGINES", "PeakMemory", "Progress", "Run", "SpecdemoEngine", "Sweep", "aggregate",
     "best_draft_lengths", "best_lines", "best_overall_draft_length", "concurrency_sweep",
     "figures", "fmt", "machine_info", "parse_draft_lengths", "parse_ints", "parse_tasks", "pool",
-    "register", "report_markdown", "resolve_models", "run_sweep", "summarise", "summary_text",
+    "report_markdown", "run_sweep", "summarise", "summary_text",
     "write_outputs",
 ]

@@ -46,7 +46,7 @@ def _observed(model, run: Run, device) -> Iterator[None]:
     Wraps the candidate generator ``generate`` builds (``_get_candidate_generator``, transformers
     5.x) for this one call; what it proposes and accepts is unchanged.
     """
-    from ..engine import _sync
+    from ..clock import sync as _sync  # deferred: imports torch
     original = model._get_candidate_generator
     run.draft_s = 0.0
 
@@ -176,7 +176,7 @@ class TransformersEngine:
             where: dict) -> Run:
         """One ``generate()`` call, timed from the call to its return (device synchronised)."""
         import torch
-        from ..engine import _sync
+        from ..clock import sync as _sync  # deferred: imports torch
         model, device = self.target.model, self.target.device
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, P)
         kwargs = _generate_kwargs(self.target, config, min_new_tokens=0)
@@ -241,7 +241,7 @@ def batched_plain(target, requests: list[list[int]],
         (wall seconds, new token ids per request cut after its first EOS).
     """
     import torch
-    from ..engine import _sync
+    from ..clock import sync as _sync  # deferred: imports torch
     pad, width = _pad_id(target), max(len(r) for r in requests)
     rows = [[pad] * (width - len(r)) + r for r in requests]
     mask = [[0] * (width - len(r)) + [1] * len(r) for r in requests]

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..errors import DrafterRefused
 from ..kv import cache_bytes
 from ..sampling import SamplingParams
 from .base import Proposal, draw, fit_vocab, param_bytes
@@ -308,9 +309,8 @@ def load_checked(spec: str, folder: Path, target, dtype: torch.dtype = torch.flo
     """Load the DFlash folder of ``spec`` and check it against a loaded ``target``.
 
     Raises:
-        learned.DrafterRefused: it cannot serve this target (one sentence per problem).
+        DrafterRefused: it cannot serve this target (one sentence per problem).
     """
-    from .learned import DrafterRefused
     try:
         model, info = load_assistant(folder, dtype)
     except DFlashFormatError as exc:

@@ -10,7 +10,6 @@ import copy
 
 import torch
 
-from ..compat import early_exit_problem
 from ..kv import KVModel
 from ..sampling import SamplingParams
 from .base import Proposal, draw, fit_vocab, param_bytes
@@ -64,6 +63,15 @@ class ModelDrafter:
     @property
     def extra_memory_bytes(self) -> int:
         return self._weight_bytes + self.kv.cache_bytes
+
+
+def early_exit_problem(n_layers: int, target_layers: int) -> str | None:
+    """Why the first ``n_layers`` of a ``target_layers``-layer model cannot draft, else None
+    (one layer at least, and fewer than the target has). :func:`early_exit_view` refuses with
+    these words, and ``compat.early_exit_verdict`` gives them as its reason."""
+    if not 1 <= n_layers < target_layers:
+        return f"early-exit layers must be in 1..{target_layers - 1}, got {n_layers}"
+    return None
 
 
 def early_exit_view(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:

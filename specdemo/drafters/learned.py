@@ -20,23 +20,16 @@ from typing import Callable
 
 import torch
 
-from ..models import ModelLoadError
+from .. import PACKAGE_DIR, models
+from ..errors import DrafterRefused, ModelLoadError  # noqa: F401  (DrafterRefused: callers look here)
 from . import dflash, eagle_io, mtp
 from .eagle import Eagle3Drafter, Eagle3Head
 from .features import index_problems, num_layers
 from .vocab import map_problems
 
-BUILTIN_DIR = Path(__file__).resolve().parent.parent / "builtin_drafters"
+BUILTIN_DIR = PACKAGE_DIR / "builtin_drafters"
 #: name -> the built-in target it was trained for
 BUILTIN_DRAFTERS = {"smollm2-135m-eagle3": "builtin:smollm2-135m"}
-
-
-class DrafterRefused(ModelLoadError):
-    """A learned drafter that cannot serve this target; ``problems`` has one sentence each."""
-
-    def __init__(self, spec: str, target: str, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__(f"draft {spec} cannot serve target {target}: " + "; ".join(problems))
 
 
 def _family(config: dict) -> str | None:
@@ -51,11 +44,10 @@ def _family(config: dict) -> str | None:
 def _hub_folder(spec: str) -> Path | None:
     """The local snapshot of a hub drafter (downloaded when not cached and the hub answers)."""
     from huggingface_hub import hf_hub_download, snapshot_download
-    from ..models import _hub_offline, _hub_reachable
     try:
         config = Path(hf_hub_download(spec, "config.json", local_files_only=True))
     except Exception:
-        if _hub_offline() or not _hub_reachable():
+        if models._hub_offline() or not models._hub_reachable():
             return None
         try:
             config = Path(hf_hub_download(spec, "config.json"))
@@ -247,24 +239,6 @@ def _load_learned(spec: str, target, dtype: torch.dtype):
     if problems:
         raise DrafterRefused(spec, target.spec, problems)
     return LoadedEagle3(spec, head.to(target.device), info, warnings)
-
-
-def learned_verdict(target_spec: str, draft_spec: str, load_target: Callable | None = None):
-    """``compat.Verdict`` of a learned drafter against a target (loads both; no decoding).
-
-    Raises:
-        ModelLoadError: the target cannot be loaded.
-    """
-    from ..compat import COMPATIBLE, INCOMPATIBLE, WARNINGS, Verdict
-    from ..models import load_model
-    target = (load_target or load_model)(target_spec)
-    try:
-        loaded = load_learned(draft_spec, target)
-    except DrafterRefused as exc:
-        return Verdict(INCOMPATIBLE, exc.problems)
-    summary = describe(loaded)
-    return Verdict(WARNINGS, [summary] + loaded.warnings) if loaded.warnings \
-        else Verdict(COMPATIBLE, [summary])
 
 
 def describe(loaded) -> str:

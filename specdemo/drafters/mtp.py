@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..errors import DrafterRefused
 from ..kv import cache_bytes
 from ..sampling import SamplingParams
 from .base import Proposal, draw, fit_vocab, param_bytes
@@ -311,9 +312,8 @@ def load_assistant_checked(spec: str, folder: Path, target,
     """Load a Gemma 4 assistant folder and check it against a loaded ``target``.
 
     Raises:
-        learned.DrafterRefused: it cannot serve this target (one sentence per problem).
+        DrafterRefused: it cannot serve this target (one sentence per problem).
     """
-    from .learned import DrafterRefused
     try:
         model = load_assistant(folder, dtype)
     except (OSError, ValueError) as exc:
@@ -328,9 +328,8 @@ def load_native(target, dtype: torch.dtype | None = None) -> LoadedNativeMtp:
     """The MTP layers of a loaded ``target``, read from its own checkpoint (``--draft mtp``).
 
     Raises:
-        learned.DrafterRefused: the target has no MTP layers, or they cannot be read.
+        DrafterRefused: the target has no MTP layers, or they cannot be read.
     """
-    from .learned import DrafterRefused
     config = target.model.config.get_text_config()
     if not getattr(config, "num_mtp_layers", None):
         raise DrafterRefused(NATIVE, target.spec, [

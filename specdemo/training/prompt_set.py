@@ -16,7 +16,9 @@ import json
 import random
 from pathlib import Path
 
-PROMPTS_FILE = Path(__file__).resolve().parents[2] / "assets" / "train" / "prompts.jsonl"
+from .. import PROJECT_DIR
+
+PROMPTS_FILE = PROJECT_DIR / "assets" / "train" / "prompts.jsonl"
 HELDOUT_FRACTION = 0.1
 
 TOPICS = ["photosynthesis", "the water cycle", "black holes", "inflation", "vaccines", "the internet",
