@@ -60,7 +60,7 @@ ALWAYS_NOT_REPORTED = ("draft_s", "verify_s", "draft_length", "drafted_by", "acc
 NOT_REPORTED_TEXT = "not reported by this engine"
 
 
-class EndpointError(Exception):
+class EndpointError(ValueError):
     """A lane's server cannot be used or failed; the message is one sentence for the user."""
 
 

@@ -28,7 +28,7 @@ INSTALL = ('CMAKE_ARGS="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_E
 ENGINES = ("llama.cpp",)
 
 
-class ServeError(Exception):
+class ServeError(ValueError):
     """The server cannot be started; the message is one sentence for the user."""
 
 
