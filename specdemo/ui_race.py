@@ -131,9 +131,11 @@ ENGINE_CHOICES = ("specdemo (this app)", "servers (OpenAI-compatible endpoints)"
 
 
 def _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_env,
-                    allow_remote) -> dict | None:
+                    allow_remote, preset_name: str | None = None) -> dict | None:
     """{"plain": Endpoint or None, "speculative": ...} when the Engines choice is servers (or
-    the API names an endpoint), else None (both lanes are our engine).
+    the API names an endpoint), else None (both lanes are our engine). With servers chosen (or
+    from the API) and no URL given, the endpoints the preset names (``plain_endpoint``,
+    ``spec_endpoint`` in its file) are used.
 
     Raises:
         gr.Error: a malformed URL, a remote one without the tick, an unset key variable, or
@@ -141,6 +143,10 @@ def _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_
     """
     from .endpoints import Endpoint, EndpointError
     urls = {PLAIN: (plain_endpoint or "").strip(), SPECULATIVE: (spec_endpoint or "").strip()}
+    if engines != ENGINE_CHOICES[0] and not any(urls.values()):
+        pairing = _pairing(preset_name)
+        urls = {PLAIN: pairing.get("plain_endpoint", ""),
+                SPECULATIVE: pairing.get("spec_endpoint", "")}
     if engines != ENGINE_CHOICES[1] and not any(urls.values()):
         return None
     if engines == ENGINE_CHOICES[1] and not any(urls.values()):
@@ -222,7 +228,7 @@ def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, m
     _check_prompt(prompt, system)
     settings = _settings(temperature, top_p, max_new_tokens, seed, draft_length)
     endpoints = _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_env,
-                                allow_remote)
+                                allow_remote, preset_name)
     engine_imports()
     conv = conv or new_conversation()
     if endpoints:
@@ -312,7 +318,7 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     settings = _settings(temperature, 1.0, max_new_tokens, -1, k,
                          names={"max_new_tokens": "max_new_tokens", "draft_length": "draft_length"})
     endpoints = _lane_endpoints(None, plain_endpoint, spec_endpoint, endpoint_model,
-                                endpoint_key_env, allow_remote_endpoint)
+                                endpoint_key_env, allow_remote_endpoint, preset)
     engine_imports()
     if endpoints:
         race = _endpoint_race(prompt, None, preset, draft, settings, new_conversation(), request,

@@ -204,3 +204,56 @@ def test_divergence_by_tokens_else_text():
     assert output_divergence([1, 2, 3], [1, 2, 4], "abc", "abd") == (2, "token")
     assert output_divergence([], [1, 2], "hello", "help") == (3, "character")
     assert output_divergence([], [], "same", "same") == (None, "character")
+
+
+# --- serve: flags and files (the server itself: tests/test_llama_server.py) ----------------------
+
+def test_serve_draft_flags(tmp_path):
+    from specdemo import serve
+    assert serve.draft_flags("none") == []
+    assert serve.draft_flags("ngram", 8) == ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"]
+    gguf = tmp_path / "d.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert serve.draft_flags(str(gguf)) == ["--spec-type", "draft-simple", "--spec-draft-model",
+                                            str(gguf)]
+    with pytest.raises(serve.ServeError, match="is not a .gguf file"):
+        serve.draft_flags(str(tmp_path / "missing.gguf"))
+
+
+def test_serve_finds_the_builtin_gguf():
+    from specdemo import serve
+    path = serve.gguf_path("builtin:smollm2-135m")
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
+    with pytest.raises(serve.ServeError, match="no built-in model 'nope'"):
+        serve.gguf_path("builtin:nope")
+
+
+# --- the page's counters for a server lane ---------------------------------------------------------
+
+def test_page_cells_say_not_reported():
+    from specdemo.ui_format import counter_cells
+    stats = ep.apply_reported(DecodeStats(new_tokens=10, elapsed_s=1.0, ttft_s=0.1,
+                                          engine="llama.cpp"), {"drafted": 4, "accepted": 2})
+    cells = dict(counter_cells(stats, True, "auto"))
+    assert cells["engine"] == "llama.cpp" and cells["acceptance_rate"] == "50%"
+    assert cells["drafted / accepted"] == "4 / 2"
+    assert cells["mean_acceptance_length"] == "not reported by this engine"
+    assert cells["draft_length"] == "not reported by this engine"
+
+
+def test_preset_may_name_endpoints(tmp_path):
+    from specdemo.presets import PresetError, load_preset
+    base = ('name = "{name}"\ntarget = "builtin:smollm2-135m"\ndraft = "ngram"\ndraft_length = "auto"\n'
+            'dtype = "float32"\nquantization = "none"\nmemory_bytes = 2000000000\n'
+            'tasks = ["chat"]\nlicence = "Apache-2.0"\ngated = false\ndevices = ["cpu"]\n'
+            'note = "x"\nsources = ["https://github.com/ggml-org/llama.cpp"]\n')
+    good = tmp_path / "servers.toml"
+    good.write_text(base.format(name="servers") + 'plain_endpoint = "http://127.0.0.1:8080/v1"\n'
+                    'spec_endpoint = "http://127.0.0.1:8081"\n')
+    preset = load_preset(good)
+    assert (preset.plain_endpoint, preset.spec_endpoint) == ("http://127.0.0.1:8080",
+                                                             "http://127.0.0.1:8081")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(base.format(name="bad") + 'spec_endpoint = "127.0.0.1:8081"\n')
+    with pytest.raises(PresetError, match="spec_endpoint.*not an http"):
+        load_preset(bad)
