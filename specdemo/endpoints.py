@@ -647,8 +647,15 @@ def endpoints_from_args(args) -> dict[str, Endpoint | None]:
 
 def format_endpoint_stats(label: str, s: DecodeStats) -> str:
     """Text lines for a server lane's stats: what it did not report says so."""
+    inputs = {"acceptance_rate": ("drafted", "accepted"),
+              "mean_acceptance_length": ("target_forwards",)}
+
     def v(name, spec=".2f"):
-        return format_value(getattr(s, name), spec)
+        value = getattr(s, name)
+        unreported = {name, *inputs.get(name, ())} & set(s.not_reported)
+        if value is None and not unreported:
+            return "n/a"  # reported, but nothing to divide (e.g. nothing drafted)
+        return format_value(value, spec)
     lines = [f"[{label}] engine={s.engine} new_tokens={s.new_tokens} "
              f"tokens_per_s={v('tokens_per_s')} decode_tokens_per_s={v('decode_tokens_per_s')} "
              f"ttft_s={v('ttft_s', '.3f')} finish_reason={s.finish_reason}",
