@@ -5,8 +5,8 @@ the tasks interleaved), first against the plain lane's server, then against the 
 lane's (lanes one after the other, never both at once). Per level and lane:
 ``total_tokens_per_s`` = all new tokens (the server's ``usage``) / wall seconds from the first
 request's start to the last one's end; ``mean_latency_s`` = mean seconds until a request's last
-chunk; drafted / accepted = the sum of what the engine reported per request (None when it does
-not report them). ``speedup`` per level = speculative / plain total tokens/s.
+chunk; drafted / accepted = the sum of what the engine reported over every request of the
+level's repeats (None when it does not report them). ``speedup`` per level = speculative / plain total tokens/s.
 
 A llama-server decodes up to ``--parallel`` requests at once; more wait for a slot, which is the
 load a server sees. Writes ``concurrency.csv``, ``concurrency.json``, ``concurrency.png`` and
@@ -166,8 +166,10 @@ def write(rows: list[dict], out: Path, meta: dict) -> dict[str, Path]:
 
 
 def report(rows: list[dict], meta: dict) -> str:
-    def cell(v):
-        return "not reported" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+    def cell(v, column=""):
+        if v is None:  # drafted/accepted None: the engine does not report them
+            return "not reported" if column in ("drafted", "accepted") else "n/a"
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
     shown = [c for c in COLUMNS if c not in ("endpoint", "errors")]
     lines = ["# Servers under load: plain vs speculative", "",
              f"Measured {meta['date']} on {meta['machine']['cpu_model']} "
@@ -177,10 +179,11 @@ def report(rows: list[dict], meta: dict) -> str:
              f"temperature {meta['temperature']}, prompts of tasks {', '.join(meta['tasks'])} "
              f"interleaved), median of {meta['repeats']} repeats; the plain server's levels run "
              f"first, then the speculative server's. total_tokens_per_s = all new tokens / wall "
-             f"seconds; drafted / accepted are the server's own counts summed over the requests.", "",
+             f"seconds; drafted / accepted are the server's own counts summed over every request of the "
+             f"level's repeats.", "",
              "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     for r in rows:
-        lines.append("| " + " | ".join(cell(r.get(c)) for c in shown) + " |")
+        lines.append("| " + " | ".join(cell(r.get(c), c) for c in shown) + " |")
     errors = [r["errors"] for r in rows if r.get("errors")]
     if errors:
         lines += ["", "Errors: " + " | ".join(errors)]
