@@ -220,3 +220,30 @@ def test_serve_command_prints_url_and_stops_on_interrupt():
     with pytest.raises(Exception):
         import httpx
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_page_send_with_server_lanes_keeps_history(servers):
+    """The page's Send with Engines = servers: both panes stream from the servers, the turn is
+    kept in each pane's history; a second Send with the speculative server gone is that pane's
+    error and the first turn survives."""
+    from types import SimpleNamespace
+
+    from specdemo import ui
+    from specdemo.ui_race import ENGINE_CHOICES
+    request = SimpleNamespace(session_hash="test-llama-server")
+    urls = (servers["plain"].url, servers["speculative"].url)
+    outputs = list(ui.send(COPY_PROMPT, "", None, "ngram", "4", 0.0, 1.0, 32, -1, True, None,
+                           request, ENGINE_CHOICES[1], *urls, "", "", False))
+    conv = outputs[-1][7]
+    for pane in ("plain", "speculative"):
+        assert conv[pane][0]["status"] == "done" and conv[pane][0]["text"].strip()
+    assert "llama.cpp" in outputs[-1][3]  # the speculative pane's counters name the engine
+    dead = f"http://127.0.0.1:{serve.free_port()}"
+    outputs = list(ui.send("Say hello.", "", None, "ngram", "4", 0.0, 1.0, 8, -1, True, conv,
+                           request, ENGINE_CHOICES[1], urls[0], dead, "", "", False))
+    conv = outputs[-1][7]
+    assert len(conv["plain"]) == len(conv["speculative"]) == 2
+    assert conv["plain"][1]["status"] == "done"
+    assert conv["speculative"][1]["status"] == "error"
+    assert conv["speculative"][1]["error"].startswith(f"could not connect to {dead}")
+    assert conv["speculative"][0]["status"] == "done"  # the history survives
