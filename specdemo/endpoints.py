@@ -523,6 +523,7 @@ def stream_events(endpoint: Endpoint, messages: list[dict], settings,
                         stats.new_tokens = int(timings["predicted_n"])
                     else:
                         stats.new_tokens = len(ids) or chunks
+                    apply_reported(stats, reported)  # live: llama-server sends timings per chunk
                     yield DecodeEvent(new_ids, [False] * len(new_ids), text, stats.copy())
                 else:
                     ended = True

@@ -247,3 +247,18 @@ def test_page_send_with_server_lanes_keeps_history(servers):
     assert conv["speculative"][1]["status"] == "error"
     assert conv["speculative"][1]["error"].startswith(f"could not connect to {dead}")
     assert conv["speculative"][0]["status"] == "done"  # the history survives
+
+
+def test_live_counters_come_from_the_server_while_it_streams(servers):
+    """llama-server sends its timings with every chunk (timings_per_token): the lane's counters
+    grow while it streams, and never exceed the final ones."""
+    from specdemo.pipeline import DecodeSettings
+    events = list(ep.stream_events(ep.Endpoint(servers["speculative"].url),
+                                   [{"role": "user", "content": COPY_PROMPT}],
+                                   DecodeSettings(max_new_tokens=48)))
+    live = [e.stats for e in events[:-1]]
+    final = events[-1].stats
+    assert all(s.engine == "llama.cpp" and s.drafted is not None for s in live)
+    assert [s.new_tokens for s in live] == sorted(s.new_tokens for s in live)
+    assert [s.drafted for s in live] == sorted(s.drafted for s in live)
+    assert live[-1].drafted <= final.drafted and final.drafted > 0
