@@ -1,4 +1,4 @@
-"""Command line: ``python -m specdemo {run,compare,bench,check,presets,costs}``.
+"""Command line: ``python -m specdemo {run,compare,bench,check,presets,costs,serve}``.
 
 Each subcommand lives in the module that owns it; a module takes part by defining
 ``register(subparsers)`` which adds its parser and sets ``func`` (args -> exit status).
@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "specdemo.bench.cli",
     "specdemo.training.cli",
     "specdemo.costs",
+    "specdemo.serve",
 )
 
 

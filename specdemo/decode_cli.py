@@ -7,7 +7,8 @@ import json
 import sys
 
 from . import compat, inputs, startup
-from .compat import is_model_draft
+from .compat import NON_MODEL_DRAFTS, is_model_draft  # none, ngram, self: drafters that are not models
+from .endpoints import add_endpoint_flags
 from .inputs import checked
 from .models import ModelLoadError
 from .quantize import QUANTIZATION_CHOICES
@@ -60,10 +61,12 @@ def register(sub) -> None:
     run = sub.add_parser("run", help="decode one prompt (speculatively when --draft is given)")
     add_decode_flags(run, draft_default="none")
     run.add_argument("--prompt", required=True, type=checked(inputs.text, "prompt"))
+    add_endpoint_flags(run)
     run.set_defaults(func=cmd_run)
     compare = sub.add_parser("compare", help="plain then speculative on the same prompt")
     add_decode_flags(compare, draft_default="ngram")
     compare.add_argument("--prompt", required=True, type=checked(inputs.text, "prompt"))
+    add_endpoint_flags(compare)
     compare.set_defaults(func=cmd_compare)
 
 
@@ -123,7 +126,19 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def _endpoints(args) -> dict:
+    """The lanes' endpoints from the flags; exit status 2 with the reason when one is refused."""
+    from .endpoints import EndpointError, endpoints_from_args
+    try:
+        return endpoints_from_args(args)
+    except EndpointError as exc:
+        fail(str(exc))
+
+
 def cmd_run(args) -> int:
+    endpoints = _endpoints(args)
+    if endpoints["plain"] or endpoints["speculative"]:
+        return run_endpoint(args, endpoints)
     pipe = pipeline_from_args(args)
     settings = settings_from_args(args)
     try:
@@ -154,7 +169,106 @@ def stream_to_terminal(pipe, ids, settings, speculative):
     return collect(echo(pipe.stream(ids, settings, speculative)))
 
 
+def run_endpoint(args, endpoints: dict) -> int:
+    """``run`` against one server: stream its answer, then its stats (exit 2 on its error)."""
+    from .endpoints import EndpointError, EndpointPipeline, format_endpoint_stats
+    from .engine import collect
+    if endpoints["plain"] and endpoints["speculative"]:
+        fail("run decodes one lane: give --plain-endpoint or --spec-endpoint, not both "
+             "(compare races both)")
+    endpoint = endpoints["plain"] or endpoints["speculative"]
+    pipe = EndpointPipeline(endpoint)
+    settings = settings_from_args(args)
+    try:
+        messages = pipe.prompt_ids(args.prompt, args.system)
+        events = pipe.stream(messages, settings)
+        if not args.json:
+            events = _echo(events)
+        result = collect(events)
+    except (EndpointError, ValueError) as exc:
+        if not args.json:
+            print()
+        fail(str(exc))
+    from .pipeline import result_dict
+    if args.json:
+        print(json.dumps(result_dict(result)))
+    else:
+        print()
+        print(format_endpoint_stats(endpoint.label, result.stats))
+    return 0
+
+
+def _echo(events):
+    for event in events:
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+        yield event
+
+
+def compare_lanes(args, endpoints: dict):
+    """The race's two lanes: a server where an endpoint is given, else our engine (plain: the
+    target alone; speculative: the target with ``--draft``, plain decoding when it is none)."""
+    from .race import PLAIN, SPECULATIVE, Lane, endpoint_lane
+    messages = [{"role": "user", "content": args.prompt}]
+    pipe = None
+    if not (endpoints["plain"] and endpoints["speculative"]):
+        pipe = pipeline_from_args(args)
+    lanes = []
+    for name in (PLAIN, SPECULATIVE):
+        if endpoints[name]:
+            lanes.append(endpoint_lane(name, endpoints[name], messages))
+        else:
+            speculative = name == SPECULATIVE and args.draft != "none"
+            lanes.append(Lane(name, speculative, lambda: pipe, messages))
+    return lanes
+
+
+def compare_endpoints(args, endpoints: dict) -> int:
+    """``compare`` with a server in one lane or both: the race runs here (one lane after the
+    other), each lane's error stays in that lane; exit status 2 when a lane failed."""
+    from .race import Race, snapshot_dict
+    lanes = compare_lanes(args, endpoints)
+    race = Race(lanes, settings_from_args(args), args.system)
+    race.run_here()
+    snap = race.snapshot()
+    errors = [(name, v.error) for name, v in snap.panes.items() if v.status in ("error", "skipped")]
+    if args.json:
+        print(json.dumps(snapshot_dict(snap)))
+    else:
+        _print_race(args, snap, endpoints)
+    for name, error in errors:
+        print(f"error: {name} lane: {error}", file=sys.stderr)
+    return 2 if errors else 0
+
+
+def _print_race(args, snap, endpoints: dict) -> None:
+    from .endpoints import format_endpoint_stats
+    for name, view in snap.panes.items():
+        who = endpoints[name].label if endpoints[name] else (
+            f"specdemo, draft {args.draft}" if name == "speculative" else "specdemo")
+        print(f"{name} ({who}):\n" + (view.text if view.status != "error" else "") + "\n")
+    for name, view in snap.panes.items():
+        if view.stats is None:
+            print(f"[{name}] {view.status}: {view.error}")
+        elif view.stats.engine:
+            print(format_endpoint_stats(name, view.stats))
+        else:
+            print(format_stats(name, view.stats, args.draft_length if view.stats.drafted else None))
+    speed = "n/a" if snap.speedup is None else f"{snap.speedup:.2f}x"
+    if snap.identical is None:
+        same = "n/a"
+    else:
+        same = "yes" if snap.identical else (f"no, first divergence at {snap.divergence_unit} "
+                                              f"{snap.first_divergence}")
+    print(f"speedup: {speed}   identical: {same}")
+    for warning in snap.warnings:
+        print(f"warning: {warning}")
+
+
 def cmd_compare(args) -> int:
+    endpoints = _endpoints(args)
+    if endpoints["plain"] or endpoints["speculative"]:
+        return compare_endpoints(args, endpoints)
     pipe = pipeline_from_args(args)
     try:
         ids = pipe.prompt_ids(args.prompt, args.system)

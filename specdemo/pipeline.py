@@ -91,6 +91,14 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def output_divergence(a_ids, b_ids, a_text: str, b_text: str) -> tuple[int | None, str]:
+    """(first divergence, unit): token ids compared when both outputs have them (or both are
+    empty), else the texts, character by character (a server lane that returns no token ids)."""
+    if (a_ids and b_ids) or (not a_text and not b_text):
+        return first_divergence(list(a_ids), list(b_ids)), "token"
+    return first_divergence(list(a_text), list(b_text)), "character"
+
+
 def result_dict(result: DecodeResult) -> dict:
     """Metric names of DESIGN.md plus ``text``, ``token_ids`` and ``from_draft``."""
     return {**result.stats.as_dict(), "text": result.text, "token_ids": result.token_ids,

@@ -57,7 +57,8 @@ QUANT_BYTES_PER_PARAM = {"4bit": 4.5 / 8, "8bit": 1.0, "int4": 5.0 / 8, "int8": 
 
 REQUIRED_KEYS = ("name", "target", "draft", "draft_length", "dtype", "quantization",
                  "memory_bytes", "tasks", "licence", "gated", "devices", "note", "sources")
-OPTIONAL_KEYS = ("default", "target_params", "draft_params", "draft_kind")
+OPTIONAL_KEYS = ("default", "target_params", "draft_params", "draft_kind", "plain_endpoint",
+                 "spec_endpoint")
 
 
 class PresetError(ValueError):
@@ -95,6 +96,8 @@ class Preset:
     draft_params: int = 0
     draft_kind: str = ""
     path: Path | None = None
+    plain_endpoint: str = ""
+    spec_endpoint: str = ""
 
     @property
     def draft_is_model(self) -> bool:
@@ -194,6 +197,18 @@ def _draft_kind(path: Path, data: dict[str, Any]) -> str:
     return kind
 
 
+def _endpoint(path: Path, key: str, value: Any) -> str:
+    """An OpenAI-compatible server's base URL for a lane ("" = our engine). A remote host is
+    accepted here; using it still needs the explicit allow-remote choice."""
+    if value == "":
+        return ""
+    from .endpoints import EndpointError, base_url
+    try:
+        return base_url(_string(path, key, value), allow_remote=True)
+    except EndpointError as exc:
+        raise _fail(path, key, str(exc)) from None
+
+
 def _check_keys(path: Path, data: dict[str, Any]) -> None:
     known = set(REQUIRED_KEYS) | set(OPTIONAL_KEYS)
     for key in data:
@@ -249,6 +264,8 @@ def parse_preset(data: dict[str, Any], path: Path) -> Preset:
         draft_params=_integer(path, "draft_params", data.get("draft_params", 0), 0),
         draft_kind=_draft_kind(path, data),
         path=path,
+        plain_endpoint=_endpoint(path, "plain_endpoint", data.get("plain_endpoint", "")),
+        spec_endpoint=_endpoint(path, "spec_endpoint", data.get("spec_endpoint", "")),
     )
     _check_consistency(preset)
     return preset

@@ -160,6 +160,8 @@ class RaceSnapshot:
         identical: True/False once both lanes finished with tokens, else None.
         warnings: sentences on why the speedup may not hold (``pipeline.race_warnings``: other
             processes used much of the CPU during a finished lane), else empty.
+        divergence_unit: ``token`` when ``first_divergence`` indexes token ids, ``character``
+            when a lane's server returned no token ids and the texts were compared.
     """
 
     panes: dict[str, PaneView]
@@ -169,6 +171,7 @@ class RaceSnapshot:
     first_divergence: int | None = None
     identical: bool | None = None
     warnings: tuple[str, ...] = ()
+    divergence_unit: str = "token"
 
     @property
     def done(self) -> bool:
@@ -321,8 +324,10 @@ class Race:
         try:
             record.status = LOADING
             self._notify()
-            warm_up(pipe, lane.speculative)  # once, before this decode's clock starts
-            if lane.speculative and self.settings.draft_length == "auto":
+            if not getattr(pipe, "is_endpoint", False):  # a server lane: nothing to warm here
+                warm_up(pipe, lane.speculative)  # once, before this decode's clock starts
+            if (lane.speculative and self.settings.draft_length == "auto"
+                    and not getattr(pipe, "is_endpoint", False)):
                 measure_forward_costs(pipe)  # once per pipeline, before this decode's clock
             ids = pipe.prompt_ids(lane.messages, self.system)
             events = pipe.stream(ids, self.settings, lane.speculative, self.cancel)
@@ -350,6 +355,11 @@ class Race:
                     self._notify()
         finally:
             self._notify()
+
+    def run_here(self) -> None:
+        """Run the whole race on the calling thread (the command line's main thread, where our
+        engine's decodes are timed as ``compare`` times them); returns when it is done."""
+        self._work()
 
     def start(self) -> None:
         """Queue the race on the device thread (once); until it starts there (a model load may
@@ -380,23 +390,31 @@ class Race:
             pieces = self._pieces[record.name] = TokenPieces(record.tokenizer)
         if pieces is not None and len(pieces.ids) < len(ids):
             pieces.extend(ids[len(pieces.ids):])
-        texts = pieces.pieces[:len(ids)] if pieces is not None else [""] * len(ids)
+        if pieces is None and steps and not ids:  # a server lane without token ids: its chunks
+            tokens = tuple((s.text, False) for s in steps if s.text)
+        else:
+            texts = pieces.pieces[:len(ids)] if pieces is not None else [
+                s.text for s in steps for _ in s.token_ids]  # a server lane's chunk per token
+            tokens = tuple(zip(texts, flags))
         return PaneView(record.name, status or record.status, record.error,
-                        "".join(s.text for s in steps), ids, tuple(zip(texts, flags)),
+                        "".join(s.text for s in steps), ids, tokens,
                         steps[-1].stats if steps else None, len(steps),
                         tuple((s.t_s, s.stats.new_tokens) for s in steps))
 
     def _snapshot(self, views: dict[str, PaneView], phase: str, clock_s: float | None = None) -> RaceSnapshot:
-        from .pipeline import first_divergence, race_warnings
+        from .pipeline import output_divergence, race_warnings
         plain, spec = views.get(PLAIN), views.get(SPECULATIVE)
         gain = divergence = identical = None
+        unit = "token"
         if plain and spec and plain.stats and spec.stats:
             gain = speedup(plain.stats, spec.stats)
             if plain.finished and spec.finished:
-                divergence = first_divergence(list(plain.token_ids), list(spec.token_ids))
+                divergence, unit = output_divergence(plain.token_ids, spec.token_ids,
+                                                     plain.text, spec.text)
                 identical = divergence is None
         warnings = race_warnings(plain.stats if plain else None, spec.stats if spec else None)
-        return RaceSnapshot(views, phase, clock_s, gain, divergence, identical, tuple(warnings))
+        return RaceSnapshot(views, phase, clock_s, gain, divergence, identical, tuple(warnings),
+                            unit)
 
     def snapshot(self) -> RaceSnapshot:
         """Both panes as recorded so far."""
@@ -591,3 +609,31 @@ def race_lanes(cache: PipelineCache, target: str, draft: str, histories: dict[st
         return Lane(name, speculative,
                     lambda: cache.get(target, draft_spec, dtype, quantization), messages)
     return [lane(PLAIN, False, "none"), lane(SPECULATIVE, True, draft)]
+
+
+def endpoint_lane(name: str, endpoint, messages: list[dict]) -> Lane:
+    """A lane served by an OpenAI-compatible server (:class:`specdemo.endpoints.Endpoint`); it
+    counts as speculative when the server drafts (that is the server's configuration)."""
+    from .endpoints import EndpointPipeline
+    pipe = EndpointPipeline(endpoint)
+    return Lane(name, name == SPECULATIVE, lambda: pipe, messages)
+
+
+def pane_dict(view: PaneView) -> dict:
+    """DESIGN.md metric names plus text, token_ids, from_draft, status and error; a server lane
+    adds ``engine`` and ``not_reported`` (its stats' fields)."""
+    from .engine import DecodeResult
+    from .pipeline import result_dict
+    out: dict = {"status": view.status, "error": view.error}
+    if view.stats is not None:
+        flags = [f for _, f in view.tokens] if view.token_ids else []
+        out.update(result_dict(DecodeResult(view.text, list(view.token_ids), flags, view.stats)))
+    return out
+
+
+def snapshot_dict(snap: RaceSnapshot) -> dict:
+    """A finished race as the command line's and ``/race``'s JSON."""
+    return {**{name: pane_dict(view) for name, view in snap.panes.items()},
+            "speedup": snap.speedup, "identical": snap.identical,
+            "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
+            "warnings": list(snap.warnings)}

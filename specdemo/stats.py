@@ -65,6 +65,12 @@ class DecodeStats:
             final event, None before it and for decodes shorter than ``machine.MIN_MEASURED_S``.
             Above ``machine.BUSY_SHARE`` the decode's times are not this machine's.
         finish_reason: "eos", "stop", "length", "cancelled" or None while running.
+        engine: None for our engine; for a lane served by an OpenAI-compatible server, which
+            engine reported these counters (``"llama.cpp"``, ``"vllm"``, ``"sglang"``,
+            ``"lmstudio"`` or ``"openai-compatible"``; see :mod:`specdemo.endpoints`).
+        not_reported: names of the counters above that the engine does not report; each is
+            None (never estimated) and is shown as "not reported by this engine". Empty for
+            our engine.
     """
 
     new_tokens: int = 0
@@ -89,6 +95,8 @@ class DecodeStats:
     extra_memory_bytes: int = 0
     other_cpu_share: float | None = None
     finish_reason: str | None = None
+    engine: str | None = None
+    not_reported: list[str] = field(default_factory=list)
 
     # --- derived metrics (DESIGN.md names) -------------------------------------------------
     @property
@@ -105,7 +113,10 @@ class DecodeStats:
 
     @property
     def acceptance_rate(self) -> float | None:
-        """accepted / drafted (llama.cpp's "draft acceptance rate")."""
+        """accepted / drafted (llama.cpp's "draft acceptance rate"); None when either is not
+        reported."""
+        if self.accepted is None or self.drafted is None:
+            return None
         return ratio(self.accepted, self.drafted)
 
     @property
@@ -113,20 +124,26 @@ class DecodeStats:
         """New tokens per target forward after prefill (vLLM's definition, bonus token counted).
 
         The first token comes from prefill, so it is excluded: (new_tokens - 1) / target_forwards.
-        None for a run without speculation (nothing drafted).
+        None for a run without speculation (nothing drafted), and when the engine does not
+        report its target forwards (a server lane whose engine reports drafted/accepted only).
         """
-        if self.drafted == 0:
+        if self.drafted == 0 or self.target_forwards is None:
             return None
         return ratio(self.new_tokens - 1, self.target_forwards)
 
     @property
     def mean_draft_length(self) -> float | None:
-        """Draft tokens verified per round, averaged over the run's rounds; None before a round."""
+        """Draft tokens verified per round, averaged over the run's rounds; None before a round
+        or when not reported."""
+        if self.draft_length_sum is None or self.rounds is None:
+            return None
         return ratio(self.draft_length_sum, self.rounds)
 
     @property
     def per_position_acceptance(self) -> list[float | None]:
-        """For i = 1..k: P(draft token i accepted | tokens 1..i-1 were)."""
+        """For i = 1..k: P(draft token i accepted | tokens 1..i-1 were); [] when not reported."""
+        if self.position_accepted is None or self.position_drafted is None:
+            return []
         return [ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
 
     # --- recording ---------------------------------------------------------------------------
@@ -169,6 +186,8 @@ class DecodeStats:
         for name in ("tokens_per_s", "decode_tokens_per_s", "acceptance_rate",
                      "mean_acceptance_length", "per_position_acceptance", "mean_draft_length"):
             out[name] = getattr(self, name)
+        if "position_accepted" in self.not_reported:  # not reported is null, not an empty list
+            out["per_position_acceptance"] = None
         return out
 
     def copy(self) -> "DecodeStats":

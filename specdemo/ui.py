@@ -342,6 +342,8 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
                     preset = gr.Dropdown(names, value=preset_name, label="Preset", elem_id="preset",
                                          interactive=bool(names))
                     info = gr.Markdown(f"⚠ {preset_error}" if preset_error else "", elem_id="preset-info")
+                    from .ui_engines import engines_controls
+                    engine_inputs = list(engines_controls())
                     with gr.Row():
                         load_btn = gr.Button("Load models", size="sm", elem_id="load")
                         recheck_btn = gr.Button("Re-check drafts", size="sm", elem_id="recheck")
@@ -373,7 +375,7 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
         race_outputs = [plain_chat, spec_chat, plain_stats, spec_stats, verdict, race_chart,
                         acceptance_chart]
         go = dict(fn=send, inputs=[prompt, system, preset, draft, draft_length, temperature, top_p,
-                                   max_new, seed, highlight, conv],
+                                   max_new, seed, highlight, conv] + engine_inputs,
                   outputs=race_outputs + [conv, last_race, prompt, status], concurrency_id="device",
                   concurrency_limit=1, show_progress="hidden")
         send_btn.click(**go, api_name="send", api_visibility="undocumented")

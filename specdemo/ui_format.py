@@ -38,6 +38,8 @@ LABELS = {
                                      "(draft_length_min-draft_length_max)"),
     "extra_memory_bytes": ("Extra memory", "extra_memory_bytes: memory the drafter adds (its "
                                            "weights not shared with the target + its KV cache)"),
+    "engine": ("Engine", "engine: the server that decoded this lane; its counters are the ones "
+                         "it reports"),
 }
 
 STATUS_TEXT = {
@@ -95,6 +97,8 @@ def counter_cells(s, speculative: bool, draft_length: int | str | None = None) -
              ("tokens_per_s", fmt(s.tokens_per_s if s else None, ".1f")),
              ("ttft_s", fmt(s.ttft_s if s else None, ".2f", " s")),
              ("elapsed_s", fmt(s.elapsed_s if s else None, ".2f", " s"))]
+    if s is not None and s.engine:  # a server lane: what its engine does not report says so
+        return cells + endpoint_cells(s, speculative)
     if speculative:
         rate = s.acceptance_rate if s else None
         cells += [("acceptance_rate", fmt(rate * 100 if rate is not None else None, ".0f", "%")),
@@ -102,6 +106,28 @@ def counter_cells(s, speculative: bool, draft_length: int | str | None = None) -
                   ("drafted / accepted", f"{s.drafted} / {s.accepted}" if s else "–"),
                   ("draft_length", draft_length_cell(draft_length, s)),
                   ("extra_memory_bytes", fmt_bytes(s.extra_memory_bytes) if s else "–")]
+    return cells
+
+
+NOT_REPORTED = "not reported by this engine"
+
+
+def endpoint_cells(s, speculative: bool) -> list[tuple[str, str]]:
+    """The counters of a lane served by an OpenAI-compatible server (``s.engine`` names it):
+    a counter its engine does not report reads "not reported by this engine"."""
+    def cell(value, text):
+        return NOT_REPORTED if value is None else text
+    cells = [("engine", s.engine)]
+    if speculative or s.drafted:
+        rate = s.acceptance_rate
+        both = None if s.drafted is None or s.accepted is None else 1
+        cells += [("acceptance_rate", cell(rate, fmt(rate * 100 if rate is not None else None,
+                                                     ".0f", "%"))),
+                  ("mean_acceptance_length", cell(s.mean_acceptance_length,
+                                                  fmt(s.mean_acceptance_length))),
+                  ("drafted / accepted", cell(both, f"{s.drafted} / {s.accepted}")),
+                  ("draft_length", NOT_REPORTED),
+                  ("extra_memory_bytes", NOT_REPORTED)]
     return cells
 
 
@@ -269,7 +295,8 @@ def acceptance_frame(view: PaneView | None):
     import pandas as pd
     s = view.stats if view else None
     rows = [(str(i + 1), rate, n) for i, (rate, n) in enumerate(
-        zip(s.per_position_acceptance, s.position_drafted)) if rate is not None] if s else []
+        zip(s.per_position_acceptance, s.position_drafted)) if rate is not None] if (
+        s and s.position_drafted is not None) else []
     frame = pd.DataFrame(rows, columns=["position", "acceptance", "rounds"])
     return frame.astype({"position": "str", "acceptance": "float64", "rounds": "int64"})
 

@@ -127,6 +127,58 @@ def _new_race(prompt, system, preset_name, draft, settings, conv, request) -> Ra
     return Race(lanes, settings, system, cancel=_session_cancel(request), device_lock=LOAD_LOCK)
 
 
+ENGINE_CHOICES = ("specdemo (this app)", "servers (OpenAI-compatible endpoints)")
+
+
+def _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_env,
+                    allow_remote, preset_name: str | None = None) -> dict | None:
+    """{"plain": Endpoint or None, "speculative": ...} when the Engines choice is servers (or
+    the API names an endpoint), else None (both lanes are our engine). With servers chosen (or
+    from the API) and no URL given, the endpoints the preset names (``plain_endpoint``,
+    ``spec_endpoint`` in its file) are used.
+
+    Raises:
+        gr.Error: a malformed URL, a remote one without the tick, an unset key variable, or
+            servers chosen with no URL (the same sentences as the command line).
+    """
+    from .endpoints import Endpoint, EndpointError
+    urls = {PLAIN: (plain_endpoint or "").strip(), SPECULATIVE: (spec_endpoint or "").strip()}
+    if engines != ENGINE_CHOICES[0] and not any(urls.values()):
+        pairing = _pairing(preset_name)
+        urls = {PLAIN: pairing.get("plain_endpoint", ""),
+                SPECULATIVE: pairing.get("spec_endpoint", "")}
+    if engines != ENGINE_CHOICES[1] and not any(urls.values()):
+        return None
+    if engines == ENGINE_CHOICES[1] and not any(urls.values()):
+        raise refusal("Engines is set to servers but no endpoint URL is given: fill in the plain "
+                      "and/or speculative endpoint (or start llama.cpp servers).")
+    try:
+        return {name: Endpoint(url, (endpoint_model or "").strip() or None,
+                               (key_env or "").strip() or None, allow_remote=bool(allow_remote))
+                if url else None for name, url in urls.items()}
+    except EndpointError as exc:
+        raise refusal(str(exc)) from None
+
+
+def _endpoint_race(prompt, system, preset_name, draft, settings, conv, request,
+                   endpoints: dict) -> Race:
+    """A race where a lane with an endpoint is that server and the other lanes are our engine
+    (the preset's target; the speculative lane with ``draft``)."""
+    pairing = _pairing(preset_name)
+    draft = _valid(inputs.draft, "draft", draft or pairing["draft"])
+    histories = {name: model_messages(conv[name]) for name in PANES}
+    ours = {lane.name: lane for lane in racing.race_lanes(
+        CACHE, pairing["target"], draft, histories, prompt, pairing["dtype"],
+        pairing["quantization"])}
+    lanes = []
+    for name in PANES:
+        if endpoints.get(name) is not None:
+            lanes.append(racing.endpoint_lane(name, endpoints[name], ours[name].messages))
+        else:
+            lanes.append(ours[name])
+    return Race(lanes, settings, system, cancel=_session_cancel(request), device_lock=LOAD_LOCK)
+
+
 def _render(snap: RaceSnapshot, conv: dict, prompt: str, upto: int, highlight: bool,
             settings) -> tuple:
     """Chatbots, counters, verdict and the two charts for a snapshot shown after the first
@@ -169,13 +221,20 @@ def _only_changed(before: tuple | None, after: tuple) -> tuple:
 
 
 def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, max_new_tokens,
-         seed, highlight, conv, request: gr.Request):
-    """Race the prompt through both panes; yields the page's outputs as the race goes."""
+         seed, highlight, conv, request: gr.Request, engines=None, plain_endpoint="",
+         spec_endpoint="", endpoint_model="", key_env="", allow_remote=False):
+    """Race the prompt through both panes; yields the page's outputs as the race goes. With
+    Engines set to servers, a lane with an endpoint URL streams from that server."""
     _check_prompt(prompt, system)
     settings = _settings(temperature, top_p, max_new_tokens, seed, draft_length)
+    endpoints = _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_env,
+                                allow_remote, preset_name)
     engine_imports()
     conv = conv or new_conversation()
-    race = _new_race(prompt, system, preset_name, draft, settings, conv, request)
+    if endpoints:
+        race = _endpoint_race(prompt, system, preset_name, draft, settings, conv, request, endpoints)
+    else:
+        race = _new_race(prompt, system, preset_name, draft, settings, conv, request)
     upto = len(conv[PLAIN])
     snap, box, shown = None, "", None  # empty the prompt box once, then leave it to the user
     try:
@@ -216,19 +275,15 @@ def clear():
 
 def _pane_dict(view: PaneView) -> dict:
     """DESIGN.md metric names plus text, token_ids, from_draft, status and error."""
-    from .engine import DecodeResult
-    from .pipeline import result_dict
-    out: dict = {"status": view.status, "error": view.error}
-    if view.stats is not None:
-        result = DecodeResult(view.text, list(view.token_ids), [f for _, f in view.tokens],
-                              view.stats)
-        out.update(result_dict(result))
-    return out
+    return racing.pane_dict(view)
 
 
 def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
              max_new_tokens: int = 128, temperature: float = 0.0,
-             draft_length: str | int | None = None, request: gr.Request = None) -> dict:
+             draft_length: str | int | None = None, plain_endpoint: str | None = None,
+             spec_endpoint: str | None = None, endpoint_model: str | None = None,
+             endpoint_key_env: str | None = None, allow_remote_endpoint: bool = False,
+             request: gr.Request = None) -> dict:
     """Race one prompt: plain, then speculative, each alone; returns both results.
 
     Args:
@@ -238,6 +293,11 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         max_new_tokens: tokens to generate at most.
         temperature: 0 for greedy.
         draft_length: 1..64 or "auto" (default: the preset's).
+        plain_endpoint, spec_endpoint: base URL of an OpenAI-compatible server for that lane
+            (llama-server, vLLM, SGLang, LM Studio); a lane without one is our engine.
+        endpoint_model: the model to request (default: the server's first).
+        endpoint_key_env: name of the app's environment variable holding the API key.
+        allow_remote_endpoint: allow an endpoint that is not on this machine.
     Returns:
         {"plain": {...}, "speculative": {...}, "speedup": x, "identical": bool,
         "first_divergence": i, "warnings": [...]} with DESIGN.md metric names (each pane's
@@ -257,14 +317,21 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     k = draft_length if draft_length not in (None, "") else pairing["draft_length"]
     settings = _settings(temperature, 1.0, max_new_tokens, -1, k,
                          names={"max_new_tokens": "max_new_tokens", "draft_length": "draft_length"})
+    endpoints = _lane_endpoints(None, plain_endpoint, spec_endpoint, endpoint_model,
+                                endpoint_key_env, allow_remote_endpoint, preset)
     engine_imports()
-    race = _new_race(prompt, None, preset, draft, settings, new_conversation(), request)
+    if endpoints:
+        race = _endpoint_race(prompt, None, preset, draft, settings, new_conversation(), request,
+                              endpoints)
+    else:
+        race = _new_race(prompt, None, preset, draft, settings, new_conversation(), request)
     try:
         snap = list(race.run(min_interval_s=1.0))[-1]
     finally:
         _forget_cancel(request, race.cancel)
     return {PLAIN: _pane_dict(snap.panes[PLAIN]), SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE]),
             "speedup": snap.speedup, "identical": snap.identical,
-            "first_divergence": snap.first_divergence, "warnings": list(snap.warnings),
+            "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
+            "warnings": list(snap.warnings),
             "preset": preset,
             "draft": draft or pairing["draft"]}

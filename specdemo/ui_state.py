@@ -43,7 +43,8 @@ def _pairing(preset_name: str | None) -> dict:
     for p in presets:
         if p.name == preset_name:
             return {"target": p.target, "draft": p.draft, "draft_length": p.draft_length,
-                    "dtype": p.dtype, "quantization": p.quantization, "preset": p}
+                    "dtype": p.dtype, "quantization": p.quantization, "preset": p,
+                    "plain_endpoint": p.plain_endpoint, "spec_endpoint": p.spec_endpoint}
     return {"target": FALLBACK_TARGET, "draft": "ngram", "draft_length": "auto",
             "dtype": "float32", "quantization": "none", "preset": None}
 

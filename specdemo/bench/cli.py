@@ -32,6 +32,10 @@ def register(sub) -> None:
     bench.add_argument("--quantization", default=None, choices=["4bit", "8bit", "int8", "int4"])
     bench.add_argument("--trust-remote-code", action="store_true")
     bench.add_argument("--out", required=True, help="folder for bench.csv, bench.json, *.png, report.md")
+    from ..endpoints import add_endpoint_flags
+    add_endpoint_flags(bench)
+    bench.add_argument("--note", default="", help="a line for the server report (e.g. how the "
+                       "servers were started)")
     bench.set_defaults(func=cmd_bench)
 
 
@@ -65,6 +69,14 @@ def cmd_bench(args) -> int:
                              concurrency=parse_ints(args.concurrency), reference=not args.no_reference,
                              system=args.system)
         prompts = load_prompts(config.tasks)
+        if args.plain_endpoint or args.spec_endpoint:  # servers: the concurrency sweep
+            from ..endpoint_bench import cmd
+            from ..endpoints import EndpointError, endpoints_from_args
+            try:
+                endpoints = endpoints_from_args(args)
+            except EndpointError as exc:
+                fail(str(exc))
+            return cmd(args, endpoints, config)
         args.target, args.draft, args.dtype, args.quantization = resolve_models(args)
     except (ValueError, PresetError, FileNotFoundError) as exc:
         fail(str(exc))
