@@ -122,12 +122,22 @@ def progress_html(step: StepView) -> str:
 
 
 def startup_html(step: StepView | None, done: list[DoneStep], ready: bool,
-                 error: str | None = None) -> str:
-    """The panel above the panes while the models of the chosen preset get ready."""
+                 error: str | None = None, checking: bool = False) -> str:
+    """The panel above the panes while the models of the chosen preset get ready.
+
+    Args:
+        checking: the models are ready but the page's draft checks still run (a Send waits for
+            the one in progress), so the panel does not say Ready yet.
+    """
     finished = " ".join(f'<span class="sd-done-step">{"✗" if d.failed else "✓"} '
                         f'{html.escape(d.name)} ({d.seconds:.1f} s)</span>' for d in done)
     if error:
         body, state = f'<span class="sd-error">⚠ {html.escape(error)}</span>', "error"
+    elif ready and checking:
+        body = ("<b>Almost ready</b>: the models are loaded and warmed up; checking which drafts "
+                "fit this target (a Send now starts when the check in progress ends). "
+                + (progress_html(step) if step else ""))
+        state = "checking"
     elif ready:
         body = "<b>Ready</b>: the models are loaded and warmed up; send a prompt."
         state = "ready"

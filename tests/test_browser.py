@@ -152,6 +152,39 @@ def test_race_in_the_browser(page):
         [u for u in urls if not u.startswith("http://127.0.0.1:")]
 
 
+def test_ready_after_the_draft_checks_and_the_models_line_follows_the_draft(page):
+    """Issue 20.7 and 20.9: "Ready" only once the draft checks have run (a Send then starts at
+    once instead of showing "loading the model…" behind a check); the default draft's name fits
+    its box; picking another draft names it in the "Models:" line at once."""
+    ui._VERDICTS.clear()  # the draft checks run again for this page
+    page.get(page.current_url)
+    seen = []
+
+    def ready(d):
+        state, refused = d.execute_script(
+            "const s = document.querySelector('#startup .sd-startup');"
+            "const r = document.querySelector('#draft-refused');"
+            "return [s && s.dataset.state, r && r.textContent];")
+        seen.append(state)
+        return state == "ready" and refused
+
+    refused = WebDriverWait(page, 600, poll_frequency=0.1).until(ready)
+    assert "Drafts offered" in refused, (refused, seen)
+    box = css(page, "#draft input")
+    fits = page.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth", box)
+    assert fits, (box.get_attribute("value"), box.size,
+                  page.execute_script("return arguments[0].scrollWidth", box))
+
+    box.click()
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys("self")
+    option = WebDriverWait(page, 10).until(lambda d: next(
+        (o for o in d.find_elements(By.CSS_SELECTOR, "#draft li") if o.text.strip() == "self"), None))
+    option.click()
+    WebDriverWait(page, 30).until(
+        lambda d: "; draft self not loaded yet." in " ".join(css(d, "#model-status").text.split()))
+
+
 def lines_drawn(driver, chart_id: str) -> int:
     """Lines with at least one segment in a gradio native (Vega, SVG) line chart."""
     return driver.execute_script(
