@@ -265,12 +265,22 @@ def quiet_queue(demo: gr.Blocks) -> None:
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
            inbrowser: bool = False, share: bool = False, prevent_thread_lock: bool = False):
-    """Queue (one race at a time; other tabs wait their turn) and launch the page."""
+    """Queue (one race at a time; other tabs wait their turn) and launch the page.
+
+    Without ``share``, gradio's start-up lines are replaced by one line with the local URL:
+    gradio's own hint ("set `share=True` in `launch()`") names its API, not our ``--share``.
+    """
     demo.queue(default_concurrency_limit=1)
     quiet_queue(demo)
-    return demo.launch(server_name=host, server_port=port, inbrowser=inbrowser, share=share,
-                       prevent_thread_lock=prevent_thread_lock, show_error=True,
-                       **launch_options())
+    out = demo.launch(server_name=host, server_port=port, inbrowser=inbrowser, share=share,
+                      prevent_thread_lock=True, show_error=True, quiet=not share,
+                      **launch_options())
+    if not share:
+        print(f"* Running on local URL:  {demo.local_url}  (a public link: python app.py --share)",
+              flush=True)
+    if not prevent_thread_lock:
+        demo.block_thread()
+    return out
 
 
 def _examples(prompt: gr.Textbox) -> None:

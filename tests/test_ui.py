@@ -290,3 +290,17 @@ def test_the_page_and_the_readme_say_the_conversation_is_kept():
     assert "Each pane keeps this conversation" in notes[0].value and "**Clear**" in notes[0].value
     assert ui.clear()[7] == ui.new_conversation() == {"plain": [], "speculative": []}
     assert "each pane keeps the conversation between sends" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_launch_names_our_share_flag_not_gradios(capfd):
+    """Issue 20.12: the terminal names ``--share``, not gradio's ``share=True`` in ``launch()``."""
+    port = free_port()
+    demo = ui.build_ui()
+    ui.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True)
+    try:
+        out = capfd.readouterr().out
+    finally:
+        demo.close()
+    assert "share=True" not in out
+    assert f"* Running on local URL:  http://127.0.0.1:{port}/  (a public link: python app.py --share)" in out
