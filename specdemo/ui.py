@@ -432,6 +432,7 @@ def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
             race_frame(None), x="seconds", y="tokens", color="lane", color_map=CHART_COLORS,
             title="The race: tokens generated over time", x_title="seconds since the request",
             y_title="tokens generated", height=260, elem_id="race-chart", scale=3,
+            x_axis_format="~g", y_axis_format="~g",  # "0", "1.5": no "0.000000" on an empty chart
             label="tokens generated against seconds, per lane", show_label=False)
         acceptance_chart = gr.BarPlot(
             acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],

@@ -170,6 +170,10 @@ def test_ready_after_the_draft_checks_and_the_models_line_follows_the_draft(page
 
     refused = WebDriverWait(page, 600, poll_frequency=0.1).until(ready)
     assert "Drafts offered" in refused, (refused, seen)
+    # issue 20.11: the empty race chart's ticks read "0", not "0.000000"
+    ticks = page.execute_script(
+        "return [...document.querySelectorAll('#race-chart svg text')].map(t => t.textContent)")
+    assert "0" in ticks and not any("0.000" in t for t in ticks), ticks
     box = css(page, "#draft input")
     fits = page.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth", box)
     assert fits, (box.get_attribute("value"), box.size,
