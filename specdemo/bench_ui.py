@@ -127,8 +127,8 @@ def table_header(column: str) -> str:
 def results_table(sweep: bench.Sweep):
     """The cells as a DataFrame with the table's columns (:func:`table_cell` per value)."""
     import pandas as pd
-    return pd.DataFrame([[table_cell(col, c.get(col)) for col in TABLE_COLUMNS] for c in sweep.cells],
-                        columns=[table_header(col) for col in TABLE_COLUMNS])
+    rows = [[table_cell(col, c.get(col)) for col in TABLE_COLUMNS] for c in sweep.cells]
+    return pd.DataFrame(rows, columns=[table_header(col) for col in TABLE_COLUMNS])
 
 
 REFERENCE_SWEEP = Path(__file__).resolve().parent.parent / "docs" / "bench-cpu" / "bench.json"
@@ -154,7 +154,8 @@ def estimate_text(tasks, draft_lengths, max_new_tokens, repeats, prompts_per_tas
     """How many decodes the form's sweep runs and about how long it takes, for the line above
     Run: decodes x max new tokens x seconds per token (:func:`seconds_per_token`)."""
     lengths = list(draft_lengths or [])
-    per_prompt = 1 + len(lengths) + ((1 + len([k for k in lengths if k != "auto"])) if reference else 0)
+    theirs = 1 + len([k for k in lengths if k != "auto"])  # transformers has no "auto"
+    per_prompt = 1 + len(lengths) + (theirs if reference else 0)
     decodes = len(tasks or []) * int(prompts_per_task) * int(repeats) * per_prompt
     tokens = decodes * int(max_new_tokens)
     rate, source = seconds_per_token()
@@ -299,7 +300,8 @@ def build_benchmark_tab() -> BenchmarkTab:
         acceptance_plot = gr.Plot(label="Acceptance per draft position", elem_id="bench-acceptance-plot")
         concurrency_plot = gr.Plot(label="Throughput under load", elem_id="bench-concurrency-plot",
                                    visible=False)
-    table = gr.Dataframe(headers=[table_header(c) for c in TABLE_COLUMNS], label="Results (as in the CSV)",
+    table = gr.Dataframe(headers=[table_header(c) for c in TABLE_COLUMNS],
+                         label="Results (as in the CSV)",
                          elem_id="bench-table", interactive=False, wrap=True)
     with gr.Row():
         csv_file = gr.File(label="bench.csv", elem_id="bench-csv", interactive=False)
