@@ -26,6 +26,7 @@ if not (Path(CHROMIUM).exists() or shutil.which("chromium")) or not (
                 "chromium-driver)", allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -182,9 +183,16 @@ def test_ready_after_the_draft_checks_and_the_models_line_follows_the_draft(page
     box.click()
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys("self")
-    option = WebDriverWait(page, 10).until(lambda d: next(
-        (o for o in d.find_elements(By.CSS_SELECTOR, "#draft li") if o.text.strip() == "self"), None))
-    option.click()
+
+    def pick(d):  # the list is redrawn while it filters: find and click in one go, retry if stale
+        try:
+            option = next(o for o in d.find_elements(By.CSS_SELECTOR, "#draft li")
+                          if o.text.strip() == "self")
+            option.click()
+            return True
+        except (StopIteration, StaleElementReferenceException):
+            return False
+    WebDriverWait(page, 20).until(pick)
     WebDriverWait(page, 30).until(
         lambda d: "; draft self not loaded yet." in " ".join(css(d, "#model-status").text.split()))
 
