@@ -9,8 +9,8 @@ Run standalone with ``python -m specdemo.bench_ui``.
 from __future__ import annotations
 
 import queue
-import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import gradio as gr
@@ -56,18 +56,19 @@ class BenchmarkTab:
     concurrency_plot: gr.Plot
     csv_file: gr.File
     report_file: gr.File
+    estimate: gr.Markdown | None = None
 
 
 _PIPELINES = None  # a race.PipelineCache, made on first use (tests may put their own here)
 
 
 def pipelines():
-    """The tab's pipeline cache: ``get(target, draft, dtype, quantization) -> Pipeline``.
-    Weights are shared process-wide by ``models.load_model``, so this adds no model copies."""
+    """The tab's pipeline cache: ``get(target, draft, dtype, quantization) -> Pipeline``; the
+    race page's (``ui_state.CACHE``), so a pairing the page has loaded is not prepared again."""
     global _PIPELINES
     if _PIPELINES is None:
-        from .race import PipelineCache
-        _PIPELINES = PipelineCache()
+        from .ui_state import CACHE
+        _PIPELINES = CACHE
     return _PIPELINES
 
 
@@ -105,11 +106,78 @@ def config_from_inputs(tasks, draft_lengths, max_new_tokens, repeats, prompts_pe
                              concurrency=tuple(sorted(int(n) for n in concurrency or [])))
 
 
+DECIMALS = {"plain_tokens_per_s": 1, "tokens_per_s": 1, "speedup": 2, "speedup_min": 2,
+            "speedup_max": 2, "acceptance_rate": 2, "mean_acceptance_length": 2, "ttft_s": 2}
+
+
+def table_cell(column: str, value) -> str:
+    """A cell as the table shows it: tokens/s with 1 decimal, ratios and seconds with 2 (the
+    CSV keeps the sweep's own precision); anything else as in the CSV."""
+    if isinstance(value, float) and column in DECIMALS:
+        return f"{value:.{DECIMALS[column]}f}"
+    return bench.fmt(value)
+
+
+def table_header(column: str) -> str:
+    """A column name that may break only at its underscores (a zero-width space after each),
+    never mid-word; the name itself stays the CSV's."""
+    return column.replace("_", "_\u200b")
+
+
 def results_table(sweep: bench.Sweep):
-    """The cells as a DataFrame with the table's columns (values exactly as in the CSV)."""
+    """The cells as a DataFrame with the table's columns (:func:`table_cell` per value)."""
     import pandas as pd
-    return pd.DataFrame([[bench.fmt(c.get(col)) for col in TABLE_COLUMNS] for c in sweep.cells],
-                        columns=list(TABLE_COLUMNS))
+    rows = [[table_cell(col, c.get(col)) for col in TABLE_COLUMNS] for c in sweep.cells]
+    return pd.DataFrame(rows, columns=[table_header(col) for col in TABLE_COLUMNS])
+
+
+REFERENCE_SWEEP = Path(__file__).resolve().parent.parent / "docs" / "bench-cpu" / "bench.json"
+_SECONDS_PER_TOKEN: list[float] = []  # measured by this process's last sweep
+
+
+def seconds_per_token() -> tuple[float | None, str]:
+    """(seconds per decoded token, where it comes from): this process's last sweep, else the
+    reference sweep in docs/bench-cpu (the built-in model on a 2-core CPU), else (None, "")."""
+    if _SECONDS_PER_TOKEN:
+        return _SECONDS_PER_TOKEN[-1], "the last sweep here"
+    try:
+        import json
+        runs = json.loads(REFERENCE_SWEEP.read_text())["runs"]
+        tokens = sum(r["new_tokens"] for r in runs)
+        return sum(r["elapsed_s"] for r in runs) / tokens, "docs/bench-cpu (2-core CPU)"
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None, ""
+
+
+def estimate_text(tasks, draft_lengths, max_new_tokens, repeats, prompts_per_task, reference,
+                  concurrency=()) -> str:
+    """How many decodes the form's sweep runs and about how long it takes, for the line above
+    Run: decodes x max new tokens x seconds per token (:func:`seconds_per_token`)."""
+    lengths = list(draft_lengths or [])
+    theirs = 1 + len([k for k in lengths if k != "auto"])  # transformers has no "auto"
+    per_prompt = 1 + len(lengths) + (theirs if reference else 0)
+    decodes = len(tasks or []) * int(prompts_per_task) * int(repeats) * per_prompt
+    tokens = decodes * int(max_new_tokens)
+    rate, source = seconds_per_token()
+    text = f"This sweep: {decodes} decodes of up to {int(max_new_tokens)} new tokens"
+    if rate is None or not decodes:
+        return text + "."
+    from .startup import about
+    extra = " plus the concurrency sweep" if concurrency else ""
+    return (f"{text}; at most {about(tokens * rate)}{extra} at {rate:.3f} s per token "
+            f"({source}; a bigger model or a busy machine takes longer).")
+
+
+def output_dir() -> Path:
+    """The tab's output folder, ``<cache>/benchmark-tab`` (emptied for each run): one folder,
+    not a new temporary one per run."""
+    import shutil
+
+    from .models import cache_dir
+    out = cache_dir() / "benchmark-tab"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
@@ -127,10 +195,15 @@ def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_toke
         raise refusal(str(exc)) from None
     pair = pairing(preset_name)
     target, draft = (target or pair["target"]).strip(), (draft or pair["draft"]).strip()
-    progress(0, desc=f"loading {target} + {draft}")
+    how = (pair["dtype"] if target == pair["target"] else "auto",
+           pair["quantization"] if target == pair["target"] else None)
+    loaded = getattr(pipelines(), "loaded", lambda *a: None)(target, draft, *how)
+    progress(0, desc=f"loading {target} + {draft}" if loaded is None else
+             f"{target} + {draft} loaded; warming up (untimed), then the first decode")
     try:
-        pipe = pipelines().get(target, draft, pair["dtype"] if target == pair["target"] else "auto",
-                   pair["quantization"] if target == pair["target"] else None)
+        pipe = pipelines().get(target, draft, *how)
+        if loaded is None:
+            progress(0, desc="warming up (untimed), then the first decode")
         prompts = load_prompts(config.tasks)
         sweep = on_device(lambda report: bench.run_sweep(pipe, prompts, config, show_bar=False,
                                                          progress=report),
@@ -138,8 +211,11 @@ def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_toke
     except Exception as exc:  # noqa: BLE001 - ModelLoadError, incompatible draft, out of memory
         from .race import describe_error
         raise gr.Error(describe_error(exc))
+    tokens = sum(r.new_tokens for r in sweep.runs)
+    if tokens:
+        _SECONDS_PER_TOKEN.append(sum(r.elapsed_s for r in sweep.runs) / tokens)
     figs = bench.figures(sweep)
-    out = tempfile.mkdtemp(prefix="specdemo-bench-")
+    out = output_dir()
     paths = bench.write_outputs(sweep, out, figs)
     summary = "\n".join([f"{bench.summary_text(sweep).splitlines()[0]}. Best draft length per task:"]
                         + [f"- {line}" for line in bench.best_lines(sweep)]
@@ -213,6 +289,8 @@ def build_benchmark_tab() -> BenchmarkTab:
         concurrency = gr.CheckboxGroup(CONCURRENCY_CHOICES, value=[],
                                        label="Concurrency sweep (requests at once; empty = skip)",
                                        elem_id="bench-concurrency")
+    form = [tasks, draft_lengths, max_new_tokens, repeats, prompts_per_task, reference, concurrency]
+    estimate = gr.Markdown(estimate_text(*(c.value for c in form)), elem_id="bench-estimate")
     run = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
     summary = gr.Markdown("", elem_id="bench-summary")
     with gr.Row():
@@ -222,13 +300,17 @@ def build_benchmark_tab() -> BenchmarkTab:
         acceptance_plot = gr.Plot(label="Acceptance per draft position", elem_id="bench-acceptance-plot")
         concurrency_plot = gr.Plot(label="Throughput under load", elem_id="bench-concurrency-plot",
                                    visible=False)
-    table = gr.Dataframe(headers=list(TABLE_COLUMNS), label="Results (as in the CSV)",
+    table = gr.Dataframe(headers=[table_header(c) for c in TABLE_COLUMNS],
+                         label="Results (as in the CSV)",
                          elem_id="bench-table", interactive=False, wrap=True)
     with gr.Row():
         csv_file = gr.File(label="bench.csv", elem_id="bench-csv", interactive=False)
         report_file = gr.File(label="report.md", elem_id="bench-report", interactive=False)
 
     preset.change(on_preset, preset, [target, draft], api_visibility="undocumented")
+    for control in form:
+        control.change(estimate_text, form, estimate, api_visibility="private",
+                       show_progress="hidden")
     run.click(run_benchmark,
               [preset, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
                prompts_per_task, temperature, reference, concurrency],
@@ -239,7 +321,7 @@ def build_benchmark_tab() -> BenchmarkTab:
     return BenchmarkTab(preset, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
                         prompts_per_task, temperature, reference, concurrency, run, summary, table,
                         speedup_plot, acceptance_plot, tokens_plot, concurrency_plot, csv_file,
-                        report_file)
+                        report_file, estimate)
 
 
 def build_standalone() -> gr.Blocks:

@@ -32,12 +32,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _not_torchao_optional_kernel(record) -> bool:
+    """False for torchao's "Failed to load .../_C_*.so" warnings (logging filter)."""
+    message = record.getMessage()
+    return not (message.startswith("Failed to load ") and "/_C_" in message.replace("\\", "/"))
+
+
 def quiet_library_logs() -> None:
-    """Silence torch's notice, printed when transformers imports torchao, that two torchao enums
-    are registered twice (``torch.utils._pytree``): a warning about library internals that new
-    users read as an error."""
+    """Silence library notices that new users read as errors but that change nothing here:
+
+    - torch's notice, printed when transformers imports torchao, that two torchao enums are
+      registered twice (``torch.utils._pytree``);
+    - torchao's "Failed to load .../_C_mxfp8...so" / "_C_cutlass_90a" warnings: optional GPU
+      kernels (MX formats, Hopper CUTLASS) that this app never calls; other torchao warnings
+      still show.
+    """
     import logging
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    torchao = logging.getLogger("torchao")
+    if _not_torchao_optional_kernel not in torchao.filters:
+        torchao.addFilter(_not_torchao_optional_kernel)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,7 @@ PLAIN, SPECULATIVE = "plain", "speculative"
 WAITING, LOADING, RUNNING, DONE, STOPPED, SKIPPED, ERROR = (
     "waiting", "loading", "running", "done", "stopped", "skipped", "error")
 FINISHED = (DONE, STOPPED, SKIPPED, ERROR)
+REPLAYING = "replaying"  # a lane being played back by Race.replay (nothing is decoding)
 
 
 @dataclass
@@ -155,11 +156,15 @@ class RaceSnapshot:
         panes: {lane name: PaneView}, in lane order.
         phase: the lane running now, ``replay``, or ``done``.
         clock_s: during a replay, the replay clock in measured seconds; else None.
-        speedup: tokens_per_s(speculative) / tokens_per_s(plain), once both have tokens.
+        speedup: tokens_per_s(speculative) / tokens_per_s(plain), once both have tokens; None
+            during a replay (the values there are partial) and when a lane ended without
+            finishing (stopped, skipped, failed: a finished run against a cut one is no
+            comparison).
         first_divergence: index of the first differing token once both lanes finished, else None.
         identical: True/False once both lanes finished with tokens, else None.
         warnings: sentences on why the speedup may not hold (``pipeline.race_warnings``: other
-            processes used much of the CPU during a finished lane), else empty.
+            processes used much of the CPU during a finished lane), else empty; a replay
+            carries the recorded race's.
         divergence_unit: ``token`` when ``first_divergence`` indexes token ids, ``character``
             when a lane's server returned no token ids and the texts were compared.
     """
@@ -407,12 +412,18 @@ class Race:
         gain = divergence = identical = None
         unit = "token"
         if plain and spec and plain.stats and spec.stats:
-            gain = speedup(plain.stats, spec.stats)
+            cut = plain.finished and spec.finished and not plain.status == spec.status == DONE
+            if phase != "replay" and not cut:
+                gain = speedup(plain.stats, spec.stats)
             if plain.finished and spec.finished:
                 divergence, unit = output_divergence(plain.token_ids, spec.token_ids,
                                                      plain.text, spec.text)
                 identical = divergence is None
-        warnings = race_warnings(plain.stats if plain else None, spec.stats if spec else None)
+        if phase == "replay":  # the recorded race's warnings, not those of the steps shown so far
+            last = {n: r.steps[-1].stats if r.steps else None for n, r in self.records.items()}
+            warnings = race_warnings(last.get(PLAIN), last.get(SPECULATIVE))
+        else:
+            warnings = race_warnings(plain.stats if plain else None, spec.stats if spec else None)
         return RaceSnapshot(views, phase, clock_s, gain, divergence, identical, tuple(warnings),
                             unit)
 
@@ -483,7 +494,7 @@ class Race:
             for name, record in self.records.items():
                 n = shown[name]
                 done = final or n == len(record.steps)
-                status = record.status if done else (RUNNING if n else WAITING)
+                status = record.status if done else REPLAYING
                 out[name] = self._view(record, n, status)
             return out
 

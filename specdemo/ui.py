@@ -29,7 +29,7 @@ from .ui_race import (clear, model_messages, new_conversation, race_api, replay,
                       rerender, send, stop, turn_of)
 from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, _default_preset_name,  # noqa: F401
                        _pairing, _presets, engine_imports, follow_startup, model_status, preload,
-                       start_preload, wait_until_ready)
+                       start_preload, startup_done, wait_until_ready)
 
 ASSETS = PROJECT_DIR / "assets"
 CSS_PATH = ASSETS / "specdemo.css"
@@ -43,6 +43,9 @@ RACE_NOTE = (
     "decode achieves by itself; while a decode is timed the page updates sparingly (once a second "
     "on a small CPU, which the browser shares). **Replay race** then plays both side by side, "
     "smoothly, at their measured pace, so you can see which one finishes first.")
+HISTORY_NOTE = (
+    "Each pane keeps this conversation: a Send continues it, so the models see the earlier turns "
+    "(the same prompt twice can get another answer). **Clear** starts a new conversation.")
 _VERDICTS: dict[tuple[str, str], Any] = {}
 
 
@@ -262,12 +265,22 @@ def quiet_queue(demo: gr.Blocks) -> None:
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
            inbrowser: bool = False, share: bool = False, prevent_thread_lock: bool = False):
-    """Queue (one race at a time; other tabs wait their turn) and launch the page."""
+    """Queue (one race at a time; other tabs wait their turn) and launch the page.
+
+    Without ``share``, gradio's start-up lines are replaced by one line with the local URL:
+    gradio's own hint ("set `share=True` in `launch()`") names its API, not our ``--share``.
+    """
     demo.queue(default_concurrency_limit=1)
     quiet_queue(demo)
-    return demo.launch(server_name=host, server_port=port, inbrowser=inbrowser, share=share,
-                       prevent_thread_lock=prevent_thread_lock, show_error=True,
-                       **launch_options())
+    out = demo.launch(server_name=host, server_port=port, inbrowser=inbrowser, share=share,
+                      prevent_thread_lock=True, show_error=True, quiet=not share,
+                      **launch_options())
+    if not share:
+        print(f"* Running on local URL:  {demo.local_url}  (a public link: python app.py --share)",
+              flush=True)
+    if not prevent_thread_lock:
+        demo.block_thread()
+    return out
 
 
 def _examples(prompt: gr.Textbox) -> None:
@@ -333,12 +346,13 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
                         stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
                         replay_btn = gr.Button("Replay race", elem_id="replay")
                         clear_btn = gr.Button("Clear", elem_id="clear")
+                    gr.Markdown(HISTORY_NOTE, elem_id="history-note")
                     with gr.Row():
                         highlight = gr.Checkbox(True, label="Highlight draft tokens",
                                                 elem_id="highlight", scale=0, min_width=200)
                         gr.HTML(LEGEND)
                     _examples(prompt)
-                with gr.Column(scale=1, min_width=300):
+                with gr.Column(scale=1, min_width=420):  # long draft names fit their box
                     preset = gr.Dropdown(names, value=preset_name, label="Preset", elem_id="preset",
                                          interactive=bool(names))
                     info = gr.Markdown(f"⚠ {preset_error}" if preset_error else "", elem_id="preset-info")
@@ -397,13 +411,15 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
                           api_visibility="undocumented")
         draft.change(on_draft, [preset, draft], draft_note, concurrency_id="compat",
                      api_visibility="undocumented")
+        draft.change(model_status, [preset, draft], status, api_visibility="private")  # at once
         # Getting ready first (progress above the panes), then the draft checks: a tokenizer
         # check holds the load lock, so it waits until the models are loaded.
         demo.load(follow_startup, preset, startup, concurrency_id="startup", concurrency_limit=None,
                   show_progress="hidden", api_visibility="private").then(
             model_status, [preset, draft], status, api_visibility="private").then(
             check_drafts, [preset, draft], [draft, refused], concurrency_id="compat",
-            show_progress="minimal", api_visibility="undocumented")
+            show_progress="minimal", api_visibility="undocumented").then(
+            startup_done, None, startup, api_visibility="private")  # Ready once checks are done
         demo.load(lambda p, d: (preset_info(p), model_status(p, d)), [preset, draft], [info, status],
                   api_visibility="undocumented")
         gr.api(race_api, api_name="race", concurrency_id="device", concurrency_limit=1)
@@ -418,6 +434,7 @@ def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
             race_frame(None), x="seconds", y="tokens", color="lane", color_map=CHART_COLORS,
             title="The race: tokens generated over time", x_title="seconds since the request",
             y_title="tokens generated", height=260, elem_id="race-chart", scale=3,
+            x_axis_format="~g", y_axis_format="~g",  # "0", "1.5": no "0.000000" on an empty chart
             label="tokens generated against seconds, per lane", show_label=False)
         acceptance_chart = gr.BarPlot(
             acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],

@@ -11,8 +11,8 @@ from __future__ import annotations
 import html
 import os
 
-from .race import (DONE, ERROR, LOADING, PLAIN, RUNNING, SKIPPED, SPECULATIVE, STOPPED, WAITING,
-                   PaneView, RaceSnapshot)
+from .race import (DONE, ERROR, LOADING, PLAIN, REPLAYING, RUNNING, SKIPPED, SPECULATIVE, STOPPED,
+                   WAITING, PaneView, RaceSnapshot)
 from .startup import DoneStep, StepView, about
 
 PANES = (PLAIN, SPECULATIVE)
@@ -47,6 +47,7 @@ STATUS_TEXT = {
     LOADING: "loading the model…",
     RUNNING: "decoding…",
     SKIPPED: "not run: stopped before it started",
+    REPLAYING: "replaying at the measured pace…",
 }
 FLOAT_REASON = (
     "floating point: speculative decoding verifies k+1 tokens in one batched forward, plain "
@@ -147,12 +148,22 @@ def progress_html(step: StepView) -> str:
 
 
 def startup_html(step: StepView | None, done: list[DoneStep], ready: bool,
-                 error: str | None = None) -> str:
-    """The panel above the panes while the models of the chosen preset get ready."""
+                 error: str | None = None, checking: bool = False) -> str:
+    """The panel above the panes while the models of the chosen preset get ready.
+
+    Args:
+        checking: the models are ready but the page's draft checks still run (a Send waits for
+            the one in progress), so the panel does not say Ready yet.
+    """
     finished = " ".join(f'<span class="sd-done-step">{"✗" if d.failed else "✓"} '
                         f'{html.escape(d.name)} ({d.seconds:.1f} s)</span>' for d in done)
     if error:
         body, state = f'<span class="sd-error">⚠ {html.escape(error)}</span>', "error"
+    elif ready and checking:
+        body = ("<b>Almost ready</b>: the models are loaded and warmed up; checking which drafts "
+                "fit this target (a Send now starts when the check in progress ends). "
+                + (progress_html(step) if step else ""))
+        state = "checking"
     elif ready:
         body = "<b>Ready</b>: the models are loaded and warmed up; send a prompt."
         state = "ready"
@@ -196,13 +207,29 @@ def counters_html(view: PaneView | None, speculative: bool, draft_length: int | 
             f'<div class="sd-status sd-status-{state}">{status_line(view, step)}</div>')
 
 
+def not_compared(snap: RaceSnapshot | None) -> str | None:
+    """Why a finished race has no speedup (a lane stopped, skipped or failed), else None: for
+    the page's speedup chip and the ``/race`` API's ``speedup_note``."""
+    if snap is None or not snap.done:
+        return None
+    cut = [f"the {LANE_LABELS.get(name, name)} run "
+           + ("was stopped" if v.status == STOPPED else "did not finish")
+           for name, v in snap.panes.items() if v.status != DONE]
+    return "; ".join(cut) or None
+
+
 def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
     """Speedup between the panes, a warning beside it when the machine was busy during a lane
     (``snap.warnings``), and the lossless badge."""
     if snap is None:
         return '<div class="sd-verdict"><span class="sd-chip">send a prompt to start the race</span></div>'
     chips = []
-    if snap.speedup is not None:
+    reason = not_compared(snap)
+    if reason:
+        chips.append(f'<span class="sd-chip sd-speedup sd-na" data-speedup="not compared" '
+                     f'title="speedup: tokens_per_s(speculative) / tokens_per_s(plain)">'
+                     f'Speedup: not compared ({html.escape(reason)})</span>')
+    elif snap.speedup is not None:
         word = "faster" if snap.speedup >= 1 else "slower"
         chips.append(f'<span class="sd-chip sd-speedup" data-speedup="{snap.speedup:.4f}" '
                      f'title="speedup: tokens_per_s(speculative) / tokens_per_s(plain)">'

@@ -18,8 +18,8 @@ from . import inputs
 from . import race as racing
 from .race import DONE, PLAIN, SPECULATIVE, STOPPED, PaneView, Race, RaceSnapshot
 from .startup import STEPS
-from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, race_frame,
-                        verdict_html)
+from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, not_compared,
+                        race_frame, verdict_html)
 from .ui_state import (CACHE, LOAD_LOCK, _default_preset_name, _pairing, _presets, engine_imports,
                        model_status)
 
@@ -278,6 +278,11 @@ def _pane_dict(view: PaneView) -> dict:
     return racing.pane_dict(view)
 
 
+def _note(snap: RaceSnapshot) -> str | None:
+    reason = not_compared(snap)
+    return f"not compared: {reason}" if reason else None
+
+
 def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
              max_new_tokens: int = 128, temperature: float = 0.0,
              draft_length: str | int | None = None, plain_endpoint: str | None = None,
@@ -299,8 +304,10 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         endpoint_key_env: name of the app's environment variable holding the API key.
         allow_remote_endpoint: allow an endpoint that is not on this machine.
     Returns:
-        {"plain": {...}, "speculative": {...}, "speedup": x, "identical": bool,
-        "first_divergence": i, "warnings": [...]} with DESIGN.md metric names (each pane's
+        {"plain": {...}, "speculative": {...}, "speedup": x, "speedup_note": None,
+        "identical": bool, "first_divergence": i, "warnings": [...]} with DESIGN.md metric
+        names; when a run was stopped or failed, ``speedup`` is None and ``speedup_note`` says
+        "not compared" and why (each pane's
         ``other_cpu_share``; ``warnings`` says when other processes used so much of the CPU
         during a run that the speedup is not reliable); a pane that failed has "error"
         (a draft that cannot be loaded fails before either pane runs: the other is "skipped").
@@ -330,7 +337,7 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     finally:
         _forget_cancel(request, race.cancel)
     return {PLAIN: _pane_dict(snap.panes[PLAIN]), SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE]),
-            "speedup": snap.speedup, "identical": snap.identical,
+            "speedup": snap.speedup, "speedup_note": _note(snap), "identical": snap.identical,
             "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
             "warnings": list(snap.warnings),
             "preset": preset,

@@ -23,7 +23,7 @@ FALLBACK_TARGET = "builtin:smollm2-135m"
 LOAD_LOCK = threading.RLock()
 CACHE = PipelineCache(lock=LOAD_LOCK)
 _READY = threading.Event()  # set when the preload has finished (or failed)
-_PRELOAD: dict[str, Any] = {"started": False, "error": None}
+_PRELOAD: dict[str, Any] = {"started": False, "error": None, "steps": []}
 _PRELOAD_LOCK = threading.Lock()
 _IMPORTED = threading.Event()
 
@@ -146,9 +146,21 @@ def start_preload(preset_name: str | None = None) -> threading.Event:
     with _PRELOAD_LOCK:
         if not _PRELOAD["started"]:
             _PRELOAD["started"] = True
-            threading.Thread(target=preload, args=(preset_name,), name="preload",
+            threading.Thread(target=_recorded_preload, args=(preset_name,), name="preload",
                              daemon=True).start()
     return _READY
+
+
+def _recorded_preload(preset_name: str | None) -> None:
+    """:func:`preload`, keeping the steps that end meanwhile for the banner (:func:`startup_steps`),
+    so that later steps (a draft switch's check or load) do not grow it."""
+    steps = _PRELOAD.setdefault("steps", [])
+
+    def keep(event: str, what) -> None:
+        if event == "end" and not _READY.is_set():
+            steps.append(what)
+    with STEPS.listening(keep):
+        preload(preset_name)
 
 
 def wait_until_ready() -> None:
@@ -157,11 +169,25 @@ def wait_until_ready() -> None:
         _READY.wait()
 
 
+def startup_steps(n: int = 6) -> list:
+    """The last ``n`` finished steps of the start-up (the preload), oldest first: the banner's
+    list, which later steps (a draft switch's load or check) do not grow."""
+    return list(_PRELOAD.get("steps", []))[-n:]
+
+
 def follow_startup(preset_name: str | None):
     """The page's progress panel while the models get ready: the step in progress with its
-    estimate, every half second, until ready (then one last update and the handler ends, so an
-    idle page costs nothing)."""
+    estimate, every half second, until the models are ready (then one last update, "Almost
+    ready" while the page's draft checks run, and the handler ends, so an idle page costs
+    nothing; :func:`startup_done` says Ready once the checks are done)."""
     ready = start_preload(preset_name)
     while not ready.wait(0.5):
-        yield startup_html(STEPS.current(), STEPS.recent(), ready=False)
-    yield startup_html(None, STEPS.recent(), ready=True, error=_PRELOAD["error"])
+        yield startup_html(STEPS.current(), startup_steps(), ready=False)
+    yield startup_html(STEPS.current(), startup_steps(), ready=True, error=_PRELOAD["error"],
+                       checking=True)
+
+
+def startup_done() -> str:
+    """The panel once the models are ready and the page's draft checks have run: Ready (or the
+    start-up's error)."""
+    return startup_html(None, startup_steps(), ready=True, error=_PRELOAD["error"])

@@ -302,7 +302,8 @@ def test_benchmark_tab_builds_and_runs(target, monkeypatch, tmp_path):
                                  True, ["1"], progress=lambda *a, **k: steps.append(a))
     summary, table, speedup_fig, acceptance_fig, tokens_fig, concurrency_plot, csv_path, report = out
     rows = read_csv(csv_path)
-    assert table.values.tolist() == [[r[c] for c in bench_ui.TABLE_COLUMNS] for r in rows]
+    assert table.values.tolist() == [[bench_ui.table_cell(c, _number(r[c])) for c in bench_ui.TABLE_COLUMNS]
+                                     for r in rows]
     assert "Best draft length" in summary and "chat:" in summary
     assert all(hasattr(f, "savefig") for f in (speedup_fig, acceptance_fig, tokens_fig))
     assert concurrency_plot.visible is True
@@ -311,3 +312,72 @@ def test_benchmark_tab_builds_and_runs(target, monkeypatch, tmp_path):
     with pytest.raises(gr.Error, match="no tasks"):
         bench_ui.run_benchmark(None, "tiny", "ngram", [], ["2"], 8, 1, 1, 0.0, True, [],
                                progress=lambda *a, **k: None)
+
+
+def _number(text: str):
+    """A CSV cell back as the float it was written from (else the text)."""
+    try:
+        return float(text) if "." in text else text
+    except ValueError:
+        return text
+
+
+@pytest.mark.slow
+def test_benchmark_tab_reads_well(target, monkeypatch, tmp_path):
+    """Issue 20.11: no "loading" with the models loaded; the speedup plot's title fits and a
+    single point sits on its tick; sensible decimals; headers break only at underscores; a time
+    estimate for the default sweep; no specdemo-bench-* folder left in the temp directory."""
+    import tempfile
+    from pathlib import Path
+
+    import gradio as gr
+
+    from specdemo import bench_ui
+    pipe = Pipeline(target, "ngram")
+
+    class Cache:
+        def get(self, target_spec, draft, dtype, quantization):
+            return pipe
+
+        def loaded(self, target_spec, draft, dtype, quantization):
+            return pipe
+
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(bench_ui, "_PIPELINES", Cache())
+    monkeypatch.setattr(bench_ui, "load_prompts", lambda tasks: {t: PROMPTS[t] for t in tasks})
+    monkeypatch.setattr(bench_ui, "_SECONDS_PER_TOKEN", [])
+    with gr.Blocks():
+        tab = bench_ui.build_benchmark_tab()
+    # the default sweep: 5 tasks x 2 prompts x (ours: plain + 5 lengths; transformers: plain + 4)
+    rate, _ = bench_ui.seconds_per_token()
+    minutes = round(110 * 64 * rate / 60)
+    assert tab.estimate.value.startswith(
+        f"This sweep: 110 decodes of up to 64 new tokens; at most about {minutes} min at ")
+    before = set(Path(tempfile.gettempdir()).glob("specdemo-bench-*"))
+    descs = []
+    out = bench_ui.run_benchmark(None, "tiny", "ngram", ["chat"], ["2"], 8, 1, 1, 0.0, False, [],
+                                 progress=lambda *a, desc="": descs.append(desc))
+    assert set(Path(tempfile.gettempdir()).glob("specdemo-bench-*")) == before
+    assert Path(out[6]).parent == tmp_path / "cache" / "benchmark-tab"
+    assert not descs[0].startswith("loading") and "loaded" in descs[0]
+    # decimals: tokens/s 1, ratios 2; headers: the CSV names, breakable at underscores only
+    table = out[1]
+    row = dict(zip(bench_ui.TABLE_COLUMNS, table.values.tolist()[0]))
+    assert re.fullmatch(r"\d+\.\d", row["tokens_per_s"]) and re.fullmatch(r"\d+\.\d\d", row["speedup"])
+    assert [h.replace("\u200b", "") for h in table.columns] == list(bench_ui.TABLE_COLUMNS)
+    assert all(part.endswith("_") for h in table.columns for part in h.split("\u200b")[:-1])
+    # one draft length, one engine: the point sits on its tick; a long title inside the figure
+    from specdemo.bench.report import speedup_figure
+    sweep = SimpleNamespace(
+        target="builtin:smollm2-135m", draft="builtin:smollm2-135m-eagle3+ngram",
+        config=SimpleNamespace(draft_lengths=(2,), tasks=("chat",), engines=("specdemo",)),
+        cells=[{"task": "chat", "draft_length": 2, "engine": "specdemo", "status": "ok",
+                "speedup": 1.2, "speedup_min": 1.1, "speedup_max": 1.3}])
+    figure = speedup_figure(sweep)
+    ax = figure.axes[0]
+    figure.canvas.draw()
+    xs = [x for line in ax.lines for x in line.get_xdata() if line.get_marker() == "o"]
+    assert xs == [0] and list(ax.get_xticks()) == [0]
+    box, page = ax.title.get_window_extent(), figure.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and box.y1 <= page.y1
+    assert "builtin:smollm2-135m-eagle3+ngram" in ax.get_title()

@@ -35,4 +35,6 @@ def test_benchmark_sweep_runs_on_the_device_thread_with_progress(monkeypatch):
         assert "stop here" in str(exc)
     assert seen["on_device"] is True and seen["thread"] != caller.name
     # progress calls made on the device thread arrive on the handler's thread, in order
-    assert updates[1:] == [((1, 3), "cell 1", True), ((2, 3), "cell 2", True), ((3, 3), "cell 3", True)]
+    assert updates[0][1] == "loading tiny + ngram"
+    assert updates[1][1] == "warming up (untimed), then the first decode"
+    assert updates[2:] == [((1, 3), "cell 1", True), ((2, 3), "cell 2", True), ((3, 3), "cell 3", True)]

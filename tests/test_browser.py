@@ -26,6 +26,7 @@ if not (Path(CHROMIUM).exists() or shutil.which("chromium")) or not (
                 "chromium-driver)", allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -150,6 +151,50 @@ def test_race_in_the_browser(page):
         "return performance.getEntriesByType('resource').map(e => e.name)")
     assert urls and all(u.startswith("http://127.0.0.1:") or u.startswith("data:") for u in urls), \
         [u for u in urls if not u.startswith("http://127.0.0.1:")]
+
+
+def test_ready_after_the_draft_checks_and_the_models_line_follows_the_draft(page):
+    """Issue 20.7 and 20.9: "Ready" only once the draft checks have run (a Send then starts at
+    once instead of showing "loading the model…" behind a check); the default draft's name fits
+    its box; picking another draft names it in the "Models:" line at once."""
+    ui._VERDICTS.clear()  # the draft checks run again for this page
+    page.get(page.current_url)
+    seen = []
+
+    def ready(d):
+        state, refused = d.execute_script(
+            "const s = document.querySelector('#startup .sd-startup');"
+            "const r = document.querySelector('#draft-refused');"
+            "return [s && s.dataset.state, r && r.textContent];")
+        seen.append(state)
+        return state == "ready" and refused
+
+    refused = WebDriverWait(page, 600, poll_frequency=0.1).until(ready)
+    assert "Drafts offered" in refused, (refused, seen)
+    # issue 20.11: the empty race chart's ticks read "0", not "0.000000"
+    ticks = page.execute_script(
+        "return [...document.querySelectorAll('#race-chart svg text')].map(t => t.textContent)")
+    assert "0" in ticks and not any("0.000" in t for t in ticks), ticks
+    box = css(page, "#draft input")
+    fits = page.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth", box)
+    assert fits, (box.get_attribute("value"), box.size,
+                  page.execute_script("return arguments[0].scrollWidth", box))
+
+    box.click()
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys("self")
+
+    def pick(d):  # the list is redrawn while it filters: find and click in one go, retry if stale
+        try:
+            option = next(o for o in d.find_elements(By.CSS_SELECTOR, "#draft li")
+                          if o.text.strip() == "self")
+            option.click()
+            return True
+        except (StopIteration, StaleElementReferenceException):
+            return False
+    WebDriverWait(page, 20).until(pick)
+    WebDriverWait(page, 30).until(
+        lambda d: "; draft self not loaded yet." in " ".join(css(d, "#model-status").text.split()))
 
 
 def lines_drawn(driver, chart_id: str) -> int:

@@ -79,3 +79,34 @@ def test_bench_loads_through_the_shared_path_without_a_draft_length(monkeypatch,
     args = Namespace(target="t", draft="ngram", device="cpu", dtype="auto", quantization=None,
                      trust_remote_code=False)
     assert pipeline_from_args(args).draft_spec == "ngram"
+
+
+def test_torchao_optional_kernel_failures_are_not_shown(caplog):
+    """Issue 20.12: torchao's warnings that its optional GPU kernels (_C_mxfp8, _C_cutlass_90a)
+    failed to load do not reach the terminal; its other warnings still do."""
+    import logging
+
+    from specdemo.cli import quiet_library_logs
+    quiet_library_logs()
+    quiet_library_logs()  # idempotent: one filter
+    torchao = logging.getLogger("torchao")
+    with caplog.at_level(logging.WARNING):
+        torchao.warning("Failed to load /venv/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: "
+                        "libcudart.so.12: cannot open shared object file")
+        torchao.warning("Failed to load /venv/torchao/_C_cutlass_90a.abi3.so: undefined symbol")
+        torchao.warning("Skipping import of cpp extensions due to incompatible torch version.")
+    assert [r.getMessage() for r in caplog.records if r.name == "torchao"] == [
+        "Skipping import of cpp extensions due to incompatible torch version."]
+    assert len(torchao.filters) == 1
+
+
+def test_gradios_pandas_warnings_are_not_printed_by_the_tests():
+    """Issue 20.12: gradio 6's queue triggers two pandas 3 deprecation warnings on every event
+    (gradio/queueing.py); pytest.ini filters exactly those. Run with pytest's ini filters active."""
+    import warnings
+
+    from gradio.queueing import Queue
+    with warnings.catch_warnings(record=True) as caught:
+        Queue._get_df([{"a": 1.0}, {"a": None}])  # gradio's own call
+        warnings.warn("an unrelated deprecation", DeprecationWarning)
+    assert [str(w.message) for w in caught] == ["an unrelated deprecation"]

@@ -8,7 +8,7 @@ import torch
 
 from specdemo.models import ModelLoadError
 from specdemo.pipeline import DecodeSettings, Pipeline
-from specdemo.race import (DONE, ERROR, PLAIN, RUNNING, SKIPPED, SPECULATIVE, STOPPED, WAITING,
+from specdemo.race import (DONE, ERROR, PLAIN, REPLAYING, RUNNING, SKIPPED, SPECULATIVE, STOPPED,
                            Lane, PipelineCache, Race, Step, TokenPieces, race_lanes)
 from specdemo.stats import DecodeStats
 from tiny import CharTokenizer, tiny_llama
@@ -120,9 +120,9 @@ def test_replay_plays_at_measured_pace():
     # The speculative lane finishes at 0.25 s while plain is still running.
     at_spec_end = replay[3]
     assert at_spec_end.panes[SPECULATIVE].status == DONE
-    assert at_spec_end.panes[PLAIN].status == RUNNING
+    assert at_spec_end.panes[PLAIN].status == REPLAYING  # played back, not decoding (issue 20.8)
     assert at_spec_end.panes[PLAIN].steps_shown == 2
-    assert replay[0].panes[PLAIN].status == WAITING
+    assert replay[0].panes[PLAIN].status == REPLAYING
     assert snaps[-1].done and snaps[-1].panes[PLAIN].steps_shown == 4
     # Half speed takes twice as long.
     clock = FakeClock()
@@ -164,6 +164,63 @@ def test_stop_keeps_what_was_produced(loaded):
     assert plain.stats.new_tokens == 4 and len(plain.token_ids) == 4 and len(plain.text) == 4
     assert spec.status == SKIPPED and spec.steps_shown == 0 and "stopped" in spec.error
     assert final.identical is None
+
+
+class StopSpeculativeAfter(Pipeline):
+    """A self-drafting pipeline whose speculative decode is stopped after ``n`` events."""
+
+    def __init__(self, loaded, n, cancel):
+        super().__init__(loaded, "self")
+        self.n, self.cancel_event = n, cancel
+
+    def stream(self, prompt_ids, settings, speculative, cancel=None):
+        for i, event in enumerate(super().stream(prompt_ids, settings, speculative, cancel)):
+            if speculative and i + 1 == self.n:
+                self.cancel_event.set()
+            yield event
+
+
+def test_a_stopped_speculative_run_is_not_compared(loaded):
+    """Issue 20.8: Stop during the speculative run: no speedup of a finished run against a cut
+    one, on the page and in /race's JSON."""
+    from specdemo.ui_format import verdict_html
+    from specdemo.ui_race import _note
+    cancel = threading.Event()
+    race = Race(lanes(loaded, spec=lambda: StopSpeculativeAfter(loaded, 2, cancel)), SETTINGS,
+                cancel=cancel)
+    final = list(race.run(min_interval_s=0.0))[-1]
+    assert final.panes[PLAIN].status == DONE and final.panes[SPECULATIVE].status == STOPPED
+    assert final.panes[SPECULATIVE].stats.new_tokens > 0
+    assert final.speedup is None
+    badge = verdict_html(final, 0.0)
+    assert "Speedup: not compared (the speculative run was stopped)" in badge
+    assert "×" not in badge and "lossless check: not compared" in badge
+    assert _note(final) == "not compared: the speculative run was stopped"
+
+
+def test_replay_shows_no_partial_values_and_keeps_the_busy_warning():
+    """Issue 20.8: during Replay the badge shows no partial speedup, the panes say they are
+    replaying (not both "decoding…"), and the busy-machine warning of the race stays."""
+    from specdemo.ui_format import status_line, verdict_html
+    race = manual_race([0.1, 0.2, 0.3, 0.4], [0.05, 0.25])
+    last = race.records[PLAIN].steps[-1]
+    busy = DecodeStats(new_tokens=4, elapsed_s=0.4, ttft_s=0.1, finish_reason="length",
+                       other_cpu_share=0.6)
+    race.records[PLAIN].steps[-1] = Step(last.t_s, last.token_ids, last.from_draft, last.text, busy)
+    clock = FakeClock()
+    snaps = list(race.replay(fps=1000, clock=clock, sleep=clock.sleep))
+    replay = [s for s in snaps if s.phase == "replay"]
+    assert len(replay) == 6
+    for snap in replay:
+        assert snap.speedup is None
+        assert "data-speedup" not in verdict_html(snap, 0.0)
+        assert snap.warnings and "60% of the CPU during the plain run" in snap.warnings[0]
+        assert 'data-warning="busy"' in verdict_html(snap, 0.0)
+    assert status_line(replay[0].panes[PLAIN]) == "replaying at the measured pace…"
+    assert "decoding" not in status_line(replay[0].panes[SPECULATIVE])
+    final = snaps[-1]
+    assert final.done and final.speedup == pytest.approx((2 / 0.25) / (4 / 0.4))
+    assert 'data-warning="busy"' in verdict_html(final, 0.0)
 
 
 def test_closing_the_generator_cancels_the_decode(loaded):

@@ -130,3 +130,27 @@ def test_gguf_parsed_once_converts_to_the_same_weights():
     assert fast.keys() == ref.keys() and all(torch.equal(fast[k], ref[k]) for k in ref)
     text = "The quick brown fox 🦩 jumps"
     assert tok.encode(text) == ref_tok.encode(text) and tok.chat_template == ref_tok.chat_template
+
+
+def test_the_banner_lists_the_start_ups_steps_not_later_ones(monkeypatch):
+    """Issue 20.9: steps after the start-up (a draft switch's check or load) do not grow the
+    banner; it says "Almost ready" until the page's draft checks are done, then Ready."""
+    from specdemo import ui_state
+    from specdemo.startup import STEPS
+    monkeypatch.setattr(ui_state, "_PRELOAD", {"started": False, "error": None})
+    monkeypatch.setattr(ui_state, "_READY", threading.Event())
+
+    def fake_preload(name):
+        with STEPS.step("test-load", "loading the test target"):
+            pass
+        ui_state._READY.set()
+    monkeypatch.setattr(ui_state, "preload", fake_preload)
+    assert ui_state.start_preload("p").wait(10)
+    with STEPS.step("test-check", "reading the tokenizer of another draft"):
+        pass
+    panel = list(ui_state.follow_startup("p"))[-1]
+    assert "loading the test target" in panel and "another draft" not in panel
+    assert 'data-state="checking"' in panel and "Ready</b>" not in panel
+    done = ui_state.startup_done()
+    assert 'data-state="ready"' in done and "Ready</b>" in done
+    assert "loading the test target" in done and "another draft" not in done

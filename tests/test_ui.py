@@ -279,3 +279,28 @@ def test_send_handler_keeps_two_multi_turn_histories(server):
     spec = last["race"].snapshot().panes["speculative"].stats
     assert acceptance_chart["rounds"].tolist() == [n for n, r in zip(
         spec.position_drafted, spec.per_position_acceptance) if r is not None]
+
+
+def test_the_page_and_the_readme_say_the_conversation_is_kept():
+    """Issue 20.10: the history kept between sends is stated on the page (beside Clear, which
+    starts a new conversation) and in the README."""
+    demo = ui.build_ui()
+    notes = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "history-note"]
+    assert len(notes) == 1
+    assert "Each pane keeps this conversation" in notes[0].value and "**Clear**" in notes[0].value
+    assert ui.clear()[7] == ui.new_conversation() == {"plain": [], "speculative": []}
+    assert "each pane keeps the conversation between sends" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_launch_names_our_share_flag_not_gradios(capfd):
+    """Issue 20.12: the terminal names ``--share``, not gradio's ``share=True`` in ``launch()``."""
+    port = free_port()
+    demo = ui.build_ui()
+    ui.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True)
+    try:
+        out = capfd.readouterr().out
+    finally:
+        demo.close()
+    assert "share=True" not in out
+    assert f"* Running on local URL:  http://127.0.0.1:{port}/  (a public link: python app.py --share)" in out

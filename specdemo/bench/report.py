@@ -49,15 +49,17 @@ def speedup_figure(sweep: Sweep):
     ks = list(sweep.config.draft_lengths)
     figure, (ax,) = _figure(7.5, 4.5)
     colors = _colors(len(sweep.config.tasks))
+    shifts = (-0.04, 0.04) if len(sweep.config.engines) > 1 else (0.0,)  # engines side by side
     for color, task in zip(colors, sweep.config.tasks):
-        for shift, engine in zip((-0.04, 0.04), sweep.config.engines):
+        for shift, engine in zip(shifts, sweep.config.engines):
             cells = [_cell(sweep, task, k, engine) for k in ks]
             y, err = _ranged(cells, "speedup")
             ax.errorbar([i + shift for i in range(len(ks))], y, yerr=err, color=color, capsize=3,
                         label=f"{task} ({engine})", **STYLE[engine])
     ax.axhline(1.0, color="grey", linestyle=":", label="plain (1.0x)")
     ax.set(xticks=range(len(ks)), xticklabels=[str(k) for k in ks], xlabel="draft length",
-           ylabel="speedup over plain (x)", title=f"{sweep.target} + {sweep.draft}: speedup")
+           ylabel="speedup over plain (x)", xlim=(-0.5, len(ks) - 0.5))
+    ax.set_title(f"Speedup: {sweep.target}\n+ {sweep.draft}", fontsize="medium")  # long names
     ax.legend(fontsize="small", ncols=2)
     return figure
 
