@@ -109,6 +109,7 @@ def test_saved_folders_load_with_the_same_weights(target, items, tmp_path, layou
     assert zlab["dflash_config"] == {"mask_token_id": 31, "target_layer_ids": [0, 2, 3],
                                      "block_size": 5, "target_model": "tiny-llama"}
     assert zlab["num_target_layers"] == 4 and zlab["vocab_size"] == 32
+    assert zlab["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # vLLM: inputs of layers
     from safetensors.torch import load_file
     keys = set(load_file(str(folder / "zlab" / "model.safetensors")))
     assert {"fc.weight", "hidden_norm.weight", "norm.weight",
@@ -118,3 +119,47 @@ def test_saved_folders_load_with_the_same_weights(target, items, tmp_path, layou
     assert loaded.info["layout"] == layout
     for name, value in model.state_dict().items():
         assert torch.equal(loaded.model.state_dict()[name], value), name
+
+
+@pytest.mark.slow
+def test_cli_trains_dflash_at_two_data_sizes_and_reports_speed(target, tmp_path, monkeypatch, capsys):
+    """``train-draft --kind dflash --data-sizes 0.5,1`` end to end on the tiny target: both
+    layouts, a report with acceptance and held-out speed at two k, and the data-size curve."""
+    import specdemo.models as models
+    from specdemo.cli import main
+    monkeypatch.setattr(models, "load_model", lambda spec, device, dtype: target)
+    prompts = tmp_path / "prompts.jsonl"
+    rows = _prompts(10, 0) + [{**r, "split": "heldout"} for r in _prompts(2, 99)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    status = main(["train-draft", "--kind", "dflash", "--target", "tiny", "--out", str(out),
+                   "--prompts", str(prompts), "--max-tokens", "16", "--answers-per-prompt", "1",
+                   "--max-steps", "3", "--block-size", "4", "--draft-layers", "1",
+                   "--target-layers", "3", "--report-prompts", "2", "--report-k", "2,4",
+                   "--data-sizes", "0.5,1"])
+    assert status == 0
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["target_layer_ids"] == [0, 2, 3] and recipe["feature_layers"] == [1, 3, 4]
+    assert json.loads((out / "config.json").read_text())["model_type"] == "muse_glimmer_assistant"
+    assert json.loads((out / "zlab" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["heldout"]) == {"plain", "dflash", "ngram"}
+    assert set(report["heldout_by_k"]) == {"2", "4"}
+    assert report["heldout_by_k"]["4"]["dflash"]["k"] == 4
+    row = report["heldout"]["dflash"]
+    assert row["tokens_per_s"] > 0 and row["draft_s_per_round"] > 0 and row["speedup"] > 0
+    assert report["heldout"]["plain"]["mean_acceptance_length"] == 1.0
+    curve = json.loads((out / "data_size_curve.json").read_text())
+    assert [c["answers"] for c in curve] == [5, 10]
+    assert curve[0]["answer_tokens"] < curve[1]["answer_tokens"]
+    assert (out / "size-0.5" / "zlab" / "model.safetensors").exists()
+    assert "answer tokens" in (out / "data_size_curve.md").read_text()
+
+
+def test_cli_refuses_bad_sizes_in_one_sentence(tmp_path, capsys):
+    from specdemo.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main(["train-draft", "--kind", "dflash", "--out", str(tmp_path / "o"), "--data-sizes", "0,2"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "error: --data-sizes takes comma-separated fractions in (0, 1], not '0,2'"

@@ -26,8 +26,9 @@ Saved folders:
   ``encoder.fc``, ``encoder.output_norm_enc``, ``layers.*``, ``norm``.
 * z-lab's layout (``zlab/``; what z-lab's ``dflash`` package and vLLM's ``qwen3_dflash.py``
   read): a Qwen3 ``config.json`` with ``architectures: ["DFlashDraftModel"]``,
-  ``num_target_layers``, ``block_size`` and ``dflash_config: {mask_token_id, target_layer_ids,
-  block_size}``; weights ``fc.weight``, ``hidden_norm.weight``, ``layers.N.*`` (q/k/v/o_proj,
+  ``num_target_layers``, ``block_size``, ``dflash_config: {mask_token_id, target_layer_ids,
+  block_size}`` and ``eagle_aux_hidden_state_layer_ids`` (the same layers in EAGLE-3's numbering,
+  ids + 1: vLLM reads it first, and releases before its DFlash fallback read only it); weights ``fc.weight``, ``hidden_norm.weight``, ``layers.N.*`` (q/k/v/o_proj,
   q_norm, k_norm, mlp gate/up/down, input/post_attention_layernorm), ``norm.weight``; no
   ``embed_tokens``/``lm_head`` (vLLM shares the target's when absent).
 """
@@ -336,6 +337,9 @@ def save(model, folder: Path, target, dtype: torch.dtype = torch.bfloat16,
         "layer_types": ["full_attention"] * cfg.num_hidden_layers,
         "vocab_size": int(out.config.vocab_size), "num_target_layers": num_layers(target.model),
         "block_size": int(cfg.block_size), "dflash_config": dflash_config,
+        # vLLM reads these before dflash_config (older releases read only these): EAGLE-3's
+        # numbering, inputs of layers, so DFlash's ids + 1
+        "eagle_aux_hidden_state_layer_ids": [int(i) + 1 for i in cfg.target_layer_ids],
         "torch_dtype": str(dtype).removeprefix("torch.")}, indent=2) + "\n")
     return folder
 
