@@ -73,14 +73,41 @@ class Comparison:
                 "first_divergence": self.first_divergence, "warnings": self.warnings}
 
 
+#: a drafter that accepted less than this share of its drafts ...
+LOW_ACCEPTANCE = 0.05
+#: ... over at least this many drafts accepts almost nothing (said in words beside the speedup)
+LOW_ACCEPTANCE_MIN_DRAFTS = 40
+
+
+def low_acceptance_warnings(stats: DecodeStats | None) -> list[str]:
+    """One sentence per drafter of a speculative run that accepted almost nothing: under
+    :data:`LOW_ACCEPTANCE` of at least :data:`LOW_ACCEPTANCE_MIN_DRAFTS` drafts (per drafter,
+    from ``drafted_by``/``accepted_by``; prompt lookup, which drafts only where the text repeats,
+    is left out). Such a drafter stays lossless but only costs time: it does not predict this
+    target on this text."""
+    if stats is None:
+        return []
+    out = []
+    for source, drafted in stats.drafted_by.items():
+        accepted = stats.accepted_by.get(source, 0)
+        if source == "ngram" or drafted < LOW_ACCEPTANCE_MIN_DRAFTS or accepted >= LOW_ACCEPTANCE * drafted:
+            continue
+        out.append(f"drafter {source} accepted almost nothing: {accepted} of {drafted} drafts "
+                   f"({accepted / drafted:.0%}); it does not predict this target on this text "
+                   "(a language or kind of text it was not trained on, or a drafter for another "
+                   "target), so speculative decoding only adds its cost here")
+    return out
+
+
 def race_warnings(plain: DecodeStats | None, speculative: DecodeStats | None) -> list[str]:
-    """Warnings about a plain-vs-speculative comparison: [] or one sentence naming the runs
+    """Warnings about a plain-vs-speculative comparison, in words: one sentence naming the runs
     during which other processes used more than ``machine.BUSY_SHARE`` of the CPU (their
-    ``other_cpu_share``), since the speedup then compares a slowed run with another."""
+    ``other_cpu_share``), since the speedup then compares a slowed run with another; and one
+    per drafter that accepted almost nothing (:func:`low_acceptance_warnings`)."""
     lanes = {"plain": plain, "speculative": speculative}
     shares = {name: s.other_cpu_share for name, s in lanes.items() if s is not None}
     warning = busy_warning(shares)
-    return [warning] if warning else []
+    return ([warning] if warning else []) + low_acceptance_warnings(speculative)
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

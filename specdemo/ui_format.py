@@ -219,8 +219,8 @@ def not_compared(snap: RaceSnapshot | None) -> str | None:
 
 
 def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
-    """Speedup between the panes, a warning beside it when the machine was busy during a lane
-    (``snap.warnings``), and the lossless badge."""
+    """Speedup between the panes, a warning beside it when the machine was busy during a lane or
+    a drafter accepted almost nothing (``snap.warnings``), and the lossless badge."""
     if snap is None:
         return '<div class="sd-verdict"><span class="sd-chip">send a prompt to start the race</span></div>'
     chips = []
@@ -239,8 +239,10 @@ def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
     busy_title = "other_cpu_share: " + ", ".join(f"{name} {share:.2f}"
                                                  for name, share in shares.items())
     for warning in snap.warnings:
-        chips.append(f'<span class="sd-chip sd-busy" data-warning="busy" '
-                     f'title="{html.escape(busy_title)}">⚠ {html.escape(warning)}</span>')
+        kind, title = ("busy", busy_title) if warning.startswith("machine busy") else (
+            "acceptance", "acceptance_rate of the drafter in this run")
+        chips.append(f'<span class="sd-chip sd-busy" data-warning="{kind}" '
+                     f'title="{html.escape(title)}">⚠ {html.escape(warning)}</span>')
     plain, spec = snap.panes.get(PLAIN), snap.panes.get(SPECULATIVE)
     if snap.done and plain and spec:
         if plain.status != DONE or spec.status != DONE:
