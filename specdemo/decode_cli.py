@@ -143,6 +143,8 @@ def _with_backend(target, backend: str):
     """The target on ``backend``; exits with the reason when ``ggml`` cannot serve it."""
     from .ggml_backend import GgmlError
     from .startup import use_backend
+    if not hasattr(target, "backend"):  # not a models.LoadedModel (tests inject stand-ins)
+        return target
     try:
         target, choice = use_backend(target, backend)
     except GgmlError as exc:
