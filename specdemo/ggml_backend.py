@@ -24,6 +24,7 @@ matches it token for token before the backend is used.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import hashlib
 import json
@@ -31,7 +32,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -534,7 +535,9 @@ def choose_backend(loaded) -> BackendChoice:
 def replace_backend(loaded, backend: str):
     """``loaded`` (a ``models.LoadedModel``) on ``backend``: the same model, tokenizer and
     weights objects, with ``backend`` set (nothing is loaded again)."""
-    return replace(loaded, backend=backend)
+    out = copy.copy(loaded)  # shallow: model, tokenizer and weights stay shared
+    out.backend = backend
+    return out
 
 
 def with_backend(loaded, backend: str = "auto"):
