@@ -42,6 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="preset to start with (default: the default preset)")
     parser.add_argument("--share", action="store_true",
                         help="also publish a public gradio.live link (off by default)")
+    parser.add_argument("--backend", default="transformers", choices=["auto", "transformers", "ggml"],
+                        help="target forward for both lanes: transformers, ggml (llama.cpp over "
+                             "a GGUF/built-in target) or auto (measured on this CPU) "
+                             "(default %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -70,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     from specdemo import race, startup, ui_state
     from specdemo.cli import quiet_library_logs
     quiet_library_logs()
+    ui_state.CACHE.backend = args.backend
 
     # This (main) thread runs every load and decode, as `python -m specdemo compare` does, so the
     # race measures what compare measures; the server runs on gradio's threads.

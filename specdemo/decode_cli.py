@@ -54,7 +54,19 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
                              "torchao (int4: CPU only)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow code from the model repository to run (off by default)")
+    add_backend_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_backend_flag(parser: argparse.ArgumentParser) -> None:
+    """``--backend auto|transformers|ggml``: how the target's forward is computed (both lanes
+    of a comparison use the same)."""
+    parser.add_argument("--backend", default="transformers", choices=["auto", "transformers", "ggml"],
+                        help="target forward: transformers, ggml (llama.cpp over the GGUF file "
+                             "of a GGUF/built-in target) or auto (measured on this CPU, stored; "
+                             "transformers elsewhere) (default %(default)s: the reference for "
+                             "losslessness; on the CPUs measured so far ggml decodes faster but its "
+                             "verification of k tokens costs 1.7-4.2x a step)")
 
 
 def register(sub) -> None:
@@ -98,6 +110,7 @@ def _load_pipeline(args):
     try:
         target = startup.load_model(args.target, args.device, args.dtype,
                             trust_remote_code=args.trust_remote_code, quantization=args.quantization)
+        target = _with_backend(target, getattr(args, "backend", "auto"))
         draft = None
         from .drafters.learned import is_learned, load_learned  # deferred: imports torch
         if is_learned(args.draft):  # EAGLE-3 / DFlash / MTP: checked against the target
@@ -111,6 +124,21 @@ def _load_pipeline(args):
         return Pipeline(target, args.draft, draft)
     except ModelLoadError as exc:
         fail(str(exc))
+
+
+def _with_backend(target, backend: str):
+    """The target on ``backend``; exits with the reason when ``ggml`` cannot serve it."""
+    from .ggml_backend import GgmlError
+    from .startup import use_backend
+    if not hasattr(target, "backend"):  # not a models.LoadedModel (tests inject stand-ins)
+        return target
+    try:
+        target, choice = use_backend(target, backend)
+    except GgmlError as exc:
+        fail(str(exc))
+    if backend == "auto" and choice.reason:
+        print(f"backend: {choice.backend} ({choice.reason})", file=sys.stderr)
+    return target
 
 
 def refuse_incompatible(target_spec: str, draft_spec: str, trust_remote_code: bool) -> None:

@@ -399,6 +399,8 @@ class LoadedModel:
         dtype: weight/compute dtype.
         load_s: seconds the load took (conversion included on a first built-in load).
         source: where it came from, for display.
+        backend: how the engine computes its forward: ``transformers`` (this model) or ``ggml``
+            (llama.cpp over the same GGUF file; see ``specdemo.ggml_backend.with_backend``).
     """
 
     spec: str
@@ -409,6 +411,7 @@ class LoadedModel:
     load_s: float
     source: str
     quantization: str | None = None
+    backend: str = "transformers"
 
     @property
     def vocab_size(self) -> int:

@@ -12,7 +12,6 @@ from typing import Iterator
 
 from .drafters import make_drafter
 from .engine import DecodeEvent, DecodeResult, collect, decode
-from .kv import KVModel
 from .machine import busy_warning
 from .policy import AdaptiveDraftLength, make_policy, measure_forward_s
 from .sampling import SamplingParams
@@ -149,7 +148,8 @@ class Pipeline:
         self.target = target
         self.draft_spec = draft_spec
         self.draft = draft
-        self.kv = KVModel(target.model)
+        from .ggml_backend import target_kv
+        self.kv = target_kv(target)  # KVModel, or GgmlKV when target.backend is "ggml"
 
     @property
     def draft_source(self):
@@ -160,20 +160,28 @@ class Pipeline:
 
     def forward_costs(self) -> dict[int, float]:
         """Seconds of a target forward by width (for ``auto``), measured once per target model
-        in this process: every pipeline over the same loaded target (any drafter) reuses it."""
+        and backend in this process: every pipeline over the same loaded target (any drafter)
+        reuses it."""
         if not self.forward_costs_known:
-            setattr(self.target.model, FORWARD_COSTS_ATTR,
+            setattr(self.target.model, self._costs_attr,
                     measure_forward_s(self.kv, AdaptiveDraftLength().max_k + 1))
-        return getattr(self.target.model, FORWARD_COSTS_ATTR)
+        return getattr(self.target.model, self._costs_attr)
+
+    @property
+    def _costs_attr(self) -> str:
+        backend = getattr(self.target, "backend", "transformers")
+        return FORWARD_COSTS_ATTR if backend == "transformers" else f"{FORWARD_COSTS_ATTR}_{backend}"
 
     @property
     def forward_costs_known(self) -> bool:
         """True when :meth:`forward_costs` would not measure (this target was measured before)."""
-        return getattr(self.target.model, FORWARD_COSTS_ATTR, None) is not None
+        return getattr(self.target.model, self._costs_attr, None) is not None
 
     @property
     def context_length(self) -> int | None:
-        return getattr(self.target.model.config, "max_position_embeddings", None)
+        limit = getattr(self.target.model.config, "max_position_embeddings", None)
+        n_ctx = getattr(self.kv, "n_ctx", None)  # a ggml context holds at most this many
+        return min(x for x in (limit, n_ctx) if x) if (limit or n_ctx) else None
 
     def prompt_ids(self, messages: list[dict] | str, system: str | None = None) -> list[int]:
         """Token ids of a prompt: the chat template when the tokenizer has one, else raw text.

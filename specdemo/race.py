@@ -530,12 +530,15 @@ class PipelineCache:
         check: ``compat.check_specs`` (injectable for tests).
         lock: held while loading; share it with other code that loads models or tokenizers so
             that loads never run concurrently (transformers' lazy imports are not thread-safe).
+        backend: the targets' forward backend (``auto``, ``transformers``, ``ggml``; the app's
+            ``--backend``): every pipeline over a target, so both lanes of a race, use the same.
     """
 
     def __init__(self, load: Callable | None = None, check: Callable | None = None,
-                 lock: threading.RLock | None = None) -> None:
+                 lock: threading.RLock | None = None, backend: str = "transformers") -> None:
         self._load = load
         self._check = check
+        self.backend = backend
         self._pipelines: dict[tuple, Pipeline] = {}
         self._models: dict[tuple, object] = {}  # (spec, device, dtype, quantization) -> loaded
         self.lock = lock or threading.RLock()
@@ -575,7 +578,7 @@ class PipelineCache:
             from .pipeline import Pipeline
             if key in self._pipelines:
                 return self._pipelines[key]
-            loaded = self._model(target, device, dtype, quantization)
+            loaded = self._target(target, device, dtype, quantization)
             draft_model = None
             from .drafters.learned import is_learned, load_learned
             if is_learned(draft):  # refused with its problems (DrafterRefused) when it cannot serve
@@ -598,6 +601,18 @@ class PipelineCache:
         key = (spec, device, dtype, quantization)
         if key not in self._models:
             self._models[key] = self._loader()(spec, device, dtype, quantization=quantization)
+        return self._models[key]
+
+    def _target(self, spec: str, device: str, dtype: str, quantization: str | None):
+        """:meth:`_model` on this cache's backend, chosen once per loaded target (a ggml
+        backend that cannot serve it raises ``GgmlError``, a ``ModelLoadError``)."""
+        key = ("backend", spec, device, dtype, quantization, self.backend)
+        if key not in self._models:
+            loaded = self._model(spec, device, dtype, quantization)
+            if hasattr(loaded, "backend"):  # a models.LoadedModel (tests inject stand-ins)
+                from .startup import use_backend
+                loaded, _ = use_backend(loaded, self.backend)
+            self._models[key] = loaded
         return self._models[key]
 
     def loaded(self, target: str, draft: str = "none", dtype: str = "auto",

@@ -246,3 +246,22 @@ def measure_forward_costs(pipe: Pipeline) -> None:
                     f"measuring what a forward over n tokens costs {pipe.target.spec} here "
                     "(once, for draft length auto)", GUESS_S["forward costs"]):
         pipe.forward_costs()
+
+
+def use_backend(loaded, backend: str = "auto"):
+    """``loaded`` set to run on ``backend`` (``ggml_backend.with_backend``), as a named step:
+    loading the GGUF into llama.cpp, and for ``auto`` on a CPU the first measurement of both
+    backends on this machine (stored; later starts read it).
+
+    Returns:
+        (the LoadedModel with ``backend`` set, the ``BackendChoice``).
+    Raises:
+        GgmlError: ``ggml`` asked for and unavailable for this target; ValueError: unknown name.
+    """
+    from .ggml_backend import with_backend
+    if (backend or "auto") == "transformers":
+        return with_backend(loaded, "transformers")
+    with STEPS.step(f"backend {backend} {loaded.spec}",
+                    f"choosing the forward backend for {loaded.spec} ({backend})",
+                    GUESS_S["forward costs"]):
+        return with_backend(loaded, backend)

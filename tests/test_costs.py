@@ -13,7 +13,7 @@ from tiny import CharTokenizer, tiny_llama
 KEYS = {"target", "device", "dtype", "quantization", "threads", "clock", "context", "forward_s",
         "forward_ratio", "weight_bytes", "bandwidth_GBps", "bound_tokens_per_s",
         "plain_tokens_per_s", "plain_vs_bound", "load_average", "fast_path", "stock_forward_s",
-        "stock_forward_ratio", "notes"}
+        "stock_forward_ratio", "notes", "backend", "backend_choice", "backends", "llama_bench"}
 
 
 def _loaded(model) -> LoadedModel:
@@ -54,6 +54,12 @@ def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys):
     assert out["threads"] == torch.get_num_threads()
     assert out["fast_path"] is None  # not loaded through load_model: nothing was patched
     assert out["stock_forward_s"] is None and out["stock_forward_ratio"] is None
+    # auto: a target without a GGUF file has only the transformers backend, measured once
+    assert out["backend"] == "transformers" and list(out["backends"]) == ["transformers"]
+    assert out["backends"]["transformers"]["forward_s"] == out["forward_s"]
+    assert out["backend_choice"]["backend"] == "transformers"
+    assert out["backend_choice"]["reason"].startswith("ggml not available: ")
+    assert out["llama_bench"] is None
 
 
 def test_before_after_alternates_stock_and_fast_kernels(monkeypatch, tmp_path):

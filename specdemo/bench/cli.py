@@ -31,6 +31,8 @@ def register(sub) -> None:
     bench.add_argument("--device", default="auto")
     bench.add_argument("--quantization", default=None, choices=["4bit", "8bit", "int8", "int4"])
     bench.add_argument("--trust-remote-code", action="store_true")
+    from ..decode_cli import add_backend_flag
+    add_backend_flag(bench)
     bench.add_argument("--out", required=True, help="folder for bench.csv, bench.json, *.png, report.md")
     from ..endpoints import add_endpoint_flags
     add_endpoint_flags(bench)

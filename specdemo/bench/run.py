@@ -291,6 +291,7 @@ def machine_info(target) -> dict:
         "memory_available_bytes": psutil.virtual_memory().available,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "platform": platform.platform(), "specdemo": __version__,
+        "backend": getattr(target, "backend", "transformers"),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
