@@ -17,6 +17,13 @@ from importlib import metadata
 from pathlib import Path
 
 
+def _count(flag: str):
+    """An argparse type: a whole number >= 1 (specdemo.inputs' words, exit status 2)."""
+    from .. import inputs
+    from ..decode_cli import checked
+    return checked(inputs.number, flag, minimum=1, integer=True)
+
+
 def register(sub) -> None:
     p = sub.add_parser("train-draft", help="train an EAGLE-3 drafter for a target on this machine")
     p.add_argument("--target", default="builtin:smollm2-135m")
@@ -24,16 +31,16 @@ def register(sub) -> None:
     p.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash"])
     p.add_argument("--prompts", type=Path, default=None,
                    help="JSONL of {task, prompt[, split]} (default: the shipped prompt set)")
-    p.add_argument("--max-prompts", type=int, default=None, help="use only the first N training prompts")
-    p.add_argument("--answers-per-prompt", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=128, help="longest generated answer")
+    p.add_argument("--max-prompts", type=_count("--max-prompts"), default=None, help="use only the first N training prompts")
+    p.add_argument("--answers-per-prompt", type=_count("--answers-per-prompt"), default=2)
+    p.add_argument("--max-tokens", type=_count("--max-tokens"), default=128, help="longest generated answer")
     p.add_argument("--generate-minutes", type=float, default=None,
                    help="stop generating answers after this long and train on what exists")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--max-steps", type=int, default=None, help="stop training after N steps")
-    p.add_argument("--draft-vocab", type=int, default=8192)
-    p.add_argument("--ttt-steps", type=int, default=3)
-    p.add_argument("--batch-tokens", type=int, default=1024)
+    p.add_argument("--epochs", type=_count("--epochs"), default=3)
+    p.add_argument("--max-steps", type=_count("--max-steps"), default=None, help="stop training after N steps")
+    p.add_argument("--draft-vocab", type=_count("--draft-vocab"), default=8192)
+    p.add_argument("--ttt-steps", type=_count("--ttt-steps"), default=3)
+    p.add_argument("--batch-tokens", type=_count("--batch-tokens"), default=1024)
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--report-prompts", type=int, default=20,
                    help="held-out prompts in the report (0 = no report)")
@@ -87,17 +94,15 @@ def _train(args: argparse.Namespace) -> int:
     from ..decode_cli import fail
     from ..drafters.features import eagle3_default_layers, num_layers
     from ..models import ModelLoadError, load_model
-    from . import data, prompt_set, train
+    from . import data, train
+    rows = check_inputs(args)  # before any work: nothing loaded, nothing written
     out = args.out
-    if out.exists() and any(out.iterdir()) and not args.resume and not (out / "recipe.json").exists():
-        fail(f"{out} is not empty; give --resume to continue a run there, or another folder")
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     try:
         target = load_model(args.target, args.device, "float32")
     except ModelLoadError as exc:
         fail(str(exc))
-    rows = prompt_set.load(args.prompts or prompt_set.PROMPTS_FILE)
     train_rows = data.split_rows(rows, heldout=False)[:args.max_prompts]
     recipe = train.Recipe(draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps,
                           epochs=args.epochs, learning_rate=args.learning_rate,
@@ -140,6 +145,42 @@ def _train(args: argparse.Namespace) -> int:
         path = report(out, target, head, rows, args.report_prompts, info)
         print(path.read_text())
     return 0
+
+
+def check_inputs(args: argparse.Namespace) -> list[dict]:
+    """The rows of the prompts file, once ``--out`` and ``--prompts`` are known to be usable.
+
+    Raises:
+        SystemExit(2), with one sentence naming the file (and line): ``--out`` is a file or a
+            non-empty folder of something else; the prompts file is missing, a folder, not
+            UTF-8 text, has a line that is not a JSON object with a non-empty "prompt", or
+            holds no training prompt.
+    """
+    from ..decode_cli import fail
+    from . import data, prompt_set
+    out = args.out
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file, not a folder: give a folder for the drafter (it is created "
+             "if missing)")
+    if out.exists() and any(out.iterdir()) and not args.resume and not (out / "recipe.json").exists():
+        fail(f"{out} is not empty; give --resume to continue a run there, or another folder")
+    path = Path(args.prompts or prompt_set.PROMPTS_FILE)
+    if not path.exists():
+        fail(f"--prompts {path}: no such file")
+    if path.is_dir():
+        fail(f"--prompts {path} is a folder, not a JSONL file of {{\"prompt\": ...}} lines")
+    try:
+        rows = prompt_set.load(path)
+    except UnicodeDecodeError as exc:
+        fail(f"--prompts {path} is not UTF-8 text (byte {exc.start}): give a JSONL file")
+    except ValueError as exc:  # "<path>:<line>: expected a JSON object with a non-empty "prompt""
+        fail(f"--prompts {exc}")
+    except OSError as exc:
+        fail(f"--prompts {path} cannot be read ({exc.strerror or exc})")
+    if not data.split_rows(rows, heldout=False):
+        fail(f"--prompts {path} holds no training prompts ({len(rows)} rows, none outside the "
+             "held-out split): training on nothing would save an untrained drafter")
+    return rows
 
 
 def save(head, out: Path, recipe, target, answers, timings, state, started) -> dict:
