@@ -79,7 +79,8 @@ def _zlab_config(config: dict):
             or config.get("attention_bias"):
         raise DFlashFormatError("is_causal / causal or attention_bias: causal or biased DFlash "
                                 "attention is not what transformers' DFlash class runs")
-    sliding = [i for i, kind in enumerate(config.get("layer_types") or ()) if kind != "full_attention"]
+    kinds = config.get("layer_types") or ()
+    sliding = [i for i, kind in enumerate(kinds) if kind != "full_attention"]
     if sliding:
         raise DFlashFormatError(f"layer_types makes layers {sliding} sliding-window layers, which "
                                 "z-lab runs causal with a strict window and transformers' DFlash "

@@ -157,7 +157,8 @@ class Eagle3Head(nn.Module):
         self.norm_output = norm_output
         n, ht, eps = len(self.feature_layers), self.target_hidden_size, config.rms_norm_eps
         self.input_norm = LlamaRMSNorm(n * ht, eps=eps) if norm_before_fc else None
-        self.fc_norm = nn.ModuleList([LlamaRMSNorm(ht, eps=eps) for _ in range(n)]) if fc_norm else None
+        self.fc_norm = (nn.ModuleList([LlamaRMSNorm(ht, eps=eps) for _ in range(n)]) if fc_norm
+                        else None)
         self.fc = nn.Linear(n * ht, h, bias=False)
         self.layers = nn.ModuleList([Eagle3Layer(config, norm_before_residual)])
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
@@ -195,7 +196,8 @@ class Eagle3Head(nn.Module):
         if self.input_norm is not None:
             x = self.input_norm(x)
         if self.fc_norm is not None:
-            x = torch.cat([norm(c) for norm, c in zip(self.fc_norm, x.chunk(len(self.fc_norm), -1))], -1)
+            chunks = x.chunk(len(self.fc_norm), dim=-1)  # one (..., Ht) per feature layer
+            x = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(x)
 
     def draft_ids(self) -> torch.Tensor:

@@ -108,7 +108,8 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def _draft_layers(state: dict) -> int:
     """How many draft decoder layers the weights hold (``layers.N.*``)."""
-    found = {int(k.split(".")[1]) for k in state if k.startswith("layers.") and k.split(".")[1].isdigit()}
+    found = {int(k.split(".")[1]) for k in state
+             if k.startswith("layers.") and k.split(".")[1].isdigit()}
     return max(found) + 1 if found else 0
 
 

@@ -40,7 +40,8 @@ def read_config(folder: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise DrafterFolderError(f"{path} is missing: a drafter folder needs its config.json") from None
+        raise DrafterFolderError(f"{path} is missing: a drafter folder needs its "
+                                 "config.json") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise DrafterFolderError(f"{path} cannot be read ({_first_line(exc)})") from None
     try:

@@ -112,7 +112,7 @@ def is_learned(spec: str) -> bool:
         return True
     try:
         return resolve(spec) is not None
-    except folders.DrafterFolderError:  # a folder whose config.json is damaged: load_learned says so
+    except folders.DrafterFolderError:  # a damaged config.json: load_learned says what is wrong
         return True
     except Exception:
         return spec.startswith("builtin:") and spec.split(":", 1)[1] in BUILTIN_DRAFTERS

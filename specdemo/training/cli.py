@@ -31,13 +31,16 @@ def register(sub) -> None:
     p.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash"])
     p.add_argument("--prompts", type=Path, default=None,
                    help="JSONL of {task, prompt[, split]} (default: the shipped prompt set)")
-    p.add_argument("--max-prompts", type=_count("--max-prompts"), default=None, help="use only the first N training prompts")
+    p.add_argument("--max-prompts", type=_count("--max-prompts"), default=None,
+                   help="use only the first N training prompts")
     p.add_argument("--answers-per-prompt", type=_count("--answers-per-prompt"), default=2)
-    p.add_argument("--max-tokens", type=_count("--max-tokens"), default=128, help="longest generated answer")
+    p.add_argument("--max-tokens", type=_count("--max-tokens"), default=128,
+                   help="longest generated answer")
     p.add_argument("--generate-minutes", type=float, default=None,
                    help="stop generating answers after this long and train on what exists")
     p.add_argument("--epochs", type=_count("--epochs"), default=3)
-    p.add_argument("--max-steps", type=_count("--max-steps"), default=None, help="stop training after N steps")
+    p.add_argument("--max-steps", type=_count("--max-steps"), default=None,
+                   help="stop training after N steps")
     p.add_argument("--draft-vocab", type=_count("--draft-vocab"), default=8192)
     p.add_argument("--ttt-steps", type=_count("--ttt-steps"), default=3)
     p.add_argument("--batch-tokens", type=_count("--batch-tokens"), default=1024)
