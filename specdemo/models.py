@@ -355,7 +355,8 @@ def _remote_code_guard(spec: str, exc: Exception) -> None:
 def check_local(spec: str) -> None:
     """Refuse at once, without loading anything, a local spec that cannot be a model: a path that
     is neither a folder nor a .gguf file (a system file), a folder without a readable
-    ``config.json`` or with a weight file cut short. ``load_model`` refuses with the same words
+    ``config.json`` (missing, not JSON, a size or setting of the wrong type) or with a weight
+    file cut short. ``load_model`` refuses with the same words
     (``check`` and ``run`` agree); hub ids and built-in names pass (checked when loaded).
 
     Raises:
@@ -366,13 +367,14 @@ def check_local(spec: str) -> None:
         _split_gguf(Path(spec).expanduser())
     if kind != "dir":
         return
-    from .drafters.folders import DrafterFolderError, check_weight_files, read_config
+    from .drafters.folders import (LAYER_FIELDS, DrafterFolderError, check_fields,
+                                   check_weight_files, read_config)
     folder = Path(spec).expanduser()
     if not (folder / "config.json").exists():
         raise ModelLoadError(f"could not load {spec}: the folder has no config.json, so it is not "
                              "a model folder")
     try:
-        read_config(folder)
+        check_fields(read_config(folder), LAYER_FIELDS, folder / "config.json")
         if any(folder.glob("*.safetensors")):
             check_weight_files(folder)
     except DrafterFolderError as exc:

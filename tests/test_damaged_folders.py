@@ -294,6 +294,20 @@ def test_cli_refuses_a_damaged_head_with_status_2(target, target_folder, tmp_pat
     assert "Traceback" not in text and "tokenizer" not in text
 
 
+def test_check_refuses_a_draft_model_folder_with_a_size_as_text(target_folder, tmp_path, capsys):
+    import shutil
+
+    from specdemo.cli import main
+    draft = tmp_path / "draft"
+    shutil.copytree(target_folder, draft)
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**config, "hidden_size": "32"}))
+    assert main(["check", "--target", str(target_folder), "--draft", str(draft)]) == 2
+    assert capsys.readouterr().out.strip() == (
+        f"error: could not load {draft}: {draft / 'config.json'}: \"hidden_size\" must be a whole "
+        "number of at least 1, got \"32\"")
+
+
 def test_check_refuses_a_draft_model_folder_with_damaged_weights(target_folder, tmp_path, capsys):
     """A draft *model* folder (not a learned drafter) whose weights are cut short: check said
     'compatible' from its tokenizer; it must refuse as run does."""
