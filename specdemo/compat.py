@@ -267,10 +267,16 @@ def check_specs(target_spec: str, draft_spec: str, *, trust_remote_code: bool = 
     every call. none, ngram and self are compatible; ``early-exit:N`` is when N fits the target's
     layer count (:func:`early_exit_verdict`, from its config).
 
+    A local target (and a local draft model) that cannot be a model at all (a system file, a
+    folder without a readable config.json, a weight file cut short) is refused first, in the
+    words ``run`` uses (``models.check_local``).
+
     Raises:
-        specdemo.models.ModelLoadError: a tokenizer (or, for early-exit, the target's config)
-            cannot be loaded.
+        specdemo.models.ModelLoadError: a local spec that is not a model, or a tokenizer (or, for
+            early-exit, the target's config) that cannot be loaded.
     """
+    from . import models  # lazy: transformers is heavy
+    models.check_local(target_spec)
     verdict = non_model_verdict(draft_spec)
     if verdict is not None:
         return verdict
@@ -280,6 +286,7 @@ def check_specs(target_spec: str, draft_spec: str, *, trust_remote_code: bool = 
     if is_learned(draft_spec):  # EAGLE-3 / DFlash / MTP: checked against the target's weights
         return learned_verdict(target_spec, draft_spec)
 
+    models.check_local(draft_spec)
     target = models.load_tokenizer(target_spec, trust_remote_code=trust_remote_code)
     draft = models.load_tokenizer(draft_spec, trust_remote_code=trust_remote_code)
     return check_compatibility(target, draft, target_label=target_spec, draft_label=draft_spec)
@@ -309,7 +316,8 @@ def learned_verdict(target_spec: str, draft_spec: str, load_target: Callable | N
 
 def register(sub) -> None:
     """Add ``check --target T --draft D [--json]``: exit status 0 / 0 / 2 for the verdicts; 2 also
-    for a spec refused at once (``specdemo.inputs``, the same words as run and the /race API);
+    for a spec refused at once (``specdemo.inputs``, the same words as run and the /race API) and
+    for a local spec that is not a model (``models.check_local``: run's words and status);
     1 when a tokenizer or the target's config cannot be read."""
     parser = sub.add_parser("check", help="can this draft serve this target? (exit 0 / 0 / 2)")
     parser.add_argument("--target", required=True, type=inputs.checked(inputs.target, "target"),
@@ -324,11 +332,23 @@ def register(sub) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from .drafters.learned import is_learned  # deferred: imports torch
+    from .models import ModelLoadError, check_local
+    local = [args.target] + ([args.draft] if is_model_draft(args.draft)
+                             and not is_learned(args.draft) else [])
+    try:
+        for spec in local:  # what run refuses before loading: the same words, status 2
+            check_local(spec)
+    except ModelLoadError as exc:
+        print(json.dumps({"target": args.target, "draft": args.draft, "error": str(exc)})
+              if args.json else f"error: {exc}")
+        return 2
     try:
         verdict = check_specs(args.target, args.draft, trust_remote_code=args.trust_remote_code)
     except Exception as exc:  # ModelLoadError, OSError from a bad path: report, do not trace
         # an early-exit check reads the target's config, and its message says so
-        message = str(exc) if is_early_exit(args.draft) else f"cannot load a tokenizer: {exc}"
+        message = str(exc) if is_early_exit(args.draft) or str(exc).startswith("could not") \
+            else f"cannot load a tokenizer: {exc}"
         print(json.dumps({"target": args.target, "draft": args.draft, "error": message})
               if args.json else f"error: {message}")
         return 1

@@ -352,10 +352,40 @@ def _remote_code_guard(spec: str, exc: Exception) -> None:
                              "--trust-remote-code)") from exc
 
 
+def check_local(spec: str) -> None:
+    """Refuse at once, without loading anything, a local spec that cannot be a model: a path that
+    is neither a folder nor a .gguf file (a system file), a folder without a readable
+    ``config.json`` (missing, not JSON, a size or setting of the wrong type) or with a weight
+    file cut short. ``load_model`` refuses with the same words
+    (``check`` and ``run`` agree); hub ids and built-in names pass (checked when loaded).
+
+    Raises:
+        ModelLoadError: ``could not load SPEC: why``.
+    """
+    kind = _kind(spec)
+    if kind == "gguf":
+        _split_gguf(Path(spec).expanduser())
+    if kind != "dir":
+        return
+    from .drafters.folders import (LAYER_FIELDS, DrafterFolderError, check_fields,
+                                   check_weight_files, read_config)
+    folder = Path(spec).expanduser()
+    if not (folder / "config.json").exists():
+        raise ModelLoadError(f"could not load {spec}: the folder has no config.json, so it is not "
+                             "a model folder")
+    try:
+        check_fields(read_config(folder), LAYER_FIELDS, folder / "config.json")
+        if any(folder.glob("*.safetensors")):
+            check_weight_files(folder)
+    except DrafterFolderError as exc:
+        raise ModelLoadError(f"could not load {spec}: {exc}") from None
+
+
 def _load(spec: str, device: torch.device, dtype: torch.dtype, quantization: str | None,
           trust_remote_code: bool) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, str]:
     """Model, tokenizer and display source for any spec form."""
     from transformers import AutoTokenizer
+    check_local(spec)
     kind = _kind(spec)
     if kind == "builtin":
         return _load_builtin(builtin._builtin(spec.split(":", 1)[1]), device, dtype, quantization)

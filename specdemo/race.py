@@ -189,7 +189,8 @@ def describe_error(exc: BaseException) -> str:
     if "out of memory" in text.lower() or type(exc).__name__ == "OutOfMemoryError":
         return ("out of memory: " + text.splitlines()[0] + ". Lower max new tokens, choose a smaller"
                 " preset or a smaller draft")
-    if isinstance(exc, (ValueError,)) or type(exc).__name__ == "ModelLoadError":
+    if isinstance(exc, (ValueError,)) or any(c.__name__ == "ModelLoadError"  # and DrafterRefused
+                                             for c in type(exc).__mro__):
         return text
     return f"{type(exc).__name__}: {text}"
 

@@ -132,8 +132,9 @@ def models_module():
 def test_verdict_is_recomputed_when_files_change(tmp_path, monkeypatch, models_module):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     target, draft = tmp_path / "target", tmp_path / "draft"
-    make_tokenizer().save_pretrained(target)
-    make_tokenizer().save_pretrained(draft)
+    for folder in (target, draft):  # model folders: a config (check refuses a folder without)
+        make_tokenizer().save_pretrained(folder)
+        (folder / "config.json").write_text('{"model_type": "llama"}')
     assert check_specs(str(target), str(draft)).status == "compatible"
     make_tokenizer(words=[w.upper() for w in WORDS]).save_pretrained(draft)  # edit the draft in place
     assert check_specs(str(target), str(draft)).status == "incompatible"
@@ -163,15 +164,17 @@ def test_check_command_exit_status_and_json(models_module, capsys):
 
 
 def test_check_command_reports_unloadable_tokenizer(tmp_path, models_module, capsys):
-    """Folders that exist but hold no tokenizer (a missing path is refused at once, exit status
-    2: tests/test_inputs.py)."""
+    """Model folders (a config.json) that hold no tokenizer: exit status 1, the loader's words.
+    Folders that are not models at all are refused as run refuses them, exit status 2
+    (tests/test_check_not_a_model.py); a missing path at once (tests/test_inputs.py)."""
     from specdemo.cli import main
 
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "bare").mkdir()
+    for name in ("empty", "bare"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text('{"model_type": "llama"}')
     status = main(["check", "--target", str(tmp_path / "empty"), "--draft", str(tmp_path / "bare")])
     assert status == 1
-    assert capsys.readouterr().out.startswith("error: cannot load a tokenizer")
+    assert capsys.readouterr().out.startswith(f"error: could not load the tokenizer of {tmp_path / 'empty'}")
 
 
 class _CountedId(int):

@@ -21,7 +21,6 @@ weights ``fc``/``hidden_norm``/``layers.*``/``norm``), mapped onto the same clas
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from torch import nn
 from ..errors import DrafterRefused
 from ..kv import cache_bytes
 from ..sampling import SamplingParams
+from . import folders
 from .base import Proposal, draw, fit_vocab, param_bytes
 from .features import dflash_indices, num_layers
 
@@ -40,7 +40,16 @@ ZLAB_RENAMES = {"fc.weight": "encoder.fc.weight", "hidden_norm.weight": "encoder
 _UNSUPPORTED = ("projector_type", "selector_rank", "conv_kernel_size")  # DFlash2 / Domino / DSpark
 
 
-class DFlashFormatError(ValueError):
+#: DFlash settings (top level or under z-lab's dflash_config) and their types
+_DFLASH_FIELDS = {"block_size": folders.POS_INT, "mask_token_id": folders.INT,
+                  "target_layer_ids": folders.INT_LIST, "num_target_layers": folders.POS_INT,
+                  "output_multiplier": folders.FLOAT, "final_logit_softcapping": folders.FLOAT,
+                  "input_embedding_scale": folders.FLOAT, "is_causal": folders.BOOL}
+#: z-lab weights that are the target's own (DFlash shares the target's embeddings and head)
+_TARGET_OWNED = ("embed_tokens.weight", "lm_head.weight")
+
+
+class DFlashFormatError(folders.DrafterFolderError):
     """A folder that claims to be a DFlash drafter but cannot be read as one (reason inside)."""
 
 
@@ -67,9 +76,16 @@ def _zlab_config(config: dict):
     if any(key in extra or key in config for key in _UNSUPPORTED) or "DFlash2" in arch:
         raise DFlashFormatError(f"{arch or 'this DFlash variant'} (candidate selector, convolutions "
                                 "or another projector) is not what transformers' DFlash class runs")
-    if _dflash_value(config, "causal", False) or config.get("attention_bias"):
-        raise DFlashFormatError("causal or biased DFlash attention is not what transformers' "
-                                "DFlash class runs")
+    if _dflash_value(config, "causal", False) or _dflash_value(config, "is_causal", False) \
+            or config.get("attention_bias"):
+        raise DFlashFormatError("is_causal / causal or attention_bias: causal or biased DFlash "
+                                "attention is not what transformers' DFlash class runs")
+    kinds = config.get("layer_types") or ()
+    sliding = [i for i, kind in enumerate(kinds) if kind != "full_attention"]
+    if sliding:
+        raise DFlashFormatError(f"layer_types makes layers {sliding} sliding-window layers, which "
+                                "z-lab runs causal with a strict window and transformers' DFlash "
+                                "class does not: not supported")
     n = int(config["num_hidden_layers"])
     rope = dict(config.get("rope_parameters") or {}) or {
         "rope_type": "default", "rope_theta": float(config.get("rope_theta", 1_000_000.0))}
@@ -103,35 +119,62 @@ def load_assistant(folder: Path, dtype: torch.dtype = torch.float32):
     """
     from transformers import MuseGlimmerAssistantModel
     folder = Path(folder)
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise DFlashFormatError(f"{folder}/config.json cannot be read ({exc})") from None
+    path = folder / "config.json"
+    config = folders.read_config(folder)
+    folders.check_fields(config, {**folders.LAYER_FIELDS, **_DFLASH_FIELDS}, path)
+    if config.get("dflash_config") is not None:
+        folders.check_fields(config["dflash_config"], _DFLASH_FIELDS, path, "dflash_config")
     if config.get("model_type") == "muse_glimmer_assistant":
-        model = MuseGlimmerAssistantModel.from_pretrained(folder, dtype=dtype, local_files_only=True)
-        return model.eval(), {"layout": "transformers", "config": config}
+        folders.check_weight_files(folder)
+        try:
+            model, report = MuseGlimmerAssistantModel.from_pretrained(
+                folder, dtype=dtype, local_files_only=True, output_loading_info=True)
+        except Exception as exc:  # transformers' own refusal of the settings or the weights
+            raise DFlashFormatError(f"{folder} cannot be read as a DFlash drafter "
+                                    f"({folders._first_line(exc)})") from None
+        _refuse_mismatch(folder, report.get("missing_keys"), report.get("unexpected_keys"))
+        bad = folders.nonfinite_names(model.state_dict())
+        if bad:
+            raise DFlashFormatError(f"{folder}: {', '.join(bad[:4])} hold(s) NaN or infinite "
+                                    "values; a drafter with such weights cannot draft")
+        return model.eval(), {"layout": "transformers", "config": config, "ignored": []}
     if not detect(config):
         raise DFlashFormatError(f"{folder} is not a DFlash drafter")
     if _dflash_value(config, "mask_token_id") is None or _dflash_value(config, "target_layer_ids") is None:
         raise DFlashFormatError(f"{folder}: the DFlash config names no mask_token_id or "
                                 "target_layer_ids")
-    model = MuseGlimmerAssistantModel(_zlab_config(config))
-    from .eagle_io import Eagle3FormatError, _read_weights
+    if "num_hidden_layers" not in config or "hidden_size" not in config:
+        raise DFlashFormatError(f"{path} lacks num_hidden_layers or hidden_size")
     try:
-        state = _read_weights(folder)
-    except Eagle3FormatError as exc:
-        raise DFlashFormatError(str(exc)) from None
-    state = {ZLAB_RENAMES.get(k, k): v for k, v in state.items()
-             if not k.startswith(("embed_tokens.", "lm_head."))}  # shared with the target
+        model = MuseGlimmerAssistantModel(_zlab_config(config))
+    except (TypeError, ValueError, KeyError) as exc:
+        if isinstance(exc, DFlashFormatError):
+            raise
+        raise DFlashFormatError(f"{path}: the settings do not make a DFlash drafter "
+                                f"({folders._first_line(exc)})") from None
+    state = folders.read_weights(folder)
+    ignored = sorted(k for k in state if k in _TARGET_OWNED)
+    state = {ZLAB_RENAMES.get(k, k): v for k, v in state.items() if k not in _TARGET_OWNED}
+    expected = model.state_dict()
+    _refuse_mismatch(folder, [], [k for k in state if k not in expected])
     try:
         result = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:
+        detail = [line.strip() for line in str(exc).splitlines()[1:2]]
         raise DFlashFormatError(f"{folder}: weights do not fit the config "
-                                f"({str(exc).splitlines()[1:2]})") from None
-    if result.missing_keys or result.unexpected_keys:
-        raise DFlashFormatError(f"{folder}: weights missing {result.missing_keys[:3]} / "
-                                f"unexpected {result.unexpected_keys[:3]}")
-    return model.to(dtype).eval(), {"layout": "z-lab", "config": config}
+                                f"({'; '.join(detail) or folders._first_line(exc)})") from None
+    _refuse_mismatch(folder, result.missing_keys, [])
+    return model.to(dtype).eval(), {"layout": "z-lab", "config": config, "ignored": ignored}
+
+
+def _refuse_mismatch(folder: Path, missing, unexpected) -> None:
+    """Refuse weights the model needs and lacks, or holds and would not use (never dropped)."""
+    missing = [k for k in missing or () if "rotary_emb" not in k]
+    if unexpected:
+        raise DFlashFormatError(folders.unused_weights_problem(folder, list(unexpected),
+                                                               "the DFlash drafter"))
+    if missing:
+        raise DFlashFormatError(f"{folder}: weights missing: {', '.join(missing[:4])}")
 
 
 def save_assistant(model: nn.Module, folder: Path) -> Path:
@@ -150,8 +193,15 @@ def dflash_problems(model: nn.Module, raw: dict, target) -> list[str]:
     ids = [int(i) for i in cfg.target_layer_ids]
     problems = []
     bad = [i for i in ids if not 0 <= i < depth]
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
     if not ids:
         problems.append("the DFlash drafter names no target layers to read")
+    elif any(i < 0 for i in ids):
+        problems.append(f"the DFlash drafter names negative target layer ids "
+                        f"{[i for i in ids if i < 0]}: layer ids count from 0")
+    elif repeated:
+        problems.append(f"the DFlash drafter reads target layer(s) {repeated} more than once "
+                        f"({ids}): its features would repeat, a corrupt or hand-edited config")
     elif bad:
         problems.append(f"the DFlash drafter reads the outputs of target layers {bad} but the "
                         f"target has only {depth} layers (0..{depth - 1}): it was built for a "
@@ -204,10 +254,13 @@ class DFlashDrafter:
         name: shown in stats and the UI.
         logit_scale, softcap: z-lab's ``output_multiplier`` / ``final_logit_softcapping``
             (1.0 / None when the checkpoint has none).
+        embed_scale: z-lab's ``input_embedding_scale``: the block's embeddings are multiplied by
+            it (dflash ``_raw_input_embeddings``; 1.0 when the checkpoint has none).
     """
 
     def __init__(self, model: nn.Module, target: nn.Module, vocab_size: int, name: str = "dflash",
-                 logit_scale: float = 1.0, softcap: float | None = None) -> None:
+                 logit_scale: float = 1.0, softcap: float | None = None,
+                 embed_scale: float = 1.0) -> None:
         from transformers.cache_utils import DFlashCache
         self.model = model
         self.name = name
@@ -217,7 +270,7 @@ class DFlashDrafter:
         self.mask_token_id = int(model.config.mask_token_id)
         self._embed = target.get_input_embeddings()
         self._head = target.get_output_embeddings()
-        self._scale, self._softcap = logit_scale, softcap
+        self._scale, self._softcap, self._embed_scale = logit_scale, softcap, embed_scale
         self._cache = DFlashCache(config=model.config)
         self._cache.activate_past_recording()  # sliding layers may be cropped past their window
         self._pending: list[torch.Tensor] = []
@@ -245,7 +298,8 @@ class DFlashDrafter:
         positions = torch.arange(start, len(context) - 1 + self.block_size, device=device)[None]
         dtype = self.model.encoder.fc.weight.dtype
         self._cache.set_previous_accepted_tokens(n)
-        out = self.model(noise_embeds=noise_embeddings(self._embed, block).to(dtype),
+        noise = noise_embeddings(self._embed, block) * self._embed_scale
+        out = self.model(noise_embeds=noise.to(dtype),
                          context_hidden_states=feats.to(dtype), position_ids=positions,
                          cache=self._cache)
         self._cache.crop(-self.block_size)  # keep the context, drop the block
@@ -291,7 +345,8 @@ class LoadedDFlash:
         raw = self.info["config"]
         return DFlashDrafter(self.model, target, vocab_size, name,
                              float(_dflash_value(raw, "output_multiplier", 1.0)),
-                             _dflash_value(raw, "final_logit_softcapping"))
+                             _dflash_value(raw, "final_logit_softcapping"),
+                             float(_dflash_value(raw, "input_embedding_scale", 1.0)))
 
     @property
     def weight_bytes(self) -> int:
@@ -313,9 +368,11 @@ def load_checked(spec: str, folder: Path, target, dtype: torch.dtype = torch.flo
     """
     try:
         model, info = load_assistant(folder, dtype)
-    except DFlashFormatError as exc:
+    except folders.DrafterFolderError as exc:
         raise DrafterRefused(spec, target.spec, [str(exc)]) from None
     problems = dflash_problems(model, info["config"], target)
     if problems:
         raise DrafterRefused(spec, target.spec, problems)
-    return LoadedDFlash(spec, model.to(target.device), info)
+    warnings = [f"{folder} also holds {', '.join(info['ignored'])}: DFlash uses the target's own "
+                "embeddings and head, so these are not read"] if info.get("ignored") else []
+    return LoadedDFlash(spec, model.to(target.device), info, warnings)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
+from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..sampling import SamplingParams
@@ -39,7 +40,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Eagle3Layer(nn.Module):
-    """The head's decoder layer: attention over (2H,) inputs, then a SwiGLU MLP."""
+    """The head's decoder layer: attention over (2H,) inputs, then a gated MLP with the config's
+    ``hidden_act`` (SwiGLU for silu), as transformers' ``LlamaMLP``."""
 
     def __init__(self, config: LlamaConfig, norm_before_residual: bool = False) -> None:
         super().__init__()
@@ -61,6 +63,7 @@ class Eagle3Layer(nn.Module):
         self.mlp.gate_proj = nn.Linear(h, config.intermediate_size, bias=mlp_bias)
         self.mlp.up_proj = nn.Linear(h, config.intermediate_size, bias=mlp_bias)
         self.mlp.down_proj = nn.Linear(config.intermediate_size, h, bias=mlp_bias)
+        self.act = ACT2FN[getattr(config, "hidden_act", "silu")]  # not a module with weights
 
     def qkv(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """(B, T, H) token embeddings and hidden inputs -> q (B, nh, T, d), k, v (B, kvh, T, d),
@@ -81,7 +84,7 @@ class Eagle3Layer(nn.Module):
         h = residual + self.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
         mlp = self.mlp
         x = self.post_attention_layernorm(h)
-        return h + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+        return h + mlp.down_proj(self.act(mlp.gate_proj(x)) * mlp.up_proj(x))
 
     def expand_kv(self, x: torch.Tensor) -> torch.Tensor:
         """(B, kvh, S, d) -> (B, nh, S, d) for grouped-query attention."""
@@ -125,6 +128,12 @@ class Eagle3Head(nn.Module):
         feature_layers: ``hidden_states`` indices of the target it reads (inputs of layers).
         target_hidden_size: Ht, the target's hidden size (default H).
         norm_before_residual: speculators' option of that name.
+        norm_before_fc: one RMSNorm (``input_norm``) over the concatenated features before ``fc``
+            (speculators ``norm_before_fc``, vLLM's gpt-oss heads).
+        fc_norm: one RMSNorm per feature layer (``fc_norm.i``) before concatenation (speculators
+            ``fc_norm``); exclusive with ``norm_before_fc``.
+        norm_output: feed the *normed* output back to the next draft step (speculators
+            ``norm_output``, "EAGLE 3.1").
         verifier: {"name_or_path", "architectures"} of the target it was trained for.
         own_embeddings: keep an embedding table of its own; else the target's is attached
             (:meth:`attach`), as vLLM does when a checkpoint has no ``embed_tokens``.
@@ -132,8 +141,12 @@ class Eagle3Head(nn.Module):
 
     def __init__(self, config: LlamaConfig, draft_vocab_size: int, feature_layers: tuple[int, ...],
                  target_hidden_size: int | None = None, norm_before_residual: bool = False,
-                 verifier: dict | None = None, own_embeddings: bool = False) -> None:
+                 verifier: dict | None = None, own_embeddings: bool = False,
+                 norm_before_fc: bool = False, fc_norm: bool = False,
+                 norm_output: bool = False) -> None:
         super().__init__()
+        if norm_before_fc and fc_norm:
+            raise ValueError("norm_before_fc and fc_norm are exclusive (speculators refuses both)")
         self.config = config
         self.draft_vocab_size = draft_vocab_size
         self.feature_layers = tuple(int(i) for i in feature_layers)
@@ -141,7 +154,12 @@ class Eagle3Head(nn.Module):
         self.norm_before_residual = norm_before_residual
         self.verifier = dict(verifier or {})
         h = config.hidden_size
-        self.fc = nn.Linear(len(self.feature_layers) * self.target_hidden_size, h, bias=False)
+        self.norm_output = norm_output
+        n, ht, eps = len(self.feature_layers), self.target_hidden_size, config.rms_norm_eps
+        self.input_norm = LlamaRMSNorm(n * ht, eps=eps) if norm_before_fc else None
+        self.fc_norm = (nn.ModuleList([LlamaRMSNorm(ht, eps=eps) for _ in range(n)]) if fc_norm
+                        else None)
+        self.fc = nn.Linear(n * ht, h, bias=False)
         self.layers = nn.ModuleList([Eagle3Layer(config, norm_before_residual)])
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(h, draft_vocab_size, bias=False)
@@ -170,6 +188,18 @@ class Eagle3Head(nn.Module):
         """cos, sin (B, T, d) for (B, T) positions."""
         return self.rotary_emb(hidden, positions)
 
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """(..., n * Ht) concatenated target features -> (..., H) the first step's hidden input:
+        ``fc`` after the optional ``input_norm`` / per-layer ``fc_norm`` (speculators
+        ``Eagle3DraftModel.forward``)."""
+        x = features.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        if self.fc_norm is not None:
+            chunks = x.chunk(len(self.fc_norm), dim=-1)  # one (..., Ht) per feature layer
+            x = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(x)
+
     def draft_ids(self) -> torch.Tensor:
         """(Vd,) the target id of every draft id."""
         return target_ids(self.d2t)
@@ -185,7 +215,8 @@ class Eagle3Head(nn.Module):
             positions: (1, T) positions (continuing the cache's).
             past: cached (k, v), each (1, kvh, S, d), or None.
         Returns:
-            (output (1, T, H), logits (1, T, Vd), (k, v) with S + T positions).
+            (output (1, T, H), logits (1, T, Vd), (k, v) with S + T positions); the output is
+            the one the next draft step reads (normed when ``norm_output``).
         """
         layer = self.layers[0]
         cos, sin = self.rope(hidden, positions)
@@ -197,7 +228,8 @@ class Eagle3Head(nn.Module):
         attended = F.scaled_dot_product_attention(q, layer.expand_kv(k), layer.expand_kv(v),
                                                   attn_mask=mask)
         out = layer.finish(attended, residual)
-        return out, self.lm_head(self.norm(out)), (k, v)
+        normed = self.norm(out)
+        return (normed if self.norm_output else out), self.lm_head(normed), (k, v)
 
     def ttt_forward(self, features: torch.Tensor, ids: torch.Tensor, steps: int,
                     logits: bool = True) -> list[torch.Tensor]:
@@ -218,7 +250,7 @@ class Eagle3Head(nn.Module):
         """
         b, t, _ = features.shape
         layer = self.layers[0]
-        hidden = self.fc(features.to(self.fc.weight.dtype))
+        hidden = self.project(features)
         positions = torch.arange(t, device=features.device).expand(b, t)
         out_logits, ks, vs, k0 = [], [], [], None
         for j in range(steps):
@@ -234,6 +266,8 @@ class Eagle3Head(nn.Module):
                 attended = ttt_attention(q, k0, v0, ks, vs)
             hidden = layer.finish(attended, residual)
             normed = self.norm(hidden)
+            if self.norm_output:
+                hidden = normed
             out_logits.append(self.lm_head(normed) if logits else normed)
         return out_logits
 
@@ -282,8 +316,8 @@ class Eagle3Drafter:
                                f"context has {len(context)} tokens")
         ids = torch.tensor([context[start + 1:start + n + 1]], device=feats.device)
         positions = torch.arange(start, start + n, device=feats.device).unsqueeze(0)
-        out, logits, self._past = self.head.step(self.head.fc(feats.to(self.head.fc.weight.dtype)),
-                                                 ids, positions, self._past)
+        out, logits, self._past = self.head.step(self.head.project(feats), ids, positions,
+                                                 self._past)
         self._n_real = start + n
         self._last_out = out[:, -1:]
         return logits[0, -1]

@@ -45,6 +45,13 @@ def index_problems(indices, n_layers: int, what: str) -> list[str]:
     indices = list(indices)
     if not indices:
         return [f"{what} names no target layers to read"]
+    negative = [i for i in indices if i < 0]
+    if negative:
+        return [f"{what} names negative target layer ids {negative}: layer ids count from 0"]
+    repeated = sorted({i for i in indices if indices.count(i) > 1})
+    if repeated:
+        return [f"{what} reads hidden state(s) {repeated} more than once ({indices}): its features "
+                "would repeat, a corrupt or hand-edited config"]
     bad = [i for i in indices if not 0 <= i <= n_layers]
     if bad:
         return [f"{what} reads hidden state(s) {bad} but the target has only {n_layers} layers "

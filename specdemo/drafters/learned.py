@@ -22,7 +22,7 @@ import torch
 
 from .. import PACKAGE_DIR, models
 from ..errors import DrafterRefused, ModelLoadError  # noqa: F401  (DrafterRefused: callers look here)
-from . import dflash, eagle_io, mtp
+from . import dflash, eagle_io, folders, mtp
 from .eagle import Eagle3Drafter, Eagle3Head
 from .features import index_problems, num_layers
 from .vocab import map_problems
@@ -71,6 +71,8 @@ def resolve(spec: str) -> tuple[Path, str] | None:
 
     Raises:
         ModelLoadError: ``builtin:`` names a shipped drafter whose files are missing.
+        folders.DrafterFolderError: a local folder whose ``config.json`` cannot be read (missing
+            file aside: such a folder is not a learned drafter).
     """
     if spec.endswith(COMBINE):
         return resolve(spec[:-len(COMBINE)])
@@ -86,12 +88,9 @@ def resolve(spec: str) -> tuple[Path, str] | None:
         return folder, _family(eagle_io.read_config(folder)) or "eagle3"
     path = Path(spec).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").exists():
             return None
-        try:
-            family = _family(eagle_io.read_config(path))
-        except eagle_io.Eagle3FormatError:
-            return None
+        family = _family(eagle_io.read_config(path))  # an unreadable config.json is named
         return (path, family) if family else None
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         folder = _hub_folder(spec)
@@ -105,6 +104,8 @@ def is_learned(spec: str) -> bool:
         return True
     try:
         return resolve(spec) is not None
+    except folders.DrafterFolderError:  # a damaged config.json: load_learned says what is wrong
+        return True
     except Exception:
         return spec.startswith("builtin:") and spec.split(":", 1)[1] in BUILTIN_DRAFTERS
 
@@ -192,8 +193,21 @@ def eagle3_problems(head: Eagle3Head, info: dict, target) -> tuple[list[str], li
     return problems, warnings
 
 
-#: other names of built-in targets, as a head's verifier may record them
+#: other names of built-in targets, as a head's verifier may record them (the first: its hub id)
 BUILTIN_ALIASES = {"builtin:smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct",)}
+
+
+def verifier_name(target) -> str:
+    """The name a head saved for ``target`` records as its verifier: the hub id (what ``vllm
+    serve`` and speculators resolve), never ``builtin:`` nor a path on this machine (a local
+    folder's own name then)."""
+    if target.spec in BUILTIN_ALIASES:
+        return BUILTIN_ALIASES[target.spec][0]
+    name = _target_name(target)
+    path = Path(name).expanduser()
+    if path.is_absolute() or name.startswith((".", "~")) or path.exists():
+        return path.resolve().name
+    return name
 
 #: family -> config detector, for families other than EAGLE-3
 DETECTORS: dict[str, Callable[[dict], bool]] = {dflash.FAMILY: dflash.detect,
@@ -224,16 +238,19 @@ def _load_learned(spec: str, target, dtype: torch.dtype):
         return Combined(load_learned(spec[:-len(COMBINE)], target, dtype))
     if spec == mtp.NATIVE:
         return mtp.load_native(target)
-    found = resolve(spec)
+    try:
+        found = resolve(spec)
+    except folders.DrafterFolderError as exc:
+        raise DrafterRefused(spec, target.spec, [str(exc)]) from None
     if found is None:
         raise ModelLoadError(f"{spec} is not a learned drafter folder (no EAGLE-3, DFlash or MTP "
                              "config.json)")
     folder, family = found
-    if family != "eagle3":
-        return LOADERS[family](spec, folder, target, dtype)
     try:
+        if family != "eagle3":
+            return LOADERS[family](spec, folder, target, dtype)
         head, info = eagle_io.load_head(folder, num_layers(target.model), dtype)
-    except eagle_io.Eagle3FormatError as exc:
+    except folders.DrafterFolderError as exc:  # the loaders' own refusals are DrafterRefused
         raise DrafterRefused(spec, target.spec, [str(exc)]) from None
     problems, warnings = eagle3_problems(head, info, target)
     if problems:

@@ -51,14 +51,43 @@ def detect_assistant(config: dict) -> bool:
 
 
 def load_assistant(folder: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """``Gemma4AssistantForCausalLM`` (or the unified variant) from a local folder, in eval mode."""
-    import json
+    """``Gemma4AssistantForCausalLM`` (or the unified variant) from a local folder, in eval mode.
 
+    Raises:
+        folders.DrafterFolderError: config.json or a weight file cannot be read, a setting has
+            the wrong type, weights are missing, unused (named), or hold NaN / infinity.
+    """
     import transformers
-    model_type = json.loads((Path(folder) / "config.json").read_text()).get("model_type")
-    cls = (transformers.Gemma4UnifiedAssistantForCausalLM if model_type == "gemma4_unified_assistant"
+
+    from . import folders
+    folder = Path(folder)
+    config = folders.read_config(folder)
+    folders.check_fields(config, {"backbone_hidden_size": folders.POS_INT,
+                                  **folders.LAYER_FIELDS}, folder / "config.json")
+    for key in ("text_config", "assistant_config"):
+        if isinstance(config.get(key), dict):
+            folders.check_fields(config[key], folders.LAYER_FIELDS, folder / "config.json", key)
+    folders.check_weight_files(folder)
+    cls = (transformers.Gemma4UnifiedAssistantForCausalLM
+           if config.get("model_type") == "gemma4_unified_assistant"
            else transformers.Gemma4AssistantForCausalLM)
-    return cls.from_pretrained(folder, dtype=dtype, local_files_only=True).eval()
+    try:
+        model, report = cls.from_pretrained(folder, dtype=dtype, local_files_only=True,
+                                            output_loading_info=True)
+    except Exception as exc:  # transformers' refusal of the settings or the weights
+        raise folders.DrafterFolderError(f"{folder} cannot be read as a Gemma 4 assistant "
+                                         f"({folders._first_line(exc)})") from None
+    if report.get("unexpected_keys"):
+        raise folders.DrafterFolderError(folders.unused_weights_problem(
+            folder, list(report["unexpected_keys"]), "the Gemma 4 assistant"))
+    missing = [k for k in report.get("missing_keys") or () if "rotary" not in k]
+    if missing:
+        raise folders.DrafterFolderError(f"{folder}: weights missing: {', '.join(missing[:4])}")
+    bad = folders.nonfinite_names(model.state_dict())
+    if bad:
+        raise folders.DrafterFolderError(f"{folder}: {', '.join(bad[:4])} hold(s) NaN or infinite "
+                                         "values; a drafter with such weights cannot draft")
+    return model.eval()
 
 
 def store_layers(text_config) -> dict[str, int]:
@@ -314,10 +343,11 @@ def load_assistant_checked(spec: str, folder: Path, target,
     Raises:
         DrafterRefused: it cannot serve this target (one sentence per problem).
     """
+    from .folders import DrafterFolderError
     try:
         model = load_assistant(folder, dtype)
-    except (OSError, ValueError) as exc:
-        raise DrafterRefused(spec, target.spec, [f"the assistant cannot be read ({exc})"]) from None
+    except DrafterFolderError as exc:
+        raise DrafterRefused(spec, target.spec, [str(exc)]) from None
     problems = assistant_problems(model, target)
     if problems:
         raise DrafterRefused(spec, target.spec, problems)

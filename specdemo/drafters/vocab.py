@@ -64,7 +64,10 @@ def map_problems(d2t: torch.Tensor | None, t2d: torch.Tensor | None, draft_vocab
     if d2t.numel() != draft_vocab_size:
         problems.append(f"d2t has {d2t.numel()} entries but the head predicts {draft_vocab_size} ids")
     ids = target_ids(d2t)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+    if ids.numel() and int(ids.min()) < 0:
+        problems.append(f"d2t maps draft ids to negative target ids (down to {int(ids.min())}): "
+                        "the map is corrupt")
+    elif ids.numel() and int(ids.max()) >= vocab_size:
         problems.append(f"d2t maps draft ids to target ids outside 0..{vocab_size - 1} "
                         f"(up to {int(ids.max())}): it was built for another vocabulary")
     if t2d is not None and t2d.numel() != vocab_size:

@@ -21,6 +21,13 @@ from importlib import metadata
 from pathlib import Path
 
 
+def _count(flag: str):
+    """An argparse type: a whole number >= 1 (specdemo.inputs' words, exit status 2)."""
+    from .. import inputs
+    from ..decode_cli import checked
+    return checked(inputs.number, flag, minimum=1, integer=True)
+
+
 def register(sub) -> None:
     p = sub.add_parser("train-draft", help="train an EAGLE-3 or DFlash drafter for a target on this machine")
     p.add_argument("--target", default="builtin:smollm2-135m")
@@ -28,13 +35,13 @@ def register(sub) -> None:
     p.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash"])
     p.add_argument("--prompts", type=Path, default=None,
                    help="JSONL of {task, prompt[, split]} (default: the shipped prompt set)")
-    p.add_argument("--max-prompts", type=int, default=None, help="use only the first N training prompts")
-    p.add_argument("--answers-per-prompt", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=128, help="longest generated answer")
+    p.add_argument("--max-prompts", type=_count("--max-prompts"), default=None, help="use only the first N training prompts")
+    p.add_argument("--answers-per-prompt", type=_count("--answers-per-prompt"), default=2)
+    p.add_argument("--max-tokens", type=_count("--max-tokens"), default=128, help="longest generated answer")
     p.add_argument("--temperatures", default="0.7",
                    help="comma-separated sampling temperatures of answers 1.. (answer 0 is greedy), "
                         "used in turn; e.g. 0.7,1.0")
-    p.add_argument("--generate-batch", type=int, default=16, help="answers generated together")
+    p.add_argument("--generate-batch", type=_count("--generate-batch"), default=16, help="answers generated together")
     p.add_argument("--generate-endpoint", default=None, metavar="URL",
                    help="generate the answers with a llama.cpp llama-server serving the target's GGUF "
                         "(e.g. http://127.0.0.1:8080, started with --parallel >= --generate-batch); "
@@ -43,12 +50,12 @@ def register(sub) -> None:
                    help="stop after this stage (e.g. generate data in the background, train later)")
     p.add_argument("--generate-minutes", type=float, default=None,
                    help="stop generating answers after this long and train on what exists")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--max-steps", type=int, default=None, help="stop training after N steps")
+    p.add_argument("--epochs", type=_count("--epochs"), default=3)
+    p.add_argument("--max-steps", type=_count("--max-steps"), default=None, help="stop training after N steps")
     p.add_argument("--answers", type=Path, default=None,
                    help="train on this answers.jsonl (data.py's format) instead of generating")
-    p.add_argument("--draft-vocab", type=int, default=8192, help="EAGLE-3: draft vocabulary size")
-    p.add_argument("--ttt-steps", type=int, default=3,
+    p.add_argument("--draft-vocab", type=_count("--draft-vocab"), default=8192, help="EAGLE-3: draft vocabulary size")
+    p.add_argument("--ttt-steps", type=_count("--ttt-steps"), default=3,
                    help="EAGLE-3: training-time-test depth (unrolled draft steps)")
     p.add_argument("--block-size", type=int, default=8,
                    help="DFlash: block size B (one forward drafts B - 1 tokens)")
@@ -61,7 +68,7 @@ def register(sub) -> None:
                         "report at each, write data_size_curve.{json,md,png}")
     p.add_argument("--report-k", default="4",
                    help="comma-separated draft lengths of the held-out report (first = headline)")
-    p.add_argument("--batch-tokens", type=int, default=1024)
+    p.add_argument("--batch-tokens", type=_count("--batch-tokens"), default=1024)
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--report-prompts", type=int, default=20,
                    help="held-out prompts in the report (0 = no report)")
@@ -174,21 +181,19 @@ def _fractions(text: str | None) -> list[float]:
 def _train(args: argparse.Namespace) -> int:
     from ..decode_cli import fail
     from ..models import ModelLoadError, load_model
-    from . import data, dflash_train, prompt_set, train
+    from . import data, dflash_train, train
     temperature = _temperatures(args.temperatures)  # refused before any work
+    rows = check_inputs(args)  # before any work: nothing loaded, nothing written
     out = args.out
     ks, sizes = _k_list(args.report_k), _fractions(args.data_sizes)
     if args.answers is not None and not args.answers.is_file():
         fail(f"--answers {args.answers} is not a file")
-    if out.exists() and any(out.iterdir()) and not args.resume and not (out / "recipe.json").exists():
-        fail(f"{out} is not empty; give --resume to continue a run there, or another folder")
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     try:
         target = load_model(args.target, args.device, "float32")
     except ModelLoadError as exc:
         fail(str(exc))
-    rows = prompt_set.load(args.prompts or prompt_set.PROMPTS_FILE)
     train_rows = data.split_rows(rows, heldout=False)[:args.max_prompts]
     recipe_file = out / "recipe.json"
     recipe = _recipe(args, target, recipe_file, temperature=temperature)
@@ -267,6 +272,42 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_inputs(args: argparse.Namespace) -> list[dict]:
+    """The rows of the prompts file, once ``--out`` and ``--prompts`` are known to be usable.
+
+    Raises:
+        SystemExit(2), with one sentence naming the file (and line): ``--out`` is a file or a
+            non-empty folder of something else; the prompts file is missing, a folder, not
+            UTF-8 text, has a line that is not a JSON object with a non-empty "prompt", or
+            holds no training prompt.
+    """
+    from ..decode_cli import fail
+    from . import data, prompt_set
+    out = args.out
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file, not a folder: give a folder for the drafter (it is created "
+             "if missing)")
+    if out.exists() and any(out.iterdir()) and not args.resume and not (out / "recipe.json").exists():
+        fail(f"{out} is not empty; give --resume to continue a run there, or another folder")
+    path = Path(args.prompts or prompt_set.PROMPTS_FILE)
+    if not path.exists():
+        fail(f"--prompts {path}: no such file")
+    if path.is_dir():
+        fail(f"--prompts {path} is a folder, not a JSONL file of {{\"prompt\": ...}} lines")
+    try:
+        rows = prompt_set.load(path)
+    except UnicodeDecodeError as exc:
+        fail(f"--prompts {path} is not UTF-8 text (byte {exc.start}): give a JSONL file")
+    except ValueError as exc:  # "<path>:<line>: expected a JSON object with a non-empty "prompt""
+        fail(f"--prompts {exc}")
+    except OSError as exc:
+        fail(f"--prompts {path} cannot be read ({exc.strerror or exc})")
+    if not data.split_rows(rows, heldout=False):
+        fail(f"--prompts {path} holds no training prompts ({len(rows)} rows, none outside the "
+             "held-out split): training on nothing would save an untrained drafter")
+    return rows
+
+
 def save(kind: str, drafter, out: Path, recipe, target, answers, timings, state, started) -> dict:
     """Write the drafter folder and train.json; returns the train.json content."""
     from ..drafters import eagle_io
@@ -286,7 +327,9 @@ def save(kind: str, drafter, out: Path, recipe, target, answers, timings, state,
     if kind == "eagle3":
         eagle_io.save_head(drafter, out, dtype=torch_bf16(), speculative_tokens=recipe.ttt_steps + 1)
     else:
-        dflash_train.save(drafter, out, target, dtype=torch_bf16(), verifier=target.spec)
+        from ..drafters.learned import BUILTIN_ALIASES
+        hub_id = BUILTIN_ALIASES.get(target.spec, (target.spec,))[0]  # not builtin: or a path
+        dflash_train.save(drafter, out, target, dtype=torch_bf16(), verifier=hub_id)
     (out / "train.json").write_text(json.dumps(info, indent=1))
     return info
 

@@ -78,11 +78,11 @@ def new_head(target, recipe: Recipe, token_counts: torch.Tensor) -> Eagle3Head:
                         max_position_embeddings=cfg.max_position_embeddings,
                         rope_parameters=getattr(cfg, "rope_parameters", None))
     torch.manual_seed(recipe.seed)
-    name = getattr(target.model.config, "_name_or_path", "") or target.spec
+    from ..drafters.learned import verifier_name
+    layer.num_hidden_layers = 1  # the head's own draft layers, as its config.json says
     head = Eagle3Head(layer, recipe.draft_vocab_size, recipe.feature_layers,
-                      verifier={"name_or_path": target.spec, "architectures":
-                                list(getattr(target.model.config, "architectures", None) or []),
-                                "source": str(name)})
+                      verifier={"name_or_path": verifier_name(target), "architectures":
+                                list(getattr(target.model.config, "architectures", None) or [])})
     d2t, t2d = build_maps(token_counts, recipe.draft_vocab_size)
     head.d2t.copy_(d2t)
     head.t2d.copy_(t2d)

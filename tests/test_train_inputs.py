@@ -1,0 +1,89 @@
+"""``train-draft`` inputs (issue 20, item 4): an empty, missing or malformed ``--prompts`` file
+and an ``--out`` that is a file are refused before any work (the target is never loaded), in one
+sentence naming the file (and line), with exit status 2, and nothing is written into ``--out``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdemo.cli import main
+
+
+@pytest.fixture
+def no_target_load(monkeypatch):
+    """Fail the test if the target would be loaded (refusals must come first)."""
+    import specdemo.models as models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the target was loaded before the inputs were checked")
+    monkeypatch.setattr(models, "load_model", refuse)
+
+
+def _train(tmp_path, prompts, out=None):
+    out = out or tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        main(["train-draft", "--target", "builtin:smollm2-135m", "--out", str(out),
+              "--prompts", str(prompts), "--report-prompts", "0"])
+    return exited.value.code, out
+
+
+CASES = {
+    "empty file": ("", "holds no training prompts (0 rows"),
+    "only held-out rows": (json.dumps({"prompt": "hi", "split": "heldout"}) + "\n",
+                           "holds no training prompts (1 rows, none outside the held-out split)"),
+    "a line that is not JSON": ('{"prompt": "ok"}\nnot json at all\n',
+                                ":2: expected a JSON object with a non-empty \"prompt\""),
+    "a line without the prompt field": ('{"prompt": "ok"}\n{"task": "chat"}\n',
+                                        ":2: expected a JSON object with a non-empty \"prompt\""),
+    "a prompt that is not text": ('{"prompt": 7}\n', ":1: expected a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_prompts_files_are_refused_before_any_work(tmp_path, capsys, no_target_load, case):
+    text, words = CASES[case]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(text)
+    status, out = _train(tmp_path, prompts)
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.startswith(f"error: --prompts {prompts}") and words in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()  # nothing written
+
+
+def test_a_missing_prompts_file_is_refused(tmp_path, capsys, no_target_load):
+    status, out = _train(tmp_path, tmp_path / "nowhere.jsonl")
+    assert status == 2
+    assert capsys.readouterr().err.strip() == f"error: --prompts {tmp_path / 'nowhere.jsonl'}: no such file"
+    assert not out.exists()
+
+
+def test_a_prompts_file_that_is_not_text_is_refused(tmp_path, capsys, no_target_load):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b"\xff\xfe\x00binary")
+    status, _ = _train(tmp_path, prompts)
+    assert status == 2
+    assert f"error: --prompts {prompts} is not UTF-8 text" in capsys.readouterr().err
+
+
+def test_an_out_that_is_a_file_is_refused_and_left_alone(tmp_path, capsys, no_target_load):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    out = tmp_path / "out.txt"
+    out.write_text("keep me")
+    status, _ = _train(tmp_path, prompts, out)
+    assert status == 2
+    assert f"error: --out {out} is a file, not a folder" in capsys.readouterr().err
+    assert out.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("flag", ["--epochs", "--max-prompts", "--draft-vocab", "--ttt-steps"])
+def test_counts_below_one_are_refused_by_name(tmp_path, capsys, no_target_load, flag):
+    with pytest.raises(SystemExit) as exited:
+        main(["train-draft", "--out", str(tmp_path / "o"), flag, "0"])
+    assert exited.value.code == 2
+    assert f"{flag} must be a whole number of at least 1, got '0'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
