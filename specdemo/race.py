@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from .machine import ACTIVE_RACES
-from .startup import GUESS_S, STEPS, measure_forward_costs, warm_up
+from .startup import GUESS_S, STEPS, prepare_timed
 from .stats import DecodeStats, speedup
 
 if TYPE_CHECKING:  # torch loads with the pipeline: only when a race runs, not at import
@@ -160,6 +160,9 @@ class RaceSnapshot:
         identical: True/False once both lanes finished with tokens, else None.
         warnings: sentences on why the speedup may not hold (``pipeline.race_warnings``: other
             processes used much of the CPU during a finished lane), else empty.
+        lossless_note: once the models are loaded, why greedy outputs may differ in the
+            target's precision (``pipeline.lossless_expectation``: bfloat16, float16, quantised
+            weights), None in float32 or before the load.
     """
 
     panes: dict[str, PaneView]
@@ -169,6 +172,7 @@ class RaceSnapshot:
     first_divergence: int | None = None
     identical: bool | None = None
     warnings: tuple[str, ...] = ()
+    lossless_note: str | None = None
 
     @property
     def done(self) -> bool:
@@ -283,6 +287,8 @@ class Race:
         self._changed = threading.Condition()
         self._pieces: dict[str, TokenPieces] = {}
         self._future: Future | None = None
+        self.lossless_expected: bool | None = None  # set once the models are loaded
+        self.lossless_note: str | None = None
 
     # --- on the device thread ------------------------------------------------------------------------
     def _notify(self) -> None:
@@ -310,21 +316,42 @@ class Race:
                         other.error = f"not run: the {lane.name} run cannot start ({record.error})"
                 return None
             record.tokenizer = pipes[lane.name].target.tokenizer
+            if lane.speculative:
+                from .pipeline import target_lossless_expectation
+                self.lossless_expected, self.lossless_note = \
+                    target_lossless_expectation(pipes[lane.name].target)
         for lane in self.lanes[1:]:
             self.records[lane.name].status = WAITING
         return pipes
 
-    def _run_lane(self, lane: Lane, record: LaneRecord, pipe: Pipeline) -> None:
-        if self.cancel.is_set():
+    def _warm(self, pipes: dict[str, Pipeline]) -> dict[str, list[int]]:
+        """Prepare every lane before the first one is timed: its prompt's token ids, and every
+        one-time cost of a decode in its mode (``startup.prepare_timed``: warm-up of each
+        forward width and of the drafter, ``auto``'s forward-cost table), so that none of it
+        runs between the lanes or inside either clock. A lane whose prompt or preparation fails
+        gets the error (the others still run). Returns {lane name: prompt ids} for the others."""
+        ids: dict[str, list[int]] = {}
+        for lane in self.lanes:
+            record, pipe = self.records[lane.name], pipes[lane.name]
+            if self.cancel.is_set():
+                break
+            try:
+                ids[lane.name] = pipe.prompt_ids(lane.messages, self.system)
+                prepare_timed(pipe, lane.speculative, self.settings.draft_length, ids[lane.name])
+            except Exception as exc:  # kept in this lane
+                ids.pop(lane.name, None)
+                record.status, record.error = ERROR, describe_error(exc)
+                _free_device_memory()
+        return ids
+
+    def _run_lane(self, lane: Lane, record: LaneRecord, pipe: Pipeline,
+                  ids: list[int] | None) -> None:
+        if record.status == ERROR:
+            return
+        if self.cancel.is_set() or ids is None:
             record.status, record.error = SKIPPED, "stopped before this run started"
             return
         try:
-            record.status = LOADING
-            self._notify()
-            warm_up(pipe, lane.speculative)  # once, before this decode's clock starts
-            if lane.speculative and self.settings.draft_length == "auto":
-                measure_forward_costs(pipe)  # once per pipeline, before this decode's clock
-            ids = pipe.prompt_ids(lane.messages, self.system)
             events = pipe.stream(ids, self.settings, lane.speculative, self.cancel)
             record.status = RUNNING
             self._notify()
@@ -343,11 +370,20 @@ class Race:
             if self.lanes:  # waiting for the device (a load or check in progress) reads as loading
                 self.records[self.lanes[0].name].status = LOADING
                 self._notify()
+            if ACTIVE_RACES.background_running():  # a draft-list check: let it end, untimed
+                with STEPS.step("background checks", "waiting for the draft list's check to "
+                                "finish (not timed)", GUESS_S["tokenizer"]):
+                    ACTIVE_RACES.wait_background(600)
             with self.device_lock:
                 pipes = self._prepare()
-                for lane in self.lanes if pipes is not None else ():
-                    self._run_lane(lane, self.records[lane.name], pipes[lane.name])
+                if pipes is not None:
+                    self.records[self.lanes[0].name].status = LOADING
                     self._notify()
+                    ids = self._warm(pipes)
+                    for lane in self.lanes:
+                        self._run_lane(lane, self.records[lane.name], pipes[lane.name],
+                                       ids.get(lane.name))
+                        self._notify()
         finally:
             self._notify()
 
@@ -396,7 +432,8 @@ class Race:
                 divergence = first_divergence(list(plain.token_ids), list(spec.token_ids))
                 identical = divergence is None
         warnings = race_warnings(plain.stats if plain else None, spec.stats if spec else None)
-        return RaceSnapshot(views, phase, clock_s, gain, divergence, identical, tuple(warnings))
+        return RaceSnapshot(views, phase, clock_s, gain, divergence, identical, tuple(warnings),
+                            self.lossless_note)
 
     def snapshot(self) -> RaceSnapshot:
         """Both panes as recorded so far."""

@@ -240,7 +240,9 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         draft_length: 1..64 or "auto" (default: the preset's).
     Returns:
         {"plain": {...}, "speculative": {...}, "speedup": x, "identical": bool,
-        "first_divergence": i, "warnings": [...]} with DESIGN.md metric names (each pane's
+        "first_divergence": i, "warnings": [...], "lossless_expected": bool or None,
+        "lossless_note": why greedy outputs may differ in the target's precision or None} with
+        DESIGN.md metric names (each pane's
         ``other_cpu_share``; ``warnings`` says when other processes used so much of the CPU
         during a run that the speedup is not reliable); a pane that failed has "error"
         (a draft that cannot be loaded fails before either pane runs: the other is "skipped").
@@ -266,5 +268,6 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     return {PLAIN: _pane_dict(snap.panes[PLAIN]), SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE]),
             "speedup": snap.speedup, "identical": snap.identical,
             "first_divergence": snap.first_divergence, "warnings": list(snap.warnings),
+            "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,
             "preset": preset,
             "draft": draft or pairing["draft"]}
