@@ -43,7 +43,7 @@ def _runs_here(loaded) -> str | None:
 
 
 def measure(target: str, drafts: list[str], dtypes: list[str], k: int, max_new_tokens: int,
-            device: str = "cpu") -> list[dict]:
+            device: str = "cpu", on_row=None) -> list[dict]:
     """One row per (dtype, draft): {dtype, draft, prompts, diverged, first_divergences, tokens,
     note, per_prompt: [{task, prompt, first_divergence}]}."""
     from specdemo.drafters.learned import is_learned, load_learned
@@ -83,6 +83,8 @@ def measure(target: str, drafts: list[str], dtypes: list[str], k: int, max_new_t
                          "note": "", "per_prompt": per_prompt})
             print(f"{dtype} {draft}: {len(firsts)} of {len(prompts)} differ {firsts}",
                   file=sys.stderr, flush=True)
+            if on_row is not None:
+                on_row(rows)
     return rows
 
 
@@ -111,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the per-prompt data here")
     args = parser.parse_args(argv)
     start = time.time()
+    def partial(rows):  # what is measured so far survives an interrupted run
+        if args.json:
+            Path(args.json).write_text(json.dumps({"header": "partial", "rows": rows}, indent=1))
     rows = measure(args.target, args.drafts.split(","), args.dtypes.split(","),
-                   args.draft_length, args.max_new_tokens, args.device)
+                   args.draft_length, args.max_new_tokens, args.device, partial)
     import torch
     header = (f"{datetime.date.today().isoformat()}, {platform.processor() or platform.machine()}, "
               f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.target}, greedy, "
