@@ -18,7 +18,7 @@ from specdemo import startup
 from specdemo.machine import ACTIVE_RACES
 from specdemo.pipeline import DecodeSettings, Pipeline
 from specdemo.race import PLAIN, SPECULATIVE, Lane, Race
-from tiny import CharTokenizer, tiny_llama
+from tiny import CharTokenizer, tiny_eagle, tiny_llama
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 
@@ -85,6 +85,17 @@ class Recorder:
         return hook
 
 
+class TinyEagle:
+    """What ``drafters.learned.load_learned`` returns for an EAGLE-3 head: a drafter factory."""
+
+    def __init__(self, head) -> None:
+        self.head = head
+
+    def new_drafter(self, target, vocab_size, name):
+        from specdemo.drafters.eagle import Eagle3Drafter
+        return Eagle3Drafter(self.head, vocab_size, name=name)
+
+
 def race_of(loaded, draft, draft_length, draft_loaded=None):
     messages = [{"role": "user", "content": PROMPT}]
     plain, spec = Pipeline(loaded, "none"), Pipeline(loaded, draft, draft_loaded)
@@ -94,7 +105,8 @@ def race_of(loaded, draft, draft_length, draft_loaded=None):
 
 
 @pytest.mark.parametrize("draft, draft_length", [
-    ("self", 4), ("self", 7), ("ngram", 5), ("self", "auto"), ("model", 6), ("early-exit:1", 3)])
+    ("self", 4), ("self", 7), ("ngram", 5), ("self", "auto"), ("model", 6), ("early-exit:1", 3),
+    ("eagle3", 4)])
 def test_every_width_a_timed_lane_uses_was_warmed_before_its_clock(monkeypatch, tmp_path, draft,
                                                                    draft_length):
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
@@ -106,6 +118,8 @@ def test_every_width_a_timed_lane_uses_was_warmed_before_its_clock(monkeypatch, 
         models["draft"] = draft_model
         draft_loaded = Loaded(draft_model, spec="tiny-draft")
         draft = "tiny-draft"
+    elif draft == "eagle3":  # reads hidden states: the target's widths go the features path
+        draft_loaded = TinyEagle(tiny_eagle(target, seed=5))
     recorder = Recorder(monkeypatch, models)
     race = race_of(Loaded(target), draft, draft_length, draft_loaded)
     final = list(race.run(min_interval_s=0.0))[-1]
