@@ -18,6 +18,7 @@ No metric is computed here: stats come from the engine, speedup and first diverg
 
 from __future__ import annotations
 
+import gc
 import os
 import queue
 import threading
@@ -352,6 +353,7 @@ class Race:
             record.status, record.error = SKIPPED, "stopped before this run started"
             return
         try:
+            gc.collect()  # garbage of the loads and of earlier lanes: collected outside the clock
             events = pipe.stream(ids, self.settings, lane.speculative, self.cancel)
             record.status = RUNNING
             self._notify()

@@ -4,7 +4,9 @@ The real app on the built-in model, built in-process and driven through ``/race`
 gradio_client, as the page's first race runs: the preload reaches Ready, the page then starts
 its draft-list checks (``check_drafts``, as ``demo.load(...).then(check_drafts)`` does), and the
 first prompt is sent at once. Its speedup must match a second race of the same prompt within
-TOLERANCE (the issue's 15%). Before the fix the plain lane of a first race paid one-time costs
+TOLERANCE (the issue's 15%). When either race reports a busy machine (its ``warnings``: other
+processes took more than a quarter of the CPU), the test is skipped with the figures: the app
+itself calls such a speedup not reliable. Before the fix the plain lane of a first race paid one-time costs
 (first forwards of a shape, a draft check in a thread) that the speculative lane did not:
 1.14x against 0.81x in a fresh session.
 """
@@ -53,4 +55,10 @@ def test_first_race_speedup_is_within_15_percent_of_the_second():
                    for lane in ("plain", "speculative")} | {"speedup": r["speedup"]}
             for name, r in (("first", first), ("second", second))}
     ratio = first["speedup"] / second["speedup"]
+    if first["warnings"] or second["warnings"]:
+        # The app's own rule: a speedup timed while other processes took more than a quarter of
+        # the CPU is not reliable, so it cannot tell a first-race artefact from the noise (on a
+        # shared 2-core machine at ~90% other use, two runs of this test gave 1.21 and 0.37).
+        pytest.skip(f"machine busy during a race ({first['warnings'] + second['warnings']}); "
+                    f"first/second speedup {ratio:.3f}: {seen}")
     assert abs(ratio - 1) <= TOLERANCE, f"first/second speedup {ratio:.3f}: {seen}"
