@@ -261,8 +261,9 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi", *,
     none of it lands in one lane of a race: first forwards of each shape (oneDNN primitives and
     MKL buffers on a CPU, cuBLAS handles and lazy kernel loading on CUDA, Metal graphs on MPS),
     the drafter's first multi-step draft, allocator growth. A named step; what was warmed is
-    remembered on the target model (plain) or the pipeline (speculative), so a second call with
-    the same mode, draft length and prompt length does nothing.
+    remembered on the target model (forward widths, plain decodes) or the pipeline (speculative
+    decodes, draft-model widths), so a second call with the same mode, draft length and prompt
+    length does nothing.
 
     What is warmed:
         * a short decode in that mode with the longest draft the decode may use (``auto``:
@@ -285,6 +286,8 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi", *,
         prompt: text used when ``prompt_ids`` is not given.
         draft_length: the race's draft length (k or ``auto``).
         prompt_ids: the token ids the timed decode will be given.
+    Raises:
+        ValueError: the prompt does not fit the target's context (``Pipeline.check_length``).
     """
     from .drafters import make_drafter, wants_features
     from .drafters.draft_model import ModelDrafter
