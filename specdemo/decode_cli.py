@@ -163,6 +163,27 @@ def _endpoints(args) -> dict:
         fail(str(exc))
 
 
+def precision_notice(pipe) -> str | None:
+    """The line ``run``/``compare`` print before timing when greedy outputs are not expected to
+    be identical in the target's precision (bfloat16, float16, quantised), naming
+    ``--dtype float32`` for an exact check; None in float32."""
+    from .pipeline import target_lossless_expectation
+    expected, why = target_lossless_expectation(pipe.target)
+    if expected:
+        return None
+    return (f"note: greedy speculative output may differ from plain greedy here: {why}. For an "
+            "exact check run with --dtype float32 (and no --quantization) where memory allows.")
+
+
+def prepare_untimed(pipe, settings, ids, modes) -> None:
+    """Warm every mode in ``modes`` (False plain, True speculative) before any clock starts
+    (``startup.prepare_timed``), printing the steps to stderr."""
+    from .startup import prepare_timed, printed
+    with printed():
+        for speculative in modes:
+            prepare_timed(pipe, speculative, settings.draft_length, ids)
+
+
 def cmd_run(args) -> int:
     endpoints = _endpoints(args)
     if endpoints["plain"] or endpoints["speculative"]:
@@ -171,6 +192,7 @@ def cmd_run(args) -> int:
     settings = settings_from_args(args)
     try:
         ids = pipe.prompt_ids(args.prompt, args.system)
+        prepare_untimed(pipe, settings, ids, [args.draft != "none"])
         result = pipe.run(ids, settings, speculative=args.draft != "none") if args.json else None
         if result is None:
             result = stream_to_terminal(pipe, ids, settings, args.draft != "none")
@@ -298,9 +320,14 @@ def cmd_compare(args) -> int:
     if endpoints["plain"] or endpoints["speculative"]:
         return compare_endpoints(args, endpoints)
     pipe = pipeline_from_args(args)
+    notice = precision_notice(pipe)
+    if notice and args.temperature == 0:  # said before the race, not only after a divergence
+        print(notice, file=sys.stderr, flush=True)
     try:
         ids = pipe.prompt_ids(args.prompt, args.system)
-        comparison = pipe.compare(ids, settings_from_args(args))
+        settings = settings_from_args(args)
+        prepare_untimed(pipe, settings, ids, [False, True])
+        comparison = pipe.compare(ids, settings)
     except ValueError as exc:
         fail(str(exc))
     if args.json:
@@ -313,6 +340,9 @@ def cmd_compare(args) -> int:
     speed = "n/a" if comparison.speedup is None else f"{comparison.speedup:.2f}x"
     same = "yes" if comparison.identical else f"no, first divergence at token {comparison.first_divergence}"
     print(f"speedup: {speed}   identical: {same}")
+    if notice:
+        print("lossless expected: no (" + comparison.lossless_note + "; --dtype float32 for an "
+              "exact check)")
     for warning in comparison.warnings:
         print(f"warning: {warning}")
     return 0

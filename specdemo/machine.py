@@ -9,9 +9,10 @@ path's calibration read it, and :func:`busy_warning` says when a result should n
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 BUSY_SHARE = 0.25  # other processes above this share of all cores' time: a timing is not reliable
 MIN_MEASURED_S = 0.5  # shorter intervals: the kernel's CPU-time ticks (10 ms) make the share noise
@@ -95,6 +96,7 @@ class ActiveRaces:
 
     def __init__(self) -> None:
         self._count = 0
+        self._background = 0
         self._idle = threading.Condition()
 
     def begin(self) -> None:
@@ -111,6 +113,31 @@ class ActiveRaces:
         """Block until no race is queued or running (True), or ``timeout_s`` passed (False)."""
         with self._idle:
             return self._idle.wait_for(lambda: self._count == 0, timeout_s)
+
+    @contextlib.contextmanager
+    def background(self, timeout_s: float | None = 600) -> Iterator[None]:
+        """Run the block as background work: it starts once no race is queued or running (or
+        after ``timeout_s``), and a race that begins meanwhile waits for it to end
+        (:meth:`wait_background`) before timing anything, so it never lands in one lane."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._count == 0, timeout_s)
+            self._background += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._background -= 1
+                self._idle.notify_all()
+
+    def background_running(self) -> bool:
+        """True while background work (:meth:`background`) runs."""
+        with self._idle:
+            return self._background > 0
+
+    def wait_background(self, timeout_s: float | None = None) -> bool:
+        """Block until no background work runs (True), or ``timeout_s`` passed (False)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._background == 0, timeout_s)
 
 
 ACTIVE_RACES = ActiveRaces()

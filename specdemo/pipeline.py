@@ -6,6 +6,7 @@ optionally a draft model) plus :class:`DecodeSettings`, and get engine events or
 
 from __future__ import annotations
 
+import gc
 import threading
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -51,6 +52,9 @@ class Comparison:
     Attributes:
         warnings: sentences on why the numbers may not hold, e.g. other processes used more
             than ``machine.BUSY_SHARE`` of the CPU during a run (see :func:`race_warnings`).
+        lossless_expected, lossless_note: whether greedy outputs are expected to be identical
+            in the target's precision, and why not (:func:`lossless_expectation`); None when
+            not known (set by :meth:`Pipeline.compare`).
     """
 
     plain: DecodeResult
@@ -66,10 +70,14 @@ class Comparison:
         self.identical = self.first_divergence is None
         self.warnings = race_warnings(self.plain.stats, self.speculative.stats)
 
+    lossless_expected: bool | None = field(default=None, init=False)
+    lossless_note: str | None = field(default=None, init=False)
+
     def as_dict(self) -> dict:
         return {"plain": result_dict(self.plain), "speculative": result_dict(self.speculative),
                 "speedup": self.speedup, "identical": self.identical,
-                "first_divergence": self.first_divergence, "warnings": self.warnings}
+                "first_divergence": self.first_divergence, "warnings": self.warnings,
+                "lossless_expected": self.lossless_expected, "lossless_note": self.lossless_note}
 
 
 #: a drafter that accepted less than this share of its drafts ...
@@ -129,6 +137,48 @@ def result_dict(result: DecodeResult) -> dict:
     """Metric names of DESIGN.md plus ``text``, ``token_ids`` and ``from_draft``."""
     return {**result.stats.as_dict(), "text": result.text, "token_ids": result.token_ids,
             "from_draft": result.from_draft}
+
+
+REDUCED_PRECISION_REASON = (
+    "batched verification in a reduced precision can differ from one-token steps: the target's "
+    "forward over k+1 tokens rounds its sums differently from k+1 one-token forwards, so a "
+    "near-tie between two tokens can flip and greedy speculative output can leave plain greedy "
+    "output")
+
+
+def lossless_expectation(dtype, quantization: str | None = None) -> tuple[bool, str | None]:
+    """Whether greedy speculative output is expected to equal plain greedy output token for
+    token, and why not.
+
+    In float32 the verification forward over k+1 tokens and the one-token steps agree to the
+    last bits, so a divergence is rare; in bfloat16/float16 (and with int4/int8 or 4/8-bit
+    weights, whose layers compute in a reduced precision) it is common: measured in
+    ``docs/losslessness.md`` (``scripts/lossless_dtypes.py``). The decoding rule is lossless in
+    every dtype (Leviathan et al. 2023); the arithmetic is not bit-identical.
+
+    Args:
+        dtype: the target's compute dtype (a ``torch.dtype`` or its name, e.g. ``bfloat16``).
+        quantization: the target's quantisation (None/"none" for none).
+    Returns:
+        (True, None) for float32 (and float64) without quantisation, else (False, the reason
+        as a sentence naming the dtype or quantisation).
+    """
+    name = str(dtype).replace("torch.", "")
+    if quantization not in (None, "", "none"):
+        return False, (f"the target runs with {quantization} weights (computed in a reduced "
+                       f"precision): {REDUCED_PRECISION_REASON}")
+    if name in ("bfloat16", "float16"):
+        return False, f"the target runs in {name}: {REDUCED_PRECISION_REASON}"
+    return True, None
+
+
+def target_lossless_expectation(target) -> tuple[bool, str | None]:
+    """:func:`lossless_expectation` of a loaded target (``models.LoadedModel``, or anything
+    with a ``model``: its parameters' dtype)."""
+    dtype = getattr(target, "dtype", None)
+    if dtype is None:
+        dtype = next(target.model.parameters()).dtype
+    return lossless_expectation(dtype, getattr(target, "quantization", None))
 
 
 FORWARD_COSTS_ATTR = "_specdemo_forward_s"  # the table, kept on the target model
@@ -238,5 +288,18 @@ class Pipeline:
         return collect(self.stream(prompt_ids, settings, speculative))
 
     def compare(self, prompt_ids: list[int], settings: DecodeSettings) -> Comparison:
-        """Plain, then speculative, each timed alone on the same prompt and settings."""
-        return Comparison(self.run(prompt_ids, settings, False), self.run(prompt_ids, settings, True))
+        """Plain, then speculative, each timed alone on the same prompt and settings, after
+        both modes were prepared untimed (``startup.prepare_timed``: every forward width either
+        run may use, the drafter, ``auto``'s cost table), so that no one-time cost lands in one
+        of the two clocks."""
+        from .startup import prepare_timed
+        for speculative in (False, True):
+            prepare_timed(self, speculative, settings.draft_length, prompt_ids)
+        runs = []
+        for speculative in (False, True):
+            gc.collect()  # garbage of the loads and of the other run: collected outside the clock
+            runs.append(self.run(prompt_ids, settings, speculative))
+        comparison = Comparison(*runs)
+        comparison.lossless_expected, comparison.lossless_note = \
+            target_lossless_expectation(self.target)
+        return comparison

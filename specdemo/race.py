@@ -18,6 +18,7 @@ No metric is computed here: stats come from the engine, speedup and first diverg
 
 from __future__ import annotations
 
+import gc
 import os
 import queue
 import threading
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from .machine import ACTIVE_RACES
-from .startup import GUESS_S, STEPS, measure_forward_costs, warm_up
+from .startup import GUESS_S, STEPS, prepare_timed
 from .stats import DecodeStats, speedup
 
 if TYPE_CHECKING:  # torch loads with the pipeline: only when a race runs, not at import
@@ -167,6 +168,9 @@ class RaceSnapshot:
             carries the recorded race's.
         divergence_unit: ``token`` when ``first_divergence`` indexes token ids, ``character``
             when a lane's server returned no token ids and the texts were compared.
+        lossless_note: once the models are loaded, why greedy outputs may differ in the
+            target's precision (``pipeline.lossless_expectation``: bfloat16, float16, quantised
+            weights), None in float32 or before the load.
     """
 
     panes: dict[str, PaneView]
@@ -177,6 +181,7 @@ class RaceSnapshot:
     identical: bool | None = None
     warnings: tuple[str, ...] = ()
     divergence_unit: str = "token"
+    lossless_note: str | None = None
 
     @property
     def done(self) -> bool:
@@ -292,6 +297,8 @@ class Race:
         self._changed = threading.Condition()
         self._pieces: dict[str, TokenPieces] = {}
         self._future: Future | None = None
+        self.lossless_expected: bool | None = None  # set once the models are loaded
+        self.lossless_note: str | None = None
 
     # --- on the device thread ------------------------------------------------------------------------
     def _notify(self) -> None:
@@ -319,23 +326,44 @@ class Race:
                         other.error = f"not run: the {lane.name} run cannot start ({record.error})"
                 return None
             record.tokenizer = pipes[lane.name].target.tokenizer
+            if lane.speculative:
+                from .pipeline import target_lossless_expectation
+                self.lossless_expected, self.lossless_note = \
+                    target_lossless_expectation(pipes[lane.name].target)
         for lane in self.lanes[1:]:
             self.records[lane.name].status = WAITING
         return pipes
 
-    def _run_lane(self, lane: Lane, record: LaneRecord, pipe: Pipeline) -> None:
-        if self.cancel.is_set():
+    def _warm(self, pipes: dict[str, Pipeline]) -> dict[str, list[int]]:
+        """Prepare every lane before the first one is timed: its prompt's token ids, and every
+        one-time cost of a decode in its mode (``startup.prepare_timed``: warm-up of each
+        forward width and of the drafter, ``auto``'s forward-cost table), so that none of it
+        runs between the lanes or inside either clock. A lane whose prompt or preparation fails
+        gets the error (the others still run). Returns {lane name: prompt ids} for the others."""
+        ids: dict[str, list[int]] = {}
+        for lane in self.lanes:
+            record, pipe = self.records[lane.name], pipes[lane.name]
+            if self.cancel.is_set():
+                break
+            try:
+                ids[lane.name] = pipe.prompt_ids(lane.messages, self.system)
+                if not getattr(pipe, "is_endpoint", False):  # a server lane: nothing to warm here
+                    prepare_timed(pipe, lane.speculative, self.settings.draft_length, ids[lane.name])
+            except Exception as exc:  # kept in this lane
+                ids.pop(lane.name, None)
+                record.status, record.error = ERROR, describe_error(exc)
+                _free_device_memory()
+        return ids
+
+    def _run_lane(self, lane: Lane, record: LaneRecord, pipe: Pipeline,
+                  ids: list[int] | None) -> None:
+        if record.status == ERROR:
+            return
+        if self.cancel.is_set() or ids is None:
             record.status, record.error = SKIPPED, "stopped before this run started"
             return
         try:
-            record.status = LOADING
-            self._notify()
-            if not getattr(pipe, "is_endpoint", False):  # a server lane: nothing to warm here
-                warm_up(pipe, lane.speculative)  # once, before this decode's clock starts
-            if (lane.speculative and self.settings.draft_length == "auto"
-                    and not getattr(pipe, "is_endpoint", False)):
-                measure_forward_costs(pipe)  # once per pipeline, before this decode's clock
-            ids = pipe.prompt_ids(lane.messages, self.system)
+            gc.collect()  # garbage of the loads and of earlier lanes: collected outside the clock
             events = pipe.stream(ids, self.settings, lane.speculative, self.cancel)
             record.status = RUNNING
             self._notify()
@@ -354,11 +382,20 @@ class Race:
             if self.lanes:  # waiting for the device (a load or check in progress) reads as loading
                 self.records[self.lanes[0].name].status = LOADING
                 self._notify()
+            if ACTIVE_RACES.background_running():  # a draft-list check: let it end, untimed
+                with STEPS.step("background checks", "waiting for the draft list's check to "
+                                "finish (not timed)", GUESS_S["tokenizer"]):
+                    ACTIVE_RACES.wait_background(600)
             with self.device_lock:
                 pipes = self._prepare()
-                for lane in self.lanes if pipes is not None else ():
-                    self._run_lane(lane, self.records[lane.name], pipes[lane.name])
+                if pipes is not None:
+                    self.records[self.lanes[0].name].status = LOADING
                     self._notify()
+                    ids = self._warm(pipes)
+                    for lane in self.lanes:
+                        self._run_lane(lane, self.records[lane.name], pipes[lane.name],
+                                       ids.get(lane.name))
+                        self._notify()
         finally:
             self._notify()
 
@@ -426,7 +463,7 @@ class Race:
         else:
             warnings = race_warnings(plain.stats if plain else None, spec.stats if spec else None)
         return RaceSnapshot(views, phase, clock_s, gain, divergence, identical, tuple(warnings),
-                            unit)
+                            divergence_unit=unit, lossless_note=self.lossless_note)
 
     def snapshot(self) -> RaceSnapshot:
         """Both panes as recorded so far."""

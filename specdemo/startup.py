@@ -20,7 +20,6 @@ import sys
 import tempfile
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, TextIO
@@ -211,30 +210,131 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", **kwargs):
         return models.load_model(spec, device, dtype, **kwargs)
 
 
-_WARM: "weakref.WeakSet" = weakref.WeakSet()  # models warmed plainly, pipelines speculatively
+WARM_ATTR = "_specdemo_warmed"  # on a model or a pipeline: the set of what was warmed up
 
 
-def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi") -> None:
-    """Decode a few tokens, untimed, before a timed decode in that mode, so that one-time costs
-    (first forwards, allocator growth, kernel selection) do not land in the first race's runs:
-    plainly once per target model, speculatively once per pipeline. A named step (~1 s on
-    2 cores once the model has run; the very first forwards take a few seconds).
+def _warmed(obj) -> set:
+    """What was warmed on ``obj`` (a model or a pipeline), kept on the object itself."""
+    done = getattr(obj, WARM_ATTR, None)
+    if done is None:
+        done = set()
+        setattr(obj, WARM_ATTR, done)
+    return done
 
-    Call it on the device thread, just before the decode it prepares: a first plain run then
-    waits for nothing the speculative run needs (the forward costs that draft length ``auto``
-    needs come separately, from :func:`measure_forward_costs`).
+
+def max_draft_length(draft_length: int | str) -> int:
+    """The longest draft a decode with this draft length may verify (``auto``: the adaptive
+    policy's ``max_k``)."""
+    if draft_length == "auto":
+        from .policy import AdaptiveDraftLength
+        return AdaptiveDraftLength().max_k
+    return int(draft_length)
+
+
+def verification_widths(speculative: bool, draft_length: int | str = 4) -> list[int]:
+    """Target forward widths (tokens per forward after the prefill) a decode may use: 1 for a
+    plain decode; 1..k+1 for a speculative one (a round verifies the last token and up to k
+    drafts: fewer when the drafter proposes fewer, the policy verifies a prefix, the run ends, or
+    ``auto`` chooses k = 0), k up to ``max_k`` for ``auto``."""
+    return list(range(1, max_draft_length(draft_length) + 2)) if speculative else [1]
+
+
+def _forward_widths(kv, widths: list[int], layers: tuple[int, ...], context: list[int]) -> None:
+    """One forward per width after ``context``, through the path a decode uses (with the
+    drafter's feature layers when it reads them), rolled back each time; resets ``kv``."""
+    kv.reset()
+    kv.forward(context)
+    vocab = kv.model.get_input_embeddings().num_embeddings
+    for n in widths:
+        ids = [(i % (vocab - 1)) + 1 for i in range(n)]
+        if layers:
+            kv.forward_features(ids, n, layers)
+        else:
+            kv.forward(ids, logits_to_keep=n)
+        kv.rollback(len(context))
+    kv.reset()
+
+
+def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi", *,
+            draft_length: int | str = 2, prompt_ids: list[int] | None = None) -> None:
+    """Do, untimed, every one-time cost a timed decode in that mode would otherwise pay, so that
+    none of it lands in one lane of a race: first forwards of each shape (oneDNN primitives and
+    MKL buffers on a CPU, cuBLAS handles and lazy kernel loading on CUDA, Metal graphs on MPS),
+    the drafter's first multi-step draft, allocator growth. A named step; what was warmed is
+    remembered on the target model (forward widths, plain decodes) or the pipeline (speculative
+    decodes, draft-model widths), so a second call with the same mode, draft length and prompt
+    length does nothing.
+
+    What is warmed:
+        * a short decode in that mode with the longest draft the decode may use (``auto``:
+          ``max_k``): the drafter's multi-step drafting (EAGLE-3, DFlash, a draft model's
+          one-token steps) and lazy initialisation along the way;
+        * with ``prompt_ids``: the same short decode of those ids, so the prefill shapes of
+          this prompt (the target's, and a draft model's first catch-up) are not first seen in
+          the timed run; otherwise of ``prompt``;
+        * every target forward width of :func:`verification_widths`, through the same path as
+          the decode (feature layers included for drafters that read hidden states);
+        * for draft models (``self``, ``early-exit:N``, a separate model): their forward widths
+          1..k+1.
+
+    Call it on the device thread, before the clock of the first timed decode of a race starts
+    (:class:`specdemo.race.Race` warms both lanes before the plain lane runs).
+
+    Args:
+        pipe: the pipeline whose decode is prepared.
+        speculative: warm the speculative mode (the pipeline's drafter) or the plain one.
+        prompt: text used when ``prompt_ids`` is not given.
+        draft_length: the race's draft length (k or ``auto``).
+        prompt_ids: the token ids the timed decode will be given.
+    Raises:
+        ValueError: the prompt does not fit the target's context (``Pipeline.check_length``).
     """
-    from .pipeline import DecodeSettings  # deferred: imports torch
-    key = pipe if speculative else pipe.target.model
-    if key in _WARM or (speculative and pipe.draft_spec == "none"):
+    from .drafters import make_drafter, wants_features  # deferred: imports torch
+    from .drafters.draft_model import ModelDrafter
+    from .pipeline import DecodeSettings
+    speculative = speculative and pipe.draft_spec != "none"
+    k = max_draft_length(draft_length) if speculative else 0
+    widths = verification_widths(speculative, draft_length)
+    drafter = (make_drafter(pipe.draft_spec, pipe.target.model, pipe.target.vocab_size,
+                            pipe.draft_source) if speculative else None)
+    layers = wants_features(drafter)
+    ids = list(prompt_ids) if prompt_ids is not None else pipe.prompt_ids(prompt)
+    owner = pipe if speculative else pipe.target.model
+    done_target = _warmed(pipe.target.model)
+    decode_key = ("decode", k)
+    prompt_key = ("prefill", k, len(ids))
+    todo_widths = [n for n in widths if ("width", layers, n) not in done_target]
+    draft_kv = drafter.kv if isinstance(drafter, ModelDrafter) else None
+    todo_draft = [n for n in range(1, k + 2) if ("draft width", n) not in _warmed(owner)
+                  ] if draft_kv is not None else []
+    todo_decode = decode_key not in _warmed(owner) or prompt_key not in _warmed(owner)
+    if not (todo_widths or todo_draft or todo_decode):
         return
     mode = f" with draft {pipe.draft_spec}" if speculative else ""
     with STEPS.step(f"warm-up {pipe.target.spec}{mode}", f"warming up {pipe.target.spec}{mode}",
                     GUESS_S["warm-up"]):
-        settings = DecodeSettings(max_new_tokens=3, draft_length=2)  # prefill, then 2 rounds
-        for _ in pipe.stream(pipe.prompt_ids(prompt), settings, speculative):
-            pass
-    _WARM.add(key)
+        if todo_decode:  # prefill, then rounds at the longest draft length used
+            settings = DecodeSettings(max_new_tokens=k + 2 if speculative else 3,
+                                      draft_length=max(k, 1))
+            for _ in pipe.stream(ids, settings, speculative):
+                pass
+        if todo_widths:
+            _forward_widths(pipe.kv, todo_widths, layers, ids[:8])
+        if todo_draft:
+            _forward_widths(draft_kv, todo_draft, (), ids[:8])
+    done_target.update(("width", layers, n) for n in todo_widths)
+    _warmed(owner).update([decode_key, prompt_key] + [("draft width", n) for n in todo_draft])
+
+
+def prepare_timed(pipe: Pipeline, speculative: bool, draft_length: int | str,
+                  prompt_ids: list[int] | None = None) -> None:
+    """Everything a timed decode in this mode needs done before its clock starts: the warm-up
+    (:func:`warm_up`) and, for a speculative decode with draft length ``auto``, the forward-cost
+    table (:func:`measure_forward_costs`). Call it on the device thread for every lane of a
+    race before the first lane is timed."""
+    warm_up(pipe, speculative, draft_length=draft_length, prompt_ids=prompt_ids)
+    if speculative and pipe.draft_spec != "none" and draft_length == "auto":
+        measure_forward_costs(pipe)
 
 
 def measure_forward_costs(pipe: Pipeline) -> None:

@@ -79,17 +79,19 @@ def _verdict(target: str, draft: str):
     """compat.check_specs, remembered per pair for this process (``recheck`` forgets).
 
     Waits while a race is queued or being timed (and while models load) but computes without
-    the lock, so a race never waits for a check of the draft list; and it computes on a thread of the lowest
-    CPU priority, so a race that starts meanwhile is not slowed by it (a Gemma 3 tokenizer check
-    takes ~10 s of CPU, which would otherwise be timed as part of the speculative run).
+    the lock, on a thread of the lowest CPU priority. A race sent while a check computes waits
+    for it to end, untimed, before its first lane starts (``ACTIVE_RACES.background``): a Gemma 3
+    tokenizer check takes ~10 s of CPU (and the GIL), which would otherwise be timed as part of
+    one lane only.
     """
     from .compat import check_specs
     key = (target, draft)
     if key not in _VERDICTS:
-        ACTIVE_RACES.wait_idle(600)  # not while a race is queued or timed...
-        with LOAD_LOCK:  # ...nor while models load
+        with LOAD_LOCK:  # not while models load...
             pass
-        _VERDICTS[key] = _checks().submit(check_specs, target, draft).result()  # ...nor in its way
+        with ACTIVE_RACES.background():  # ...nor while a race is queued or timed; a race that
+            # begins meanwhile waits for this check to end before its first lane's clock starts
+            _VERDICTS[key] = _checks().submit(check_specs, target, draft).result()
     return _VERDICTS[key]
 
 
@@ -175,7 +177,22 @@ def preset_info(preset_name: str | None) -> str:
         ok, reason = True, f"(could not check this machine: {exc})"
     mark = "fits this machine" if ok else "⚠ does not fit this machine"
     return (f"Target `{p.target}` · draft `{p.draft}` · {p.dtype}. {p.note}  \n"
-            f"{mark}: {reason}")
+            f"{mark}: {reason}" + precision_line(p.dtype, p.quantization))
+
+
+def precision_line(dtype: str, quantization: str | None, device: str = "auto") -> str:
+    """``""`` when a preset races in float32; else a line saying, before any race, that greedy
+    outputs may differ in its precision (``auto`` is bfloat16 on CUDA), why, and that float32
+    gives an exact check where memory allows."""
+    from .models import ModelLoadError, resolve_device, resolve_dtype
+    from .pipeline import lossless_expectation
+    from .ui_format import EXACT_CHECK
+    try:
+        resolved = resolve_dtype(dtype, resolve_device(device))
+    except ModelLoadError:
+        return ""
+    expected, why = lossless_expectation(resolved, quantization)
+    return "" if expected else f"  \n⚠ Greedy outputs may differ: {why}. {EXACT_CHECK}"
 
 
 def on_preset(preset_name):

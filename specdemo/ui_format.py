@@ -53,6 +53,17 @@ FLOAT_REASON = (
     "floating point: speculative decoding verifies k+1 tokens in one batched forward, plain "
     "decoding computes one token per forward; the sums round differently (often in "
     "bfloat16/float16, rarely in float32), and a near-tie between two tokens can flip")
+EXACT_CHECK = ("For an exact check, race in float32 where memory allows (a float32 preset, or "
+               "--dtype float32 on the command line).")
+
+
+def precision_chip(note: str) -> str:
+    """The chip shown before a race's outputs are compared when the target runs in a reduced
+    precision (``RaceSnapshot.lossless_note``): greedy outputs may differ, why, and float32."""
+    return (f'<span class="sd-chip sd-precision" data-lossless-expected="false">⚠ outputs may '
+            f'differ: {html.escape(note)}. {html.escape(EXACT_CHECK)}</span>')
+
+
 LEGEND = ('<div class="sd-legend" id="sd-legend">'
           '<span class="sd-tok sd-draft">accepted draft token</span>'
           '<span class="sd-tok sd-target">token from the target</span>'
@@ -244,6 +255,9 @@ def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
         chips.append(f'<span class="sd-chip sd-busy" data-warning="{kind}" '
                      f'title="{html.escape(title)}">⚠ {html.escape(warning)}</span>')
     plain, spec = snap.panes.get(PLAIN), snap.panes.get(SPECULATIVE)
+    note = snap.lossless_note if temperature == 0 else None
+    if note and not snap.done:  # said before the outputs are compared, not only after
+        chips.append(precision_chip(note))
     if snap.done and plain and spec:
         if plain.status != DONE or spec.status != DONE:
             chips.append('<span class="sd-chip sd-na">lossless check: not compared (a run did '
@@ -252,15 +266,19 @@ def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
             chips.append('<span class="sd-chip sd-na">temperature &gt; 0: both sample from the '
                          'same distribution, so the texts differ by chance, not by error</span>')
         elif snap.identical:
-            chips.append(f'<span class="sd-chip sd-lossless" data-identical="true">lossless: '
-                         f'identical output ({len(plain.token_ids)} tokens)</span>')
+            caveat = (f" this time, though not guaranteed: {html.escape(note)}. {EXACT_CHECK}"
+                      if note else "")
+            chips.append(f'<span class="sd-chip sd-lossless" data-identical="true" '
+                         f'data-lossless-expected="{"false" if note else "true"}">lossless: '
+                         f'identical output ({len(plain.token_ids)} tokens){caveat}</span>')
         else:
             i = snap.first_divergence
             a = plain.tokens[i][0] if i < len(plain.tokens) else "(end)"
             b = spec.tokens[i][0] if i < len(spec.tokens) else "(end)"
+            reason = f"{note}. {EXACT_CHECK}" if note else FLOAT_REASON
             chips.append(f'<span class="sd-chip sd-diverged" data-identical="false">outputs '
                          f'differ from token {i}: plain {html.escape(repr(a))}, speculative '
-                         f'{html.escape(repr(b))}. Reason: {html.escape(FLOAT_REASON)}</span>')
+                         f'{html.escape(repr(b))}. Reason: {html.escape(reason)}</span>')
     elif snap.phase == "replay":
         chips.append(f'<span class="sd-chip">replay at measured pace: {snap.clock_s:.2f} s</span>')
     if not chips:

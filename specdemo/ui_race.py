@@ -305,9 +305,10 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         allow_remote_endpoint: allow an endpoint that is not on this machine.
     Returns:
         {"plain": {...}, "speculative": {...}, "speedup": x, "speedup_note": None,
-        "identical": bool, "first_divergence": i, "warnings": [...]} with DESIGN.md metric
-        names; when a run was stopped or failed, ``speedup`` is None and ``speedup_note`` says
-        "not compared" and why (each pane's
+        "identical": bool, "first_divergence": i, "warnings": [...], "lossless_expected": bool or
+        None, "lossless_note": why greedy outputs may differ in the target's precision or None}
+        with DESIGN.md metric names; when a run was stopped or failed, ``speedup`` is None and
+        ``speedup_note`` says "not compared" and why (each pane's
         ``other_cpu_share``; ``warnings`` says when other processes used so much of the CPU
         during a run that the speedup is not reliable); a pane that failed has "error"
         (a draft that cannot be loaded fails before either pane runs: the other is "skipped").
@@ -340,5 +341,6 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
             "speedup": snap.speedup, "speedup_note": _note(snap), "identical": snap.identical,
             "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
             "warnings": list(snap.warnings),
+            "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,
             "preset": preset,
             "draft": draft or pairing["draft"]}

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import race as racing
 from .race import PipelineCache
-from .startup import STEPS, warm_up
+from .startup import STEPS, prepare_timed
 from .ui_format import startup_html
 
 FALLBACK_TARGET = "builtin:smollm2-135m"
@@ -124,15 +124,14 @@ def preload(preset_name: str | None = None) -> str:
     p = _pairing(preset_name)
     try:
         engine_imports()
-        # One device job per step: a Send pressed meanwhile is queued after the step running
-        # now, so a first race waits for the plain run's model, not for what only the
-        # speculative run needs. The forward costs of draft length auto (51 forwards, seconds
-        # to minutes on a busy CPU) are measured by the first race that needs them, between
-        # its plain and its speculative run, so they never delay a first token.
+        # One device job per step. Everything a first race would otherwise do before or
+        # between its lanes is done here, before Ready: the warm-up of every forward width the
+        # preset's draft length uses, the drafter's, and auto's forward-cost table (a race still
+        # prepares what a changed draft or draft length needs, before its first lane's clock).
         plain = CACHE.get(p["target"], "none", p["dtype"], p["quantization"])
-        racing.DEVICE.call(lambda: warm_up(plain))
+        racing.DEVICE.call(lambda: prepare_timed(plain, False, p["draft_length"]))
         pipe = CACHE.get(p["target"], p["draft"], p["dtype"], p["quantization"])
-        racing.DEVICE.call(lambda: warm_up(pipe, speculative=True))
+        racing.DEVICE.call(lambda: prepare_timed(pipe, True, p["draft_length"]))
     except Exception as exc:  # ModelLoadError, incompatible draft, out of memory: shown, kept
         _PRELOAD["error"] = racing.describe_error(exc)
     finally:

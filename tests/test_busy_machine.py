@@ -62,6 +62,8 @@ def test_a_decode_too_short_to_measure_reports_null(monkeypatch):
 
 def test_compare_warns_when_a_run_shared_the_machine(shares, loaded, monkeypatch, capsys):
     monkeypatch.setattr(startup, "load_model", lambda spec, *a, **k: loaded)
+    # compare's untimed warm-ups decode too (tests/test_warmup.py); only the timed runs count here
+    monkeypatch.setattr(startup, "prepare_timed", lambda *args, **kwargs: None)
     command = ["compare", "--target", "t", "--draft", "self", "--prompt", PROMPT,
                "--max-new-tokens", "12", "--draft-length", "3"]
     shares += [0.43, 0.02]  # plain runs first
@@ -82,12 +84,13 @@ def test_compare_warns_when_a_run_shared_the_machine(shares, loaded, monkeypatch
     assert json.loads(capsys.readouterr().out)["warnings"] == []
 
 
-def warmed_lanes(loaded):
-    """Lanes over pipelines warmed up already, so that the race decodes only the two timed
-    runs (each takes one share from the queue)."""
+def warmed_lanes(loaded, draft_length=3):
+    """Lanes over pipelines warmed up already for this draft length and prompt, so that the
+    race decodes only the two timed runs (each takes one share from the queue)."""
     plain, spec = Pipeline(loaded, "none"), Pipeline(loaded, "self")
-    startup.warm_up(plain)
-    startup.warm_up(spec, True)
+    ids = CharTokenizer().encode(PROMPT)
+    startup.prepare_timed(plain, False, draft_length, ids)
+    startup.prepare_timed(spec, True, draft_length, ids)
     return lanes(loaded, plain=lambda: plain, spec=lambda: spec)
 
 
@@ -124,7 +127,7 @@ def test_a_quiet_race_shows_no_warning(loaded, monkeypatch):
 
 def test_race_api_json_has_each_lanes_share_and_the_warnings(loaded, monkeypatch):
     from specdemo import ui_race
-    race_lanes = warmed_lanes(loaded)
+    race_lanes = warmed_lanes(loaded, 2)
     monkeypatch.setattr(ui_race, "_new_race", lambda prompt, system, preset, draft, settings,
                         conv, request: Race(race_lanes, settings))
     report_shares(monkeypatch, [0.5, 0.3])

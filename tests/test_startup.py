@@ -64,9 +64,10 @@ def test_the_command_line_prints_each_step(cache, monkeypatch):
     assert startup.about(150) == "about 2 min" and startup.about(None) == ""
 
 
-def test_the_first_plain_run_waits_for_nothing_only_the_speculative_run_needs(cache):
-    """Warm-ups and forward costs come just before the decode that needs them, as steps: the
-    plain run's first token does not wait for the speculative warm-up or auto's cost table."""
+def test_every_lane_is_prepared_as_steps_before_the_first_lane_is_timed(cache):
+    """Warm-ups and forward costs are named steps, and all of them (the speculative lane's and
+    auto's cost table included) run before the plain lane's clock starts (issue 21 item 4):
+    nothing of it runs between the lanes."""
     loaded = FakeLoaded(tiny_llama(seed=1, layers=2, vocab_size=80), vocab_size=80)
     seen = []
     steps = Steps()
@@ -89,7 +90,6 @@ def test_the_first_plain_run_waits_for_nothing_only_the_speculative_run_needs(ca
     assert seen == ["warming up tiny", "warming up tiny with draft ngram",
                     "measuring what a forward over n tokens costs tiny here (once, for draft "
                     "length auto)"]
-    # the plain run's steps were recorded before any speculative preparation started
     assert race.records[PLAIN].steps[-1].stats.new_tokens == 8
 
 
