@@ -340,3 +340,154 @@ def test_cuda_bfloat16_gemma4_assistant(tmp_path):
     out = generate(KVModel(gemma), PROMPT, CharTokenizer(), drafter=back.new_drafter(gemma, 32, "a"),
                    params=SamplingParams(temperature=0.7, seed=1), max_new_tokens=12)
     assert out.stats.new_tokens == 12 and out.stats.drafted > 0
+
+
+# --- 3. train-draft builds the new head where the target runs ------------------------------------
+
+def _training_target():
+    return loaded(tiny_llama(seed=6, vocab_size=32, layers=4), spec="tiny-llama")
+
+
+def _recipe():
+    from specdemo.training import train
+    return train.Recipe(draft_vocab_size=24, ttt_steps=2, epochs=1, batch_tokens=64,
+                        feature_layers=(1, 2, 3))
+
+
+def test_the_new_head_and_every_training_batch_are_on_the_targets_device():
+    from specdemo.training import train
+    target = _training_target()
+    head = train.new_head(target, _recipe(), torch.ones(32, dtype=torch.long))
+    devices = {t.device for t in [*head.parameters(), *head.buffers()]}
+    assert devices == {target.device}
+    assert {p.dtype for n, p in head.named_parameters() if not n.startswith("embed_tokens")} \
+        == {torch.float32}
+    item = {"ids": torch.arange(6), "n_prompt": 2, "features": torch.zeros(6, 3 * 32),
+            "last": torch.zeros(6, 32)}
+    batch = train.to_device(train.collate([item], 2), target.device)
+    assert train.placement_problems(head, target, batch) == []
+
+
+def test_a_misplaced_head_is_named_before_training():
+    from specdemo.training import train
+    target = _training_target()
+    head = train.new_head(target, _recipe(), torch.ones(32, dtype=torch.long))
+    with torch.no_grad():
+        head.norm.weight.data = head.norm.weight.data.to("meta")
+        head.fc.weight.data = head.fc.weight.data.to(torch.bfloat16)
+    assert train.placement_problems(head, target, (torch.zeros(1, device="meta"),)) == [
+        "head tensor fc.weight is torch.bfloat16, training needs float32",
+        "head tensor norm.weight is on meta, the target on cpu",
+        "batch tensor 0 is on meta, the target on cpu"]
+
+
+def test_preflight_runs_one_step_on_the_targets_device():
+    from specdemo.training import train
+    target = _training_target()
+    train.preflight(target, _recipe())  # raises on a placement or dtype mistake
+    assert all(p.grad is None for p in target.model.parameters())  # the target is not trained
+
+
+# --- 6. presets count drafters at the bytes they load in ----------------------------------------
+
+def test_every_learned_drafter_preset_counts_the_bytes_its_drafter_loads_in():
+    """The Llama 8B EAGLE-3 head took 3.8 GB (float32) where its preset counted 1.9: drafters now
+    load in the target's dtype, which is what the presets count."""
+    from dataclasses import replace
+
+    from specdemo import presets as P
+    from specdemo.models import resolve_dtype
+    learned = [p for p in P.list_presets() if p.draft_is_learned and p.draft_params]
+    assert {p.name for p in learned} >= {"llama3.1-8b-eagle3", "qwen3-4b-dflash",
+                                         "gemma4-e2b-assistant", "smollm2-135m-eagle3"}
+    for preset in learned:
+        for kind in preset.devices:
+            dtype = target_dtype(loaded(tiny_llama(), resolve_dtype(preset.dtype, torch.device(kind))))
+            loads = torch.empty(0, dtype=dtype).element_size() * preset.draft_params
+            counted = (preset.weight_bytes(device=kind)
+                       - replace(preset, draft_params=0).weight_bytes(device=kind))
+            assert counted == loads, (preset.name, kind)
+
+
+def test_an_auto_dtype_preset_counts_float32_on_the_cpu_and_is_refused_where_that_does_not_fit():
+    from dataclasses import replace
+
+    from specdemo import hardware as H
+    from specdemo import presets as P
+    base = P.get_preset("smollm2-135m-eagle3")
+    auto = replace(base, dtype="auto", memory_bytes=base.memory_bytes // 2 + 10)
+    assert auto.weight_bytes(device="cpu") == 4 * (auto.target_params + auto.draft_params)
+    assert auto.weight_bytes(device="cuda") == 2 * (auto.target_params + auto.draft_params)
+    free = auto.memory_bytes + auto.weight_bytes(device="cpu") // 4  # fits the bfloat16 count only
+    cpu = H.HardwareInfo("cpu", "Fake CPU", free, free, 2, free, free)
+    ok, why = H.fits(auto, cpu)
+    assert not ok and why.startswith(f"needs {P.format_bytes(auto.memory_on('cpu'))} but only")
+    gpu = H.HardwareInfo("cuda", "Fake GPU", free, free, 2, free, free)
+    assert H.fits(auto, gpu)[0]
+
+
+# --- 8. Apple silicon ---------------------------------------------------------------------------
+
+def test_bfloat16_on_mps_needs_macos_14():
+    from specdemo.models import mps_bfloat16_problem
+    assert mps_bfloat16_problem("13.6.1") == (
+        "bfloat16 on Apple MPS needs macOS 14 or later and this Mac runs macOS 13.6.1; use "
+        "--dtype float16 or float32, or update macOS")
+    assert mps_bfloat16_problem("14.0") is None and mps_bfloat16_problem("15.2") is None
+    assert mps_bfloat16_problem("") is None  # not a Mac
+
+
+def test_a_bfloat16_load_on_an_old_mac_is_refused_before_loading(monkeypatch):
+    import platform
+
+    from specdemo import models
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(platform, "mac_ver", lambda: ("13.5", ("", "", ""), "arm64"))
+    monkeypatch.setattr(models, "_load", lambda *a, **k: pytest.fail("loaded anyway"))
+    with pytest.raises(models.ModelLoadError, match="needs macOS 14 or later and this Mac runs macOS 13.5"):
+        models.load_model("builtin:smollm2-135m", "mps", "bfloat16")
+
+
+def test_bfloat16_presets_are_refused_on_an_old_mac_with_the_reason(monkeypatch):
+    import platform
+
+    from specdemo import hardware as H
+    from specdemo import presets as P
+    mac = H.HardwareInfo("mps", "Fake Apple silicon 64 GB", 64 * 2**30, 60 * 2**30, 8,
+                         64 * 2**30, 60 * 2**30)
+    preset = P.get_preset("qwen2.5-1.5b-0.5b")
+    assert preset.dtype == "bfloat16" and H.fits(preset, mac)[0]
+    monkeypatch.setattr(platform, "mac_ver", lambda: ("13.6", ("", "", ""), "arm64"))
+    ok, why = H.fits(preset, mac)
+    assert not ok and why.startswith("bfloat16 on Apple MPS needs macOS 14 or later")
+    assert H.fits(P.get_preset("smollm2-135m-ngram"), mac)[0]  # float32 presets still run
+
+
+def test_mps_loads_straight_to_the_device():
+    from specdemo.models import _placement
+    assert _placement(torch.device("mps"), torch.float32, None) == {"device_map": {"": "mps"}}
+    assert _placement(torch.device("cpu"), torch.float32, None) == {}
+
+
+def test_out_of_memory_cleanup_empties_the_mps_cache(monkeypatch):
+    from specdemo import race
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.mps, "empty_cache", lambda: emptied.append("mps"))
+    race._free_device_memory()
+    assert emptied == ["mps"]
+
+
+# --- 9. the bench says how peak memory was measured -------------------------------------------
+
+def test_peak_memory_names_how_it_was_measured():
+    from specdemo.bench.config import PEAK_METHODS, PeakMemory
+    with PeakMemory("cpu") as memory:
+        big = torch.ones(4 << 20)
+        memory.sample()
+    assert memory.peak > 0 and big.numel()
+    assert memory.method == PEAK_METHODS["cpu"] == "process RSS sampled at each streamed token"
+    assert PEAK_METHODS["cuda"].startswith("torch.cuda.max_memory_allocated")
+    from specdemo.bench.report import CSV_COLUMNS
+    assert CSV_COLUMNS[CSV_COLUMNS.index("peak_memory_bytes") + 1] == "peak_memory_method"

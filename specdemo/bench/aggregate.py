@@ -36,6 +36,7 @@ def pool(plain: list[Run], spec: list[Run]) -> dict:
         "draft_s": None if any(r.draft_s is None for r in spec) else sum(r.draft_s for r in spec),
         "verify_s": None if any(r.verify_s is None for r in spec) else sum(r.verify_s for r in spec),
         "peak_memory_bytes": max((r.peak_memory_bytes or 0 for r in spec), default=None),
+        "peak_memory_method": next((r.peak_memory_method for r in spec if r.peak_memory_method), None),
         "extra_memory_bytes": None if any(r.extra_memory_bytes is None for r in spec)
         else max((r.extra_memory_bytes for r in spec), default=None),
         "new_tokens": sum(r.new_tokens for r in spec),

@@ -109,6 +109,10 @@ def _train(args: argparse.Namespace) -> int:
         recipe = train.Recipe(**{**json.loads(recipe_file.read_text()),
                                  "feature_layers": tuple(json.loads(recipe_file.read_text())["feature_layers"])})
     recipe_file.write_text(json.dumps(asdict(recipe), indent=1))
+    try:  # seconds now rather than a failure after an hour of generation and capture
+        train.preflight(target, recipe)
+    except RuntimeError as exc:
+        fail(f"training would fail on {target.device}: {exc}")
     timings = {}
     t0 = time.time()
     data.generate_answers(target, train_rows, out, recipe.answers_per_prompt, recipe.temperature,
