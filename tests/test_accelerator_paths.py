@@ -372,9 +372,8 @@ def test_a_misplaced_head_is_named_before_training():
     from specdemo.training import train
     target = _training_target()
     head = train.new_head(target, _recipe(), torch.ones(32, dtype=torch.long))
-    with torch.no_grad():
-        head.norm.weight.data = head.norm.weight.data.to("meta")
-        head.fc.weight.data = head.fc.weight.data.to(torch.bfloat16)
+    head.norm.weight = torch.nn.Parameter(head.norm.weight.detach().to("meta"))
+    head.fc.weight = torch.nn.Parameter(head.fc.weight.detach().to(torch.bfloat16))
     assert train.placement_problems(head, target, (torch.zeros(1, device="meta"),)) == [
         "head tensor fc.weight is torch.bfloat16, training needs float32",
         "head tensor norm.weight is on meta, the target on cpu",
@@ -491,3 +490,17 @@ def test_peak_memory_names_how_it_was_measured():
     assert PEAK_METHODS["cuda"].startswith("torch.cuda.max_memory_allocated")
     from specdemo.bench.report import CSV_COLUMNS
     assert CSV_COLUMNS[CSV_COLUMNS.index("peak_memory_bytes") + 1] == "peak_memory_method"
+
+
+# --- the accelerator check's script ---------------------------------------------------------------
+
+def test_device_check_script_parses_and_refuses_an_unknown_argument(tmp_path):
+    """Its plumbing on the CPU (the real model, minutes) is ``scripts/device_check.sh
+    --cpu-dry-run``; here: bash syntax, and one usage line with exit status 2."""
+    import subprocess
+    script = Path(__file__).resolve().parent.parent / "scripts" / "device_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    out = subprocess.run(["bash", str(script), "--bogus"], capture_output=True, text=True,
+                         env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2 and out.stderr.strip().endswith("[--cpu-dry-run]")
+    assert list(tmp_path.iterdir()) == []  # nothing written on a usage error

@@ -140,6 +140,8 @@ def preflight(target, recipe: Recipe) -> None:
     target_head = target.model.get_output_embeddings().weight[head.draft_ids()].detach().float()
     loss, _ = ttt_loss(head, target_head, batch, recipe)
     loss.backward()
+    for p in target.model.parameters():  # the head's attached embeddings are the target's
+        p.grad = None
 
 
 def to_device(batch, device):
