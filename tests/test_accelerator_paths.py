@@ -7,6 +7,7 @@ and are skipped elsewhere."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -35,8 +36,10 @@ def loaded(model, dtype=torch.float32, spec="tiny", device="cpu") -> LoadedModel
     return LoadedModel(spec, model, CharTokenizer(), torch.device(device), dtype, 0.0, "test")
 
 
+@functools.lru_cache(maxsize=2)
 def _drafters(device="cpu", dtype=torch.float32):
-    """name -> (target, fresh drafter factory) for every drafter family, on ``device``."""
+    """name -> (target, fresh drafter factory) for every drafter family, on ``device`` (the
+    models are built once per device; each factory call makes a fresh drafter)."""
     llama = tiny_llama(seed=1, layers=3).to(device, dtype)
     eagle = tiny_eagle(llama, draft_vocab=20, scale=4.0).to(device, dtype)
     dflash = tiny_dflash(llama, block_size=4).to(device, dtype)
