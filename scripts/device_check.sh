@@ -34,8 +34,15 @@ declare -a SUMMARY=()
 log() { echo "$*" | tee -a "$REPORT"; }
 section() { log ""; log "=== $* ($(( $(date +%s) - START )) s in)"; }
 # run LIMIT NAME CMD...: run with a time limit, output into the report, status into the summary
+BUDGET_S=470  # the whole check stays under 8 minutes: each step gets at most what is left
 run() {
   local limit=$1 name=$2; shift 2
+  local left=$(( BUDGET_S - ($(date +%s) - START) ))
+  if (( left < 20 )); then
+    log "--- $name: SKIPPED (the 8-minute budget is spent)"; SUMMARY+=("$name: SKIPPED (budget spent)")
+    return 1
+  fi
+  (( limit > left )) && limit=$left
   section "$name: $*"
   timeout "$limit" "$@" >> "$REPORT" 2>&1
   local rc=$?
@@ -111,7 +118,7 @@ fi
 PROMPT="Explain in three sentences why the sky is blue, then repeat the explanation word for word."
 for DTYPE in float32 auto; do
   [[ $DRY -eq 1 && $DTYPE == auto ]] && continue  # auto is float32 on the CPU
-  run 120 "compare $DTYPE" $PY -m specdemo compare --target builtin:smollm2-135m \
+  run 150 "compare $DTYPE" $PY -m specdemo compare --target builtin:smollm2-135m \
     --draft builtin:smollm2-135m-eagle3 --device "$DEVICE" --dtype "$DTYPE" \
     --max-new-tokens "$TOKENS" --draft-length 4 --json --prompt "$PROMPT"
 done

@@ -75,6 +75,9 @@ def summarise(per_repeat: list[dict]) -> dict:
             width = max(len(v) for v in values)
             out[name] = [median([v[i] if i < len(v) else None for v in values]) for i in range(width)]
             continue
+        if any(isinstance(v, str) for v in values):  # a description (peak_memory_method)
+            out[name] = next((v for v in values if v), None)
+            continue
         out[name] = median(values)
         if name in RANGED:
             present = [v for v in values if v is not None]
