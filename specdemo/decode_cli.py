@@ -149,6 +149,17 @@ def refuse_incompatible(target_spec: str, draft_spec: str, trust_remote_code: bo
              + "; ".join(verdict.reasons))
 
 
+def offloaded(pipe) -> dict[str, str]:
+    """The target's modules accelerate offloaded ({name: "cpu"/"disk"}), said once on stderr."""
+    layers = getattr(pipe.target, "offloaded_layers", {})
+    if layers:
+        print(f"warning: {len(layers)} modules of {pipe.target.spec} are offloaded to "
+              f"{'/'.join(sorted(set(layers.values())))}: it does not fit {pipe.target.device}, "
+              "every forward streams their weights, and the speedup is not the GPU's",
+              file=sys.stderr)
+    return dict(layers)
+
+
 def fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -199,8 +210,9 @@ def cmd_run(args) -> int:
     except ValueError as exc:
         fail(str(exc))
     from .pipeline import result_dict  # deferred: imports torch
+    layers = offloaded(pipe)
     if args.json:
-        print(json.dumps(result_dict(result)))
+        print(json.dumps({**result_dict(result), "offloaded_layers": layers}))
     else:
         print()
         print(format_stats("result", result.stats, args.draft_length if args.draft != "none"
@@ -330,8 +342,9 @@ def cmd_compare(args) -> int:
         comparison = pipe.compare(ids, settings)
     except ValueError as exc:
         fail(str(exc))
+    layers = offloaded(pipe)
     if args.json:
-        print(json.dumps(comparison.as_dict()))
+        print(json.dumps({**comparison.as_dict(), "offloaded_layers": layers}))
         return 0
     print("plain:\n" + comparison.plain.text + "\n")
     print(f"speculative ({args.draft}):\n" + comparison.speculative.text + "\n")

@@ -21,7 +21,8 @@ from .drafters import Drafter, wants_features
 from .kv import Cancelled, KVModel, stop_on
 from .machine import OtherCpuUse
 from .policy import DraftLengthPolicy, FixedDraftLength
-from .sampling import SamplingParams, choose, next_token_probs, verify
+from .sampling import (Generators, SamplingParams, choose, next_token_probs, penalize, verify,
+                       verify_greedy)
 from .stats import DecodeStats
 
 
@@ -152,9 +153,9 @@ def decode(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     policy = policy or FixedDraftLength(4)
-    generator = None
-    if params.seed is not None:
-        generator = torch.Generator(device="cpu").manual_seed(params.seed)
+    # one seeded generator per device: drafters sample on the target's device, verification
+    # (sampling mode) on the CPU
+    generator = Generators(params.seed) if params.seed is not None else None
     device = target.device
     stats = DecodeStats(prompt_tokens=len(prompt_ids),
                         extra_memory_bytes=drafter.extra_memory_bytes if drafter else 0)
@@ -191,6 +192,15 @@ def decode(
         if done:
             stats.other_cpu_share = others.share_if_measurable()
         return DecodeEvent(tokens[:kept], flags[:kept], text.delta(final=done), stats.copy(), done)
+
+    def greedy_ids(logits: torch.Tensor, drafts: list[int]) -> list[int]:
+        """The target's k+1 argmaxes (after the repetition penalty) as ids, in one transfer."""
+        rows = logits[:len(drafts) + 1].float()
+        if penalised:
+            seen = torch.tensor(context + drafts, device=logits.device)
+            rows = torch.stack([penalize(rows[i], seen[:len(context) + i],
+                                         params.repetition_penalty) for i in range(len(rows))])
+        return rows.argmax(-1).tolist()
 
     layers = wants_features(drafter)
 
@@ -236,10 +246,14 @@ def decode(
         _sync(device)
         t1 = time.perf_counter()
         logits, features = target_forward([context[-1]] + drafts, len(drafts) + 1)
-        target_probs = torch.stack([probs_at(logits[i], context + drafts[:i])
-                                    for i in range(len(drafts) + 1)])  # (k+1, V)
-        q = proposal.probs[:len(drafts)].cpu() if proposal and proposal.probs is not None else None
-        n_accepted, next_token = verify(drafts, q, target_probs, params, generator)
+        if params.greedy:  # only the argmaxes leave the device, in one transfer
+            n_accepted, next_token = verify_greedy(drafts, greedy_ids(logits, drafts))
+        else:
+            target_probs = torch.stack([probs_at(logits[i], context + drafts[:i])
+                                        for i in range(len(drafts) + 1)])  # (k+1, V)
+            q = (proposal.probs[:len(drafts)].cpu() if proposal and proposal.probs is not None
+                 else None)
+            n_accepted, next_token = verify(drafts, q, target_probs, params, generator)
         target.rollback(len(context) + n_accepted)  # keep last token + accepted drafts
         if features is not None:  # the same positions the target keeps
             drafter.observe(features[:n_accepted + 1])

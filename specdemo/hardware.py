@@ -144,6 +144,11 @@ def _device_refusal(preset: Preset, hw: HardwareInfo) -> str | None:
     """Why ``preset`` cannot run on this kind of device at all, or None."""
     if hw.kind not in preset.devices:
         return f"made for {'/'.join(preset.devices)}; this machine runs on {hw.kind}"
+    if hw.kind == "mps" and preset.dtype == "bfloat16":
+        from .models import mps_bfloat16_problem
+        problem = mps_bfloat16_problem()
+        if problem:
+            return problem
     if preset.quantization != "none":
         ok, why = quantization_support(hw, preset.quantization)
         if not ok:
@@ -154,9 +159,9 @@ def _device_refusal(preset: Preset, hw: HardwareInfo) -> str | None:
 def _why_not(preset: Preset, hw: HardwareInfo) -> str | None:
     """Why ``preset`` does not fit ``hw`` (device kind, bitsandbytes, memory), or None if it fits."""
     why = _device_refusal(preset, hw)
-    if why is None and preset.memory_bytes > hw.free_bytes:
-        why = (f"needs {format_bytes(preset.memory_bytes)} but only {format_bytes(hw.free_bytes)} "
-               f"is free on {hw.name}")
+    if why is None and preset.memory_on(hw.kind) > hw.free_bytes:
+        why = (f"needs {format_bytes(preset.memory_on(hw.kind))} but only "
+               f"{format_bytes(hw.free_bytes)} is free on {hw.name}")
     return why
 
 

@@ -124,7 +124,9 @@ class KVModel:
         """Feed ``ids`` after the cached tokens; return the logits of the last positions.
 
         Args:
-            ids: the S new token ids (S >= 1), fed in chunks of PREFILL_CHUNK.
+            ids: the S new token ids (S >= 1), fed in chunks of PREFILL_CHUNK; or an (S,) long
+                tensor (a drafter's token on the device; ``self.ids`` holds 0-d tensors for it
+                until the caller replaces them with the ids).
             logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
         Returns:
             (logits_to_keep, V) float logits; row j predicts the token after ids[S - n + j].
@@ -164,8 +166,13 @@ class KVModel:
     @torch.inference_mode()
     def _run(self, ids: list[int], keep: int,
              layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One model call: ((keep, V) logits, (S, F) features or None)."""
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, S)
+        """One model call: ((keep, V) logits, (S, F) features or None). ``ids`` may be an (S,)
+        long tensor already on the device (a drafter's token: fed without a host round trip)."""
+        if isinstance(ids, torch.Tensor):
+            input_ids = ids.view(1, -1).to(self.device)
+            ids = list(ids.view(-1).unbind())  # 0-d tensors until the caller names them
+        else:
+            input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, S)
         extra = {"output_hidden_states": list(layers)} if layers else {}
         out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep,
                          **extra, **{self._cache_arg: self.cache})
@@ -183,7 +190,7 @@ class KVModel:
         """
         drop = self.length - length
         if drop > 0 and not all(_can_drop(layer, drop) for layer in _sliding_layers(self.cache)):
-            kept = self.ids[:length]
+            kept = [int(i) for i in self.ids[:length]]
             self.reset()
             if kept:
                 self.forward(kept)

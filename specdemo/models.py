@@ -160,6 +160,25 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, DTYPES[name])
 
 
+def mps_bfloat16_problem(release: str | None = None) -> str | None:
+    """Why bfloat16 cannot run on Apple MPS on this Mac (macOS before 14 has no bfloat16 in
+    Metal Performance Shaders), or None (macOS 14+, or not a Mac).
+
+    Args:
+        release: the macOS version ("13.6.1"); default ``platform.mac_ver()``'s ("" off macOS).
+    """
+    import platform
+    release = platform.mac_ver()[0] if release is None else release
+    try:
+        major = int(release.split(".")[0])
+    except ValueError:
+        return None
+    if major >= 14:
+        return None
+    return (f"bfloat16 on Apple MPS needs macOS 14 or later and this Mac runs macOS {release}; "
+            "use --dtype float16 or float32, or update macOS")
+
+
 def quantization_unavailable(device: torch.device, quantization: str = "4bit") -> str | None:
     """Why ``quantization`` cannot be used on ``device`` (None when it can). 4bit/8bit need CUDA
     + an importable bitsandbytes; int8/int4 (torchao) see :mod:`specdemo.quantize`. For
@@ -191,7 +210,8 @@ def _normalise_quantization(quantization: str | None) -> str | None:
 def _placement(device: torch.device, dtype: torch.dtype, quantization: str | None) -> dict:
     """``from_pretrained`` keyword arguments that put the model on ``device``.
 
-    CPU/MPS: none (the model is moved after loading). CUDA: accelerate's ``device_map="auto"``
+    CPU: none. MPS: the whole model on MPS as it loads (moving a CPU-loaded model would hold
+    the weights twice in unified memory for a while). CUDA: accelerate's ``device_map="auto"``
     limited to this GPU (90% of its free memory) plus CPU RAM, so a target that does not fit
     spills layers to the CPU instead of failing. Quantised: bitsandbytes on this GPU only.
     """
@@ -206,6 +226,8 @@ def _placement(device: torch.device, dtype: torch.dtype, quantization: str | Non
                                      bnb_4bit_compute_dtype=dtype)
                   if quantization == "4bit" else BitsAndBytesConfig(load_in_8bit=True))
         return {"quantization_config": config, "device_map": {"": device.index}}
+    if device.type == "mps":  # straight to unified memory: not a CPU copy first, then another
+        return {"device_map": {"": "mps"}}
     if device.type != "cuda":
         return {}
     import psutil
@@ -466,6 +488,16 @@ class LoadedModel:
         return frozenset(ids)
 
     @property
+    def offloaded_layers(self) -> dict[str, str]:
+        """Modules accelerate placed off ``device`` ({module name: "cpu" or "disk"}; {} when all
+        of the model is on ``device``). ``device_map="auto"`` spills a target that does not fit
+        the GPU to CPU RAM or disk; those layers' weights then cross PCIe on every forward, which
+        slows plain decoding more than speculative (fewer forwards) and inflates the speedup."""
+        placement = getattr(self.model, "hf_device_map", None) or {}
+        return {name: str(where) for name, where in placement.items()
+                if str(where) == "disk" or (str(where) == "cpu" and self.device.type != "cpu")}
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of the parameters (shared/tied ones counted once)."""
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -494,6 +526,8 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    if dev.type == "mps" and str(dt) == "torch.bfloat16" and mps_bfloat16_problem():
+        raise ModelLoadError(mps_bfloat16_problem())  # before minutes of loading
     quant = _normalise_quantization(quantization)
     key = (_canonical(spec), str(dev), str(dt), quant)
     with _LOCK:

@@ -110,13 +110,22 @@ class Preset:
         """True for drafters that read the target's hidden states (EAGLE-3, DFlash, MTP)."""
         return self.draft_kind not in ("", "model")
 
-    def weight_bytes(self, quantization: str | None = None) -> int:
+    def weight_bytes(self, quantization: str | None = None, device: str | None = None) -> int:
         """Bytes of target + draft weights, with the target loaded as ``quantization``
-        (default: the preset's own); 0 when parameter counts are unknown."""
+        (default: the preset's own); 0 when parameter counts are unknown. A draft (model or
+        learned drafter) loads in the target's dtype. With ``device`` ("cuda", "mps", "cpu"),
+        dtype ``auto`` counts what it resolves to there (float32 on the CPU and MPS)."""
         quantization = quantization or self.quantization
-        per_param = QUANT_BYTES_PER_PARAM.get(quantization, BYTES_PER_PARAM[self.dtype])
-        draft_bytes = BYTES_PER_PARAM[self.dtype] * self.draft_params
+        dtype = self.dtype
+        if dtype == "auto" and device in ("cpu", "mps"):
+            dtype = "float32"
+        per_param = QUANT_BYTES_PER_PARAM.get(quantization, BYTES_PER_PARAM[dtype])
+        draft_bytes = BYTES_PER_PARAM[dtype] * self.draft_params
         return int(per_param * self.target_params + draft_bytes)
+
+    def memory_on(self, device: str) -> int:
+        """``memory_bytes`` on a device kind: more where dtype ``auto`` means float32 there."""
+        return self.memory_bytes + self.weight_bytes(device=device) - self.weight_bytes()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (the path as a string)."""

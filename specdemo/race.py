@@ -205,6 +205,8 @@ def _free_device_memory() -> None:
         import torch
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        if torch.backends.mps.is_available():  # Metal keeps freed buffers cached otherwise
+            torch.mps.empty_cache()
     except Exception:  # best effort after an out-of-memory error
         pass
 

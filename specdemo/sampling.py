@@ -107,11 +107,76 @@ def next_token_probs(logits: torch.Tensor, context: torch.Tensor, params: Sampli
     return probs_from_logits(penalize(logits, context, params.repetition_penalty), params)
 
 
-def choose(probs: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """Draw one token id from (V,) ``probs`` (argmax when greedy)."""
+class Generators:
+    """Seeded random generators, one per device, made on first use.
+
+    ``torch.multinomial`` and ``torch.rand`` need a generator on the device of the tensors they
+    sample ("Expected a 'cuda' device type for generator" otherwise), and one decode samples on
+    the target's device (drafters) and, for verification, on the CPU. Every generator is seeded
+    with ``seed``, so a decode is reproducible on the same device; the CPU one is the stream the
+    engine used before there was one per device.
+
+    Args:
+        seed: the seed of every generator.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._made: dict[str, torch.Generator] = {}
+
+    def on(self, device: torch.device | str) -> torch.Generator:
+        """The generator for ``device`` (``cuda`` and ``cuda:0`` are the same device)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = str(device)
+        if key not in self._made:
+            self._made[key] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._made[key]
+
+
+def generator_for(generator: Generators | torch.Generator | None,
+                  device: torch.device) -> torch.Generator | None:
+    """The torch generator to sample a tensor on ``device`` with.
+
+    Args:
+        generator: None (unseeded), :class:`Generators` (one per device) or one torch generator,
+            which must be on ``device``.
+    Raises:
+        ValueError: a torch generator on another device than the tensor sampled (torch's own
+            error says less, and only on an accelerator).
+    """
+    if generator is None or isinstance(generator, torch.Generator) and generator.device.type == device.type:
+        return generator
+    if isinstance(generator, torch.Generator):
+        raise ValueError(f"a random generator on {generator.device} cannot sample a tensor on "
+                         f"{device}; pass sampling.Generators(seed) to sample on any device")
+    return generator.on(device)
+
+
+def choose(probs: torch.Tensor, params: SamplingParams,
+           generator: Generators | torch.Generator | None) -> int:
+    """Draw one token id from (V,) ``probs`` (argmax when greedy) with a generator on their device."""
     if params.greedy:
         return int(probs.argmax())
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(torch.multinomial(probs, 1, generator=generator_for(generator, probs.device)))
+
+
+def verify_greedy(draft_ids: list[int], target_ids: list[int]) -> tuple[int, int]:
+    """:func:`verify` at temperature 0 from the target's argmaxes alone.
+
+    Args:
+        draft_ids: the k proposed ids.
+        target_ids: the k+1 argmaxes of the target's (processed) logits at each draft position
+            and the bonus position.
+    Returns:
+        (n_accepted, next_token): the longest prefix of ``draft_ids`` equal to ``target_ids``, and
+        the target's argmax after it.
+    """
+    n = 0
+    while n < len(draft_ids) and draft_ids[n] == target_ids[n]:
+        n += 1
+    return n, target_ids[n]
 
 
 def verify(
@@ -119,7 +184,7 @@ def verify(
     draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     params: SamplingParams,
-    generator: torch.Generator | None,
+    generator: Generators | torch.Generator | None,
 ) -> tuple[int, int]:
     """The speculative-sampling rule: how many draft tokens to keep and the token that follows.
 
@@ -132,6 +197,7 @@ def verify(
         draft_ids: the k proposed ids.
         draft_probs: (k, V) the drafter's distributions, or None for a drafter without them.
         target_probs: (k+1, V) the target's distributions at each draft position and the bonus.
+        generator: see :func:`generator_for` (used on ``target_probs``' device).
     Returns:
         (n_accepted, next_token): 0 <= n_accepted <= k, and the correction or bonus token.
     """
@@ -142,7 +208,8 @@ def verify(
         if params.greedy:
             accept = p_token == 1.0
         else:
-            accept = q_token > 0 and torch.rand((), generator=generator).item() * q_token < p_token
+            draw = torch.rand((), generator=generator_for(generator, p.device), device=p.device)
+            accept = q_token > 0 and draw.item() * q_token < p_token
         if not accept:
             if params.greedy:
                 return i, int(p.argmax())

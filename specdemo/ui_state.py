@@ -103,6 +103,11 @@ def model_status(preset_name: str | None, draft: str | None) -> str:
     weights = (f"{t.quantization} {library} weights, rest {dtype}," if t.quantization
                else dtype)
     line = f"Models: `{t.spec}` loaded ({weights} on {t.device}, {t.load_s:.1f} s)"
+    offloaded = getattr(t, "offloaded_layers", {})
+    if offloaded:
+        line += (f" - {len(offloaded)} of its modules offloaded to "
+                 f"{'/'.join(sorted(set(offloaded.values())))} (it does not fit {t.device}: every "
+                 "forward streams them, which makes speculation look better than it is)")
     if pipe is None:
         return line + f"; draft `{draft}` not loaded yet."
     if pipe.draft is not None:

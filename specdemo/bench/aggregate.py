@@ -36,6 +36,7 @@ def pool(plain: list[Run], spec: list[Run]) -> dict:
         "draft_s": None if any(r.draft_s is None for r in spec) else sum(r.draft_s for r in spec),
         "verify_s": None if any(r.verify_s is None for r in spec) else sum(r.verify_s for r in spec),
         "peak_memory_bytes": max((r.peak_memory_bytes or 0 for r in spec), default=None),
+        "peak_memory_method": next((r.peak_memory_method for r in spec if r.peak_memory_method), None),
         "extra_memory_bytes": None if any(r.extra_memory_bytes is None for r in spec)
         else max((r.extra_memory_bytes for r in spec), default=None),
         "new_tokens": sum(r.new_tokens for r in spec),
@@ -73,6 +74,9 @@ def summarise(per_repeat: list[dict]) -> dict:
         if name == "per_position_acceptance":
             width = max(len(v) for v in values)
             out[name] = [median([v[i] if i < len(v) else None for v in values]) for i in range(width)]
+            continue
+        if any(isinstance(v, str) for v in values):  # a description (peak_memory_method)
+            out[name] = next((v for v in values if v), None)
             continue
         out[name] = median(values)
         if name in RANGED:

@@ -116,6 +116,9 @@ class Run:
         round_tokens: new tokens those rounds produced (ours: all but the prefill's token).
         peak_memory_bytes: CUDA: peak bytes allocated by torch during the decode; CPU/MPS: the
             highest memory in use (process RSS / MPS allocation) seen at any streamed token.
+        peak_memory_method: how ``peak_memory_bytes`` was measured (:data:`PEAK_METHODS`), since
+            the three are not alike: a CUDA peak catches every transient tensor, a sampled one
+            only what is held when a token streams, and RSS counts the whole process.
         identical: output equals the same engine's plain output (None when sampling).
         same_as_specdemo_plain: output equals our plain output (greedy only).
     """
@@ -137,6 +140,7 @@ class Run:
     draft_s: float | None = None
     verify_s: float | None = None
     peak_memory_bytes: int | None = None
+    peak_memory_method: str | None = None
     extra_memory_bytes: int | None = None
     finish_reason: str | None = None
     identical: bool | None = None
@@ -157,13 +161,21 @@ class Run:
         return out
 
 
+#: device type -> how :class:`PeakMemory` measures there (``Run.peak_memory_method``)
+PEAK_METHODS = {"cuda": "torch.cuda.max_memory_allocated (every allocation)",
+                "mps": "torch.mps.current_allocated_memory sampled at each streamed token",
+                "cpu": "process RSS sampled at each streamed token"}
+
+
 class PeakMemory:
-    """Peak memory of one decode on ``device`` (see :attr:`Run.peak_memory_bytes`)."""
+    """Peak memory of one decode on ``device`` (see :attr:`Run.peak_memory_bytes`); ``method``
+    says how it was measured there."""
 
     def __init__(self, device) -> None:
         import torch
         from ..hardware import memory_in_use_bytes
         self.device = torch.device(device)
+        self.method = PEAK_METHODS.get(self.device.type, PEAK_METHODS["cpu"])
         self._in_use = memory_in_use_bytes
         self.peak = 0
 

@@ -204,6 +204,7 @@ class TransformersEngine:
             run.elapsed_s = time.perf_counter() - start
         run.token_ids = output[0, len(prompt_ids):].tolist()
         run.new_tokens, run.ttft_s, run.peak_memory_bytes = len(run.token_ids), streamer.ttft_s, memory.peak
+        run.peak_memory_method = memory.method
         if draft_length is None:
             run.rounds = run.round_tokens = run.new_tokens  # one forward per token, prefill included
         ended = run.token_ids and run.token_ids[-1] in self.target.eos_token_ids

@@ -161,7 +161,8 @@ CSV_COLUMNS = (
     "mean_acceptance_length", "mean_acceptance_length_min", "mean_acceptance_length_max",
     "per_position_acceptance",
     "plain_ttft_s", "plain_ttft_s_min", "plain_ttft_s_max", "ttft_s", "ttft_s_min", "ttft_s_max",
-    "draft_s", "verify_s", "peak_memory_bytes", "extra_memory_bytes", "new_tokens", "plain_new_tokens",
+    "draft_s", "verify_s", "peak_memory_bytes", "peak_memory_method", "extra_memory_bytes", "new_tokens",
+    "plain_new_tokens",
     "vs_transformers", "vs_transformers_min", "vs_transformers_max",
     "plain_vs_transformers", "plain_vs_transformers_min", "plain_vs_transformers_max",
 )

@@ -59,7 +59,7 @@ class SpecdemoEngine:
                    rounds=s.target_forwards, round_tokens=max(s.new_tokens - 1, 0),
                    position_drafted=list(s.position_drafted),
                    position_accepted=list(s.position_accepted), draft_s=s.draft_s,
-                   verify_s=s.verify_s, peak_memory_bytes=memory.peak,
+                   verify_s=s.verify_s, peak_memory_bytes=memory.peak, peak_memory_method=memory.method,
                    extra_memory_bytes=s.extra_memory_bytes, finish_reason=s.finish_reason,
                    token_ids=list(result.token_ids), **where)
 

@@ -15,7 +15,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..sampling import SamplingParams, choose, next_token_probs
+from ..sampling import (Generators, SamplingParams, choose, generator_for, next_token_probs,
+                        penalize, probs_from_logits)
 
 
 @dataclass
@@ -115,3 +116,53 @@ def draw(logits: torch.Tensor, context: list[int], params: SamplingParams,
             else _EMPTY)
     p = next_token_probs(logits, seen, params)
     return choose(p, params, generator), p
+
+
+class DraftSampler:
+    """Draws one proposal's tokens on the device of the drafter's logits and hands the ids to
+    the host once, at the end (:meth:`proposal`): no ``int(argmax)`` per drafted token, so an
+    autoregressive drafter on a GPU queues its whole draft without waiting for the device.
+
+    Tokens come back as (1,) long tensors to feed the drafter's next step. Each distribution is
+    the one its token was drawn from (one-hot at the argmax when greedy): the q of the
+    speculative-sampling rule. The repetition penalty sees the context and the tokens drawn so
+    far, as :func:`draw` does.
+
+    Args:
+        context: the ids before the first draft token.
+        params: the target's sampling parameters.
+        generator: see ``sampling.generator_for``; used on the logits' device.
+    """
+
+    def __init__(self, context: list[int], params: SamplingParams,
+                 generator: Generators | torch.Generator | None) -> None:
+        self.context, self.params, self.generator = context, params, generator
+        self.tokens: list[torch.Tensor] = []
+        self.probs: list[torch.Tensor] = []
+        self._seen: torch.Tensor | None = None
+
+    def draw(self, logits: torch.Tensor) -> torch.Tensor:
+        """One token from (V,) target-vocabulary logits; returns it as a (1,) long tensor on
+        the logits' device."""
+        params = self.params
+        if params.repetition_penalty != 1.0:
+            if self._seen is None:
+                self._seen = torch.tensor(self.context, device=logits.device)
+            logits = penalize(logits, self._seen, params.repetition_penalty)
+        if params.greedy:  # one-hot q, built on the device (F.one_hot checks its input on CUDA)
+            token = logits.float().argmax(-1, keepdim=True)
+            p = torch.zeros(logits.shape[-1], device=logits.device).scatter_(0, token, 1.0)
+        else:
+            p = probs_from_logits(logits, params)
+            token = torch.multinomial(p, 1, generator=generator_for(self.generator, p.device))
+        if self._seen is not None:
+            self._seen = torch.cat([self._seen, token])
+        self.tokens.append(token)
+        self.probs.append(p)
+        return token
+
+    def proposal(self, source: str | None) -> Proposal:
+        """The tokens drawn so far, their ids moved to the host in one transfer."""
+        if not self.tokens:
+            return Proposal([], source=source)
+        return Proposal(torch.cat(self.tokens).tolist(), torch.stack(self.probs), source=source)

@@ -31,7 +31,7 @@ from ..errors import DrafterRefused
 from ..kv import cache_bytes
 from ..sampling import SamplingParams
 from . import folders
-from .base import Proposal, draw, fit_vocab, param_bytes
+from .base import DraftSampler, Proposal, fit_vocab, param_bytes
 from .features import dflash_indices, num_layers
 
 FAMILY = "dflash"
@@ -314,14 +314,10 @@ class DFlashDrafter:
                 generator: torch.Generator | None) -> Proposal:
         if k <= 0:
             return Proposal([], source=self.name)
-        logits = self._block_logits(context, k)
-        ids, probs, seq = [], [], list(context)
-        for row in logits:
-            token, p = draw(row, seq, params, generator)
-            ids.append(token)
-            probs.append(p)
-            seq.append(token)
-        return Proposal(ids, torch.stack(probs), source=self.name)
+        sampler = DraftSampler(context, params, generator)
+        for row in self._block_logits(context, k):
+            sampler.draw(row)
+        return sampler.proposal(self.name)
 
     def feedback(self, n_accepted: int) -> None:
         pass

@@ -12,7 +12,7 @@ import torch
 
 from ..kv import KVModel
 from ..sampling import SamplingParams
-from .base import Proposal, draw, fit_vocab, param_bytes
+from .base import DraftSampler, Proposal, fit_vocab, param_bytes
 
 
 class ModelDrafter:
@@ -45,17 +45,15 @@ class ModelDrafter:
         while common < limit and self._fed[common] == context[common]:
             common += 1
         self.kv.rollback(common)
-        pending, seq = context[common:], list(context)
-        ids, probs = [], []
+        pending = context[common:]
+        sampler = DraftSampler(context, params, generator)
         for _ in range(k):
             logits = fit_vocab(self.kv.forward(pending)[-1], self.vocab_size)
-            token, p = draw(logits, seq, params, generator)
-            ids.append(token)
-            probs.append(p)
-            seq.append(token)
-            pending = [token]
-        self._fed = seq[:-1]  # the last draft token was never fed
-        return Proposal(ids, torch.stack(probs), source=self.name)
+            pending = sampler.draw(logits)  # fed as a device tensor: no wait per token
+        proposal = sampler.proposal(self.name)
+        self._fed = list(context) + proposal.ids[:-1]  # the last draft token was never fed
+        self.kv.ids[len(context):] = proposal.ids[:-1]  # the fed draft tokens, as ids
+        return proposal
 
     def feedback(self, n_accepted: int) -> None:
         pass
@@ -103,4 +101,35 @@ def early_exit_view(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
     view_inner.layers = torch.nn.ModuleList(list(layers)[:n_layers])
     view_inner.config = config
     view.model = view_inner
+    _rebind_hooked_forward(view)
+    _rebind_hooked_forward(view_inner)
     return view
+
+
+def _rebind_hooked_forward(copied: torch.nn.Module) -> None:
+    """Make a shallow copy of an accelerate-hooked module run its *own* forward.
+
+    ``dispatch_model`` / ``device_map="auto"`` replace a module's ``forward`` by an instance
+    attribute that runs the hook around ``_old_forward``, a method bound to the original module;
+    ``copy.copy`` keeps both, so a view would call the whole original model (early exit returned
+    the full model's logits). Here the copy gets the same hook (``_hf_hook``: inputs to the
+    execution device, offloaded weights loaded for the call) around its class's forward bound to
+    the copy, as accelerate's ``add_hook_to_module`` builds it.
+    """
+    hook = copied.__dict__.get("_hf_hook")
+    if "_old_forward" not in copied.__dict__ or hook is None:
+        return
+    import functools
+    own = type(copied).forward.__get__(copied)
+
+    def forward(*args, **kwargs):
+        args, kwargs = hook.pre_forward(copied, *args, **kwargs)
+        if getattr(hook, "no_grad", False):
+            with torch.no_grad():
+                output = own(*args, **kwargs)
+        else:
+            output = own(*args, **kwargs)
+        return hook.post_forward(copied, output)
+
+    copied._old_forward = own
+    copied.forward = functools.update_wrapper(forward, own)

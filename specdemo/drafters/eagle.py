@@ -28,7 +28,7 @@ from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..sampling import SamplingParams
-from .base import Proposal, draw, param_bytes
+from .base import DraftSampler, Proposal, param_bytes
 from .vocab import expand_logits, target_ids
 
 
@@ -330,24 +330,19 @@ class Eagle3Drafter:
         if not self._pending:  # the engine observes after every target forward
             raise RuntimeError("EAGLE-3 drafter: no new target features since the last round")
         logits = self._catch_up(context)
-        ids, probs, seq = [], [], list(context)
+        sampler = DraftSampler(context, params, generator)
         hidden, past = self._last_out, self._past
         position = self._n_real
         for step in range(k):
-            full = expand_logits(logits.float(), self._ids, self.vocab_size)
-            token, p = draw(full, seq, params, generator)
-            ids.append(token)
-            probs.append(p)
-            seq.append(token)
+            token = sampler.draw(expand_logits(logits.float(), self._ids, self.vocab_size))
             if step + 1 == k:
                 break
             pos = torch.tensor([[position]], device=hidden.device)
-            hidden, out_logits, past = self.head.step(
-                hidden, torch.tensor([[token]], device=hidden.device), pos, past)
+            hidden, out_logits, past = self.head.step(hidden, token.view(1, 1), pos, past)
             logits = out_logits[0, -1]
             position += 1
         self._past = past
-        return Proposal(ids, torch.stack(probs), source=self.name)
+        return sampler.proposal(self.name)
 
     def feedback(self, n_accepted: int) -> None:
         pass

@@ -217,8 +217,13 @@ LOADERS: dict[str, Callable] = {dflash.FAMILY: dflash.load_checked,
                                 mtp.ASSISTANT: mtp.load_assistant_checked}
 
 
-def load_learned(spec: str, target, dtype: torch.dtype = torch.float32):
+def load_learned(spec: str, target, dtype: torch.dtype | None = None):
     """Load and check the learned drafter ``spec`` for a loaded ``target`` (models.LoadedModel).
+
+    Args:
+        dtype: the drafter's weight dtype; None (the default) loads it in the target's dtype
+            (``target.dtype``): a bfloat16 target gets a bfloat16 drafter, as its hidden states
+            and embeddings are bfloat16 too, and the drafter takes half the memory of float32.
 
     Returns:
         An object with ``new_drafter(target_model, vocab_size, name)``, ``warnings``, ``spec``
@@ -228,9 +233,16 @@ def load_learned(spec: str, target, dtype: torch.dtype = torch.float32):
         ModelLoadError: it is not a learned drafter or its files cannot be read.
     """
     start = time.perf_counter()
-    loaded = _load_learned(spec, target, dtype)
+    loaded = _load_learned(spec, target, dtype or target_dtype(target))
     loaded.load_s = time.perf_counter() - start
     return loaded
+
+
+def target_dtype(target) -> torch.dtype:
+    """The floating dtype a learned drafter of ``target`` loads in: ``target.dtype`` (the compute
+    dtype when the target is quantised), float32 when it has none."""
+    dtype = getattr(target, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
 def _load_learned(spec: str, target, dtype: torch.dtype):

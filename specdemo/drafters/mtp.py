@@ -37,7 +37,7 @@ from torch import nn
 from ..errors import DrafterRefused
 from ..kv import cache_bytes
 from ..sampling import SamplingParams
-from .base import Proposal, draw, fit_vocab, param_bytes
+from .base import DraftSampler, Proposal, fit_vocab, param_bytes
 from .features import num_layers
 
 ASSISTANT = "gemma4-assistant"
@@ -196,19 +196,17 @@ class Gemma4AssistantDrafter:
                                f"positions, context has {len(context)} tokens")
         device = self._last.device
         position = torch.tensor([[len(context) - 1]], device=device)
-        hidden, token = self._last, context[-1]
-        ids, probs, seq = [], [], list(context)
+        hidden, token = self._last, torch.tensor([context[-1]], device=device)
+        sampler = DraftSampler(context, params, generator)
+        dtype = next(self.assistant.parameters()).dtype  # the target's unless asked otherwise
+        kv = {kind: (keys.to(dtype), values.to(dtype)) for kind, (keys, values) in self._kv.items()}
         for _ in range(k):
-            embeds = self._embed(torch.tensor([[token]], device=device))
-            out = self.assistant(inputs_embeds=torch.cat([embeds, hidden], dim=-1),
-                                 position_ids=position, shared_kv_states=dict(self._kv))
-            token, p = draw(fit_vocab(out.logits[0, -1].float(), self.vocab_size), seq, params,
-                            generator)
-            ids.append(token)
-            probs.append(p)
-            seq.append(token)
+            embeds = self._embed(token.view(1, 1))
+            out = self.assistant(inputs_embeds=torch.cat([embeds, hidden.to(embeds.dtype)], dim=-1).to(dtype),
+                                 position_ids=position, shared_kv_states=kv)
+            token = sampler.draw(fit_vocab(out.logits[0, -1].float(), self.vocab_size))
             hidden = out.last_hidden_state
-        return Proposal(ids, torch.stack(probs), source=self.name)
+        return sampler.proposal(self.name)
 
     def feedback(self, n_accepted: int) -> None:
         pass
@@ -244,13 +242,14 @@ class NativeMtpDrafter:
     def observe(self, features: torch.Tensor) -> None:
         self._pending.append(features)
 
-    def _step(self, hidden: torch.Tensor, ids: list[int], start: int) -> torch.Tensor:
-        """MTP layer 0 over pairs (hidden (1, n, H) at positions start.., token ids after them);
-        returns its (1, n, H) outputs (cached under positions start + 1..)."""
+    def _step(self, hidden: torch.Tensor, ids: list[int] | torch.Tensor, start: int) -> torch.Tensor:
+        """MTP layer 0 over pairs (hidden (1, n, H) at positions start.., token ids after them:
+        a list or a (n,) long tensor on the device); returns its (1, n, H) outputs (cached under
+        positions start + 1..)."""
         device = hidden.device
-        positions = torch.arange(start + 1, start + 1 + len(ids), device=device)[None]
-        return self.mtp.forward_layer(0, hidden, positions, self._cache,
-                                      input_ids=torch.tensor([ids], device=device))
+        ids = torch.as_tensor(ids, device=device).view(1, -1)
+        positions = torch.arange(start + 1, start + 1 + ids.shape[1], device=device)[None]
+        return self.mtp.forward_layer(0, hidden, positions, self._cache, input_ids=ids)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams,
@@ -268,18 +267,15 @@ class NativeMtpDrafter:
         hidden = self._step(feats.to(self.mtp.layers[0].eh_proj.weight.dtype),
                             context[start + 1:start + n + 1], start)[:, -1:]
         self._n = start + n
-        ids, probs, seq = [], [], list(context)
+        sampler = DraftSampler(context, params, generator)
         for step in range(k):
             logits = self.mtp._project_to_logits(hidden)[0, -1].float()
-            token, p = draw(fit_vocab(logits, self.vocab_size), seq, params, generator)
-            ids.append(token)
-            probs.append(p)
-            seq.append(token)
+            token = sampler.draw(fit_vocab(logits, self.vocab_size))
             if step + 1 < k:
-                hidden = self._step(hidden, [token], self._n + step)
+                hidden = self._step(hidden, token, self._n + step)
         if k > 1:
             self._cache.crop(-(k - 1))  # keep only accepted pairs
-        return Proposal(ids, torch.stack(probs), source=self.name)
+        return sampler.proposal(self.name)
 
     def feedback(self, n_accepted: int) -> None:
         pass

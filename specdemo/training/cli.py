@@ -198,6 +198,11 @@ def _train(args: argparse.Namespace) -> int:
     recipe_file = out / "recipe.json"
     recipe = _recipe(args, target, recipe_file, temperature=temperature)
     recipe_file.write_text(_recipe_json(recipe))
+    if args.kind == "eagle3":
+        try:  # seconds now rather than a failure after an hour of generation and capture
+            train.preflight(target, recipe)
+        except RuntimeError as exc:
+            fail(f"training would fail on {target.device}: {exc}")
     timings = {}
     t0 = time.time()
     budget_s = None if args.generate_minutes is None else 60 * args.generate_minutes

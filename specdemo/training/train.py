@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -83,6 +83,7 @@ def new_head(target, recipe: Recipe, token_counts: torch.Tensor) -> Eagle3Head:
     head = Eagle3Head(layer, recipe.draft_vocab_size, recipe.feature_layers,
                       verifier={"name_or_path": verifier_name(target), "architectures":
                                 list(getattr(target.model.config, "architectures", None) or [])})
+    head = head.to(target.device)  # built where the target runs: its features, embeddings, head
     d2t, t2d = build_maps(token_counts, recipe.draft_vocab_size)
     head.d2t.copy_(d2t)
     head.t2d.copy_(t2d)
@@ -97,6 +98,55 @@ def new_head(target, recipe: Recipe, token_counts: torch.Tensor) -> Eagle3Head:
         layer.mlp.down_proj.weight.mul_(0.1)
     head.attach(target.model.get_input_embeddings())
     return head
+
+
+def placement_problems(head: Eagle3Head, target, batch=()) -> list[str]:
+    """Why ``head`` and a training ``batch`` (tensors) cannot train together with ``target``:
+    every parameter and buffer of the head, and every batch tensor, must be on the target's
+    device; the head's floating parameters in float32. One sentence each; [] when fine."""
+    problems = []
+    device = torch.device(target.device)
+    for name, tensor in [*head.named_parameters(), *head.named_buffers()]:
+        if tensor.device.type != device.type:
+            problems.append(f"head tensor {name} is on {tensor.device}, the target on {device}")
+        elif tensor.is_floating_point() and not name.startswith("embed_tokens") \
+                and tensor.dtype != torch.float32:
+            problems.append(f"head tensor {name} is {tensor.dtype}, training needs float32")
+    for i, tensor in enumerate(batch):
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != device.type:
+            problems.append(f"batch tensor {i} is on {tensor.device}, the target on {device}")
+    return problems
+
+
+def preflight(target, recipe: Recipe) -> None:
+    """One training step of a throwaway head on a made-up batch, on the target's device, before
+    the hour of generation and capture: a placement or dtype mistake fails here in seconds.
+
+    Raises:
+        RuntimeError: the head or the batch is misplaced (the problems), or the step fails.
+    """
+    counts = torch.ones(target.vocab_size, dtype=torch.long)
+    head = new_head(target, replace(recipe, draft_vocab_size=min(recipe.draft_vocab_size,
+                                                                  target.vocab_size)), counts)
+    hidden = head.config.hidden_size
+    n = 6
+    item = {"ids": torch.arange(n) % target.vocab_size, "n_prompt": 2,
+            "features": torch.zeros(n, hidden * len(head.feature_layers)),
+            "last": torch.zeros(n, hidden)}
+    batch = to_device(collate([item, item], recipe.ttt_steps), target.device)
+    problems = placement_problems(head, target, batch)
+    if problems:
+        raise RuntimeError("train-draft cannot train on this placement: " + "; ".join(problems))
+    target_head = target.model.get_output_embeddings().weight[head.draft_ids()].detach().float()
+    loss, _ = ttt_loss(head, target_head, batch, recipe)
+    loss.backward()
+    for p in target.model.parameters():  # the head's attached embeddings are the target's
+        p.grad = None
+
+
+def to_device(batch, device):
+    """A collated batch with every tensor on ``device``."""
+    return tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in batch)
 
 
 def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
@@ -165,7 +215,7 @@ def ttt_loss(head: Eagle3Head, target_head: torch.Tensor, batch, recipe: Recipe)
     """
     features, ids, last, answer, lengths = batch
     t = features.shape[1]
-    anchors = torch.arange(t).unsqueeze(0)  # (1, T)
+    anchors = torch.arange(t, device=features.device).unsqueeze(0)  # (1, T)
     hidden = head.ttt_forward(features, ids, recipe.ttt_steps, logits=False)
     total, weight, agree = 0.0, 0.0, []
     for j, h in enumerate(hidden):
@@ -237,9 +287,9 @@ def train(head: Eagle3Head, target, items: list[dict], recipe: Recipe, out_dir: 
                 start = time.perf_counter()
                 for group in optimizer.param_groups:
                     group["lr"] = _lr(state.step, planned, recipe)
-                loss, agree = ttt_loss(head, target_head,
-                                       collate([items[i] for i in order[b]], recipe.ttt_steps,
-                                               recipe.loss_on_prompt), recipe)
+                batch = to_device(collate([items[i] for i in order[b]], recipe.ttt_steps,
+                                          recipe.loss_on_prompt), target_head.device)
+                loss, agree = ttt_loss(head, target_head, batch, recipe)
                 optimizer.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
