@@ -15,7 +15,7 @@ from typing import Callable
 
 import gradio as gr
 
-from . import bench
+from . import PROJECT_DIR, bench
 from .prompts import TASKS, load_prompts
 
 DRAFT_LENGTH_CHOICES = ["1", "2", "3", "4", "6", "8", "12", "16", "auto"]
@@ -131,7 +131,7 @@ def results_table(sweep: bench.Sweep):
     return pd.DataFrame(rows, columns=[table_header(col) for col in TABLE_COLUMNS])
 
 
-REFERENCE_SWEEP = Path(__file__).resolve().parent.parent / "docs" / "bench-cpu" / "bench.json"
+REFERENCE_SWEEP = PROJECT_DIR / "docs" / "bench-cpu" / "bench.json"
 _SECONDS_PER_TOKEN: list[float] = []  # measured by this process's last sweep
 
 
