@@ -1,7 +1,7 @@
 """Launch the side-by-side chat app: ``python app.py [--host H] [--port P] [--no-browser] [--preset NAME] [--share]``.
 
 Thin on purpose: parse flags, start loading the preset's models, build the page
-(``specdemo.ui``) and launch it. The models load on this (main) thread while another thread
+(``specdemo.interfaces.ui``) and launch it. The models load on this (main) thread while another thread
 imports gradio and serves the page (model work releases the GIL, so the two overlap); the page
 shows each slow step with a progress bar, and the same steps are printed here.
 """
@@ -20,8 +20,8 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
 def preset_arg(name: str) -> str:
     """A preset that exists (the message lists the valid names, as the /race API does)."""
-    from specdemo import inputs
-    from specdemo.presets import PresetError, list_presets
+    from specdemo.checks import inputs
+    from specdemo.services.presets import PresetError, list_presets
     try:
         names = [p.name for p in list_presets()]
     except PresetError as exc:
@@ -53,7 +53,7 @@ def serve_page(args: argparse.Namespace, served: list, failed: threading.Event) 
     """Import gradio, build the page and launch it (on a thread of its own). If that fails (a
     port in use, say), the error is printed and ``failed`` is set: no app without its page."""
     try:
-        from specdemo import ui, ui_state
+        from specdemo.interfaces import ui, ui_state
         ui_state.APP_PRESET[0] = args.preset  # also what /race runs when it names no preset
         demo = ui.build_ui(args.preset, host=args.host, share=args.share)
         ui.launch(demo, host=args.host, port=args.port, inbrowser=not args.no_browser,
@@ -71,8 +71,9 @@ def say_when_ready(ready: threading.Event) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from specdemo import race, startup, ui_state
-    from specdemo.cli import quiet_library_logs
+    from specdemo.services import race, startup
+    from specdemo.interfaces import ui_state
+    from specdemo.interfaces.cli import quiet_library_logs
     quiet_library_logs()
     ui_state.CACHE.backend = args.backend
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdemo.cli import main as specdemo_main  # noqa: E402
+from specdemo.interfaces.cli import main as specdemo_main  # noqa: E402
 
 DEFAULTS = ["--draft", "ngram", "--tasks", "code,maths,grounded,chat,creative",
             "--draft-lengths", "2,4,10,auto", "--repeats", "3", "--max-new-tokens", "96"]

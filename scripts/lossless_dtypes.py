@@ -46,10 +46,10 @@ def measure(target: str, drafts: list[str], dtypes: list[str], k: int, max_new_t
             device: str = "cpu", on_row=None) -> list[dict]:
     """One row per (dtype, draft): {dtype, draft, prompts, diverged, first_divergences, tokens,
     note, per_prompt: [{task, prompt, first_divergence}]}."""
-    from specdemo.drafters.learned import is_learned, load_learned
-    from specdemo.models import load_model
-    from specdemo.pipeline import DecodeSettings, Pipeline, first_divergence
-    from specdemo.prompts import load_prompts
+    from specdemo.models.learned import is_learned, load_learned
+    from specdemo.models.loading import load_model
+    from specdemo.services.pipeline import DecodeSettings, Pipeline, first_divergence
+    from specdemo.services.prompts import load_prompts
 
     prompts = [(task, p) for task, ps in load_prompts().items() for p in ps]
     settings = DecodeSettings(max_new_tokens=max_new_tokens, temperature=0.0, draft_length=k)

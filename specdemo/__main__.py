@@ -1,5 +1,5 @@
-"""``python -m specdemo``: see :mod:`specdemo.cli`."""
+"""``python -m specdemo``: see :mod:`specdemo.interfaces.cli`."""
 
-from .cli import main
+from .interfaces.cli import main
 
 raise SystemExit(main())

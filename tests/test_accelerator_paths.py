@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdemo.drafters.dflash import DFlashDrafter
-from specdemo.drafters.draft_model import ModelDrafter, early_exit_view
-from specdemo.drafters.eagle import Eagle3Drafter
-from specdemo.drafters.learned import load_learned, target_dtype
-from specdemo.drafters.mtp import Gemma4AssistantDrafter, NativeMtpDrafter
-from specdemo.drafters.ngram import NgramDrafter
-from specdemo.engine import generate
-from specdemo.kv import KVModel
-from specdemo.models import LoadedModel
-from specdemo.policy import FixedDraftLength
-from specdemo.sampling import Generators, SamplingParams, generator_for
+from specdemo.core.drafters.dflash import DFlashDrafter
+from specdemo.core.drafters.draft_model import ModelDrafter, early_exit_view
+from specdemo.core.drafters.eagle import Eagle3Drafter
+from specdemo.models.learned import load_learned, target_dtype
+from specdemo.core.drafters.mtp import Gemma4AssistantDrafter, NativeMtpDrafter
+from specdemo.core.drafters.ngram import NgramDrafter
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.models.loading import LoadedModel
+from specdemo.core.policy import FixedDraftLength
+from specdemo.core.sampling import Generators, SamplingParams, generator_for
 from tiny import (CharTokenizer, tiny_dflash, tiny_eagle, tiny_gemma4, tiny_gemma4_assistant,
                   tiny_llama, tiny_mtp_target)
 
@@ -93,7 +93,7 @@ def test_learned_drafters_default_to_the_targets_dtype():
 
 
 def test_the_builtin_eagle3_head_loads_in_a_bfloat16_targets_dtype():
-    from specdemo.drafters.learned import BUILTIN_DIR, eagle_io
+    from specdemo.models.learned import BUILTIN_DIR, eagle_io
     folder = BUILTIN_DIR / "smollm2-135m-eagle3"
     if not (folder / "config.json").is_file():
         pytest.skip("the built-in drafter's files are not in this checkout")
@@ -290,7 +290,7 @@ def test_offloaded_layers_are_named(tmp_path):
 
 
 def test_the_page_and_the_json_say_when_layers_are_offloaded(tmp_path, monkeypatch, capsys):
-    from specdemo import decode_cli, ui_state
+    from specdemo.interfaces import decode_cli, ui_state
     hooked = _offloaded(tmp_path)
     target = loaded(hooked, spec="tiny-offloaded")
 
@@ -352,13 +352,13 @@ def _training_target():
 
 
 def _recipe():
-    from specdemo.training import train
+    from specdemo.services.training import train
     return train.Recipe(draft_vocab_size=24, ttt_steps=2, epochs=1, batch_tokens=64,
                         feature_layers=(1, 2, 3))
 
 
 def test_the_new_head_and_every_training_batch_are_on_the_targets_device():
-    from specdemo.training import train
+    from specdemo.services.training import train
     target = _training_target()
     head = train.new_head(target, _recipe(), torch.ones(32, dtype=torch.long))
     devices = {t.device for t in [*head.parameters(), *head.buffers()]}
@@ -372,7 +372,7 @@ def test_the_new_head_and_every_training_batch_are_on_the_targets_device():
 
 
 def test_a_misplaced_head_is_named_before_training():
-    from specdemo.training import train
+    from specdemo.services.training import train
     target = _training_target()
     head = train.new_head(target, _recipe(), torch.ones(32, dtype=torch.long))
     head.norm.weight = torch.nn.Parameter(head.norm.weight.detach().to("meta"))
@@ -384,7 +384,7 @@ def test_a_misplaced_head_is_named_before_training():
 
 
 def test_preflight_runs_one_step_on_the_targets_device():
-    from specdemo.training import train
+    from specdemo.services.training import train
     target = _training_target()
     train.preflight(target, _recipe())  # raises on a placement or dtype mistake
     assert all(p.grad is None for p in target.model.parameters())  # the target is not trained
@@ -397,8 +397,8 @@ def test_every_learned_drafter_preset_counts_the_bytes_its_drafter_loads_in():
     load in the target's dtype, which is what the presets count."""
     from dataclasses import replace
 
-    from specdemo import presets as P
-    from specdemo.models import resolve_dtype
+    from specdemo.services import presets as P
+    from specdemo.models.loading import resolve_dtype
     learned = [p for p in P.list_presets() if p.draft_is_learned and p.draft_params]
     assert {p.name for p in learned} >= {"llama3.1-8b-eagle3", "qwen3-4b-dflash",
                                          "gemma4-e2b-assistant", "smollm2-135m-eagle3"}
@@ -414,8 +414,8 @@ def test_every_learned_drafter_preset_counts_the_bytes_its_drafter_loads_in():
 def test_an_auto_dtype_preset_counts_float32_on_the_cpu_and_is_refused_where_that_does_not_fit():
     from dataclasses import replace
 
-    from specdemo import hardware as H
-    from specdemo import presets as P
+    from specdemo.models import hardware as H
+    from specdemo.services import presets as P
     base = P.get_preset("smollm2-135m-eagle3")
     auto = replace(base, dtype="auto", memory_bytes=base.memory_bytes // 2 + 10)
     assert auto.weight_bytes(device="cpu") == 4 * (auto.target_params + auto.draft_params)
@@ -431,7 +431,7 @@ def test_an_auto_dtype_preset_counts_float32_on_the_cpu_and_is_refused_where_tha
 # --- 8. Apple silicon ---------------------------------------------------------------------------
 
 def test_bfloat16_on_mps_needs_macos_14():
-    from specdemo.models import mps_bfloat16_problem
+    from specdemo.models.loading import mps_bfloat16_problem
     assert mps_bfloat16_problem("13.6.1") == (
         "bfloat16 on Apple MPS needs macOS 14 or later and this Mac runs macOS 13.6.1; use "
         "--dtype float16 or float32, or update macOS")
@@ -442,7 +442,7 @@ def test_bfloat16_on_mps_needs_macos_14():
 def test_a_bfloat16_load_on_an_old_mac_is_refused_before_loading(monkeypatch):
     import platform
 
-    from specdemo import models
+    from specdemo.models import loading as models
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     monkeypatch.setattr(platform, "mac_ver", lambda: ("13.5", ("", "", ""), "arm64"))
     monkeypatch.setattr(models, "_load", lambda *a, **k: pytest.fail("loaded anyway"))
@@ -453,8 +453,8 @@ def test_a_bfloat16_load_on_an_old_mac_is_refused_before_loading(monkeypatch):
 def test_bfloat16_presets_are_refused_on_an_old_mac_with_the_reason(monkeypatch):
     import platform
 
-    from specdemo import hardware as H
-    from specdemo import presets as P
+    from specdemo.models import hardware as H
+    from specdemo.services import presets as P
     mac = H.HardwareInfo("mps", "Fake Apple silicon 64 GB", 64 * 2**30, 60 * 2**30, 8,
                          64 * 2**30, 60 * 2**30)
     preset = P.get_preset("qwen2.5-1.5b-0.5b")
@@ -466,13 +466,13 @@ def test_bfloat16_presets_are_refused_on_an_old_mac_with_the_reason(monkeypatch)
 
 
 def test_mps_loads_straight_to_the_device():
-    from specdemo.models import _placement
+    from specdemo.models.loading import _placement
     assert _placement(torch.device("mps"), torch.float32, None) == {"device_map": {"": "mps"}}
     assert _placement(torch.device("cpu"), torch.float32, None) == {}
 
 
 def test_out_of_memory_cleanup_empties_the_mps_cache(monkeypatch):
-    from specdemo import race
+    from specdemo.services import race
     emptied = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
@@ -484,14 +484,14 @@ def test_out_of_memory_cleanup_empties_the_mps_cache(monkeypatch):
 # --- 9. the bench says how peak memory was measured -------------------------------------------
 
 def test_peak_memory_names_how_it_was_measured():
-    from specdemo.bench.config import PEAK_METHODS, PeakMemory
+    from specdemo.services.bench.config import PEAK_METHODS, PeakMemory
     with PeakMemory("cpu") as memory:
         big = torch.ones(4 << 20)
         memory.sample()
     assert memory.peak > 0 and big.numel()
     assert memory.method == PEAK_METHODS["cpu"] == "process RSS sampled at each streamed token"
     assert PEAK_METHODS["cuda"].startswith("torch.cuda.max_memory_allocated")
-    from specdemo.bench.report import CSV_COLUMNS
+    from specdemo.services.bench.report import CSV_COLUMNS
     assert CSV_COLUMNS[CSV_COLUMNS.index("peak_memory_bytes") + 1] == "peak_memory_method"
 
 

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdemo import bench
-from specdemo.bench import BenchConfig, Run, pool, run_sweep, summarise, write_outputs
-from specdemo.pipeline import Pipeline
-from specdemo.stats import DecodeStats
+from specdemo.services import bench
+from specdemo.services.bench import BenchConfig, Run, pool, run_sweep, summarise, write_outputs
+from specdemo.services.pipeline import Pipeline
+from specdemo.core.stats import DecodeStats
 from tiny import CharTokenizer, tiny_llama
 
 VOCAB = 96  # > 64: the auto policy measures forward costs on ids 1..64
@@ -271,8 +271,8 @@ def test_sweep_refuses_plain_only(target):
 
 
 def test_cli_parser_and_preset_conflict():
-    from specdemo.bench.cli import resolve_models
-    from specdemo.cli import build_parser
+    from specdemo.interfaces.bench_cli import resolve_models
+    from specdemo.interfaces.cli import build_parser
     args = build_parser().parse_args(["bench", "--preset", "p", "--target", "t", "--out", "x"])
     with pytest.raises(ValueError, match="either --preset or --target"):
         resolve_models(args)
@@ -286,7 +286,7 @@ def test_cli_parser_and_preset_conflict():
 
 def test_benchmark_tab_builds_and_runs(target, monkeypatch, tmp_path):
     import gradio as gr
-    from specdemo import bench_ui
+    from specdemo.interfaces import bench_ui
 
     class Cache:
         def get(self, target_spec, draft, dtype, quantization):
@@ -332,7 +332,7 @@ def test_benchmark_tab_reads_well(target, monkeypatch, tmp_path):
 
     import gradio as gr
 
-    from specdemo import bench_ui
+    from specdemo.interfaces import bench_ui
     pipe = Pipeline(target, "ngram")
 
     class Cache:
@@ -367,7 +367,7 @@ def test_benchmark_tab_reads_well(target, monkeypatch, tmp_path):
     assert [h.replace("\u200b", "") for h in table.columns] == list(bench_ui.TABLE_COLUMNS)
     assert all(part.endswith("_") for h in table.columns for part in h.split("\u200b")[:-1])
     # one draft length, one engine: the point sits on its tick; a long title inside the figure
-    from specdemo.bench.report import speedup_figure
+    from specdemo.services.bench.report import speedup_figure
     sweep = SimpleNamespace(
         target="builtin:smollm2-135m", draft="builtin:smollm2-135m-eagle3+ngram",
         config=SimpleNamespace(draft_lengths=(2,), tasks=("chat",), engines=("specdemo",)),

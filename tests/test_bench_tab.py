@@ -3,8 +3,8 @@ CLI's decodes run), not on a gradio worker thread, and its progress still reache
 
 import threading
 
-from specdemo import bench_ui
-from specdemo.race import DEVICE
+from specdemo.interfaces import bench_ui
+from specdemo.services.race import DEVICE
 
 
 def test_benchmark_sweep_runs_on_the_device_thread_with_progress(monkeypatch):

@@ -32,7 +32,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from specdemo import ui  # noqa: E402
+from specdemo.interfaces import ui  # noqa: E402
 from test_ui import answers, free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

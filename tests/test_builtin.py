@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from specdemo.cli import main
-from specdemo.prompts import load_prompts
+from specdemo.interfaces.cli import main
+from specdemo.services.prompts import load_prompts
 
 pytestmark = pytest.mark.slow  # every test loads the real built-in model
 

@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-import specdemo.startup as startup
-from specdemo import machine
-from specdemo.cli import main
-from specdemo.engine import decode
-from specdemo.kv import KVModel
-from specdemo.machine import OtherCpuUse
-from specdemo.pipeline import DecodeSettings, Pipeline
-from specdemo.race import PLAIN, SPECULATIVE, Race
-from specdemo.ui_format import verdict_html
+import specdemo.services.startup as startup
+from specdemo.core import machine
+from specdemo.interfaces.cli import main
+from specdemo.core.engine import decode
+from specdemo.core.kv import KVModel
+from specdemo.core.machine import OtherCpuUse
+from specdemo.services.pipeline import DecodeSettings, Pipeline
+from specdemo.services.race import PLAIN, SPECULATIVE, Race
+from specdemo.interfaces.ui_format import verdict_html
 from test_race import PROMPT, FakeLoaded, lanes
 from tiny import CharTokenizer, tiny_llama
 
@@ -126,7 +126,7 @@ def test_a_quiet_race_shows_no_warning(loaded, monkeypatch):
 
 
 def test_race_api_json_has_each_lanes_share_and_the_warnings(loaded, monkeypatch):
-    from specdemo import ui_race
+    from specdemo.interfaces import ui_race
     race_lanes = warmed_lanes(loaded, 2)
     monkeypatch.setattr(ui_race, "_new_race", lambda prompt, system, preset, draft, settings,
                         conv, request: Race(race_lanes, settings))

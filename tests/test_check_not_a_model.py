@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdemo.cli import main
+from specdemo.interfaces.cli import main
 
 
 def _not_models(tmp_path):

@@ -5,10 +5,11 @@ import json
 
 import pytest
 
-from specdemo import compat, presets
-from specdemo.cli import main
-from specdemo.decode_cli import draft_length_text, format_stats
-from specdemo.stats import DecodeStats
+from specdemo.checks import compat
+from specdemo.services import presets
+from specdemo.interfaces.cli import main
+from specdemo.interfaces.decode_cli import draft_length_text, format_stats
+from specdemo.core.stats import DecodeStats
 
 
 @pytest.fixture
@@ -21,7 +22,7 @@ def empty_hub_cache(tmp_path, monkeypatch):
 
 
 def test_unreachable_hub_recommends_a_preset_that_runs_offline(empty_hub_cache, monkeypatch, capsys):
-    import specdemo.models as models
+    import specdemo.models.loading as models
     monkeypatch.setattr(models, "_hub_reachable", lambda timeout_s=5.0: False)
     assert main(["presets", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -36,7 +37,7 @@ def test_unreachable_hub_recommends_a_preset_that_runs_offline(empty_hub_cache, 
 
 
 def test_reachable_hub_keeps_download_presets_in_the_running(empty_hub_cache, monkeypatch, capsys):
-    import specdemo.models as models
+    import specdemo.models.loading as models
     monkeypatch.setattr(models, "_hub_reachable", lambda timeout_s=5.0: True)
     assert main(["presets", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -70,8 +71,8 @@ def test_bench_loads_through_the_shared_path_without_a_draft_length(monkeypatch,
     not need it."""
     from argparse import Namespace
 
-    import specdemo.startup as startup
-    from specdemo.decode_cli import pipeline_from_args
+    import specdemo.services.startup as startup
+    from specdemo.interfaces.decode_cli import pipeline_from_args
     from test_race import FakeLoaded
     from tiny import tiny_llama
     loaded = FakeLoaded(tiny_llama(seed=0, layers=1))
@@ -86,7 +87,7 @@ def test_torchao_optional_kernel_failures_are_not_shown(caplog):
     failed to load do not reach the terminal; its other warnings still do."""
     import logging
 
-    from specdemo.cli import quiet_library_logs
+    from specdemo.interfaces.cli import quiet_library_logs
     quiet_library_logs()
     quiet_library_logs()  # idempotent: one filter
     torchao = logging.getLogger("torchao")

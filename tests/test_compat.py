@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from specdemo.compat import check_compatibility, check_specs, non_model_verdict
+from specdemo.checks.compat import check_compatibility, check_specs, non_model_verdict
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<eot>"]
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
@@ -122,11 +122,11 @@ def test_non_model_drafters_are_always_compatible_without_loading(spec):
     assert verdict.reasons and verdict == non_model_verdict(spec)
 
 
-# --- through models.load_tokenizer (specdemo.models) -----------------------------------------
+# --- through models.load_tokenizer (specdemo.models.loading) -----------------------------------------
 
 @pytest.fixture
 def models_module():
-    return pytest.importorskip("specdemo.models", reason="specdemo.models not written yet")
+    return pytest.importorskip("specdemo.models.loading", reason="specdemo.models.loading not written yet")
 
 
 def test_verdict_is_recomputed_when_files_change(tmp_path, monkeypatch, models_module):
@@ -152,7 +152,7 @@ def test_real_refusal_gemma3_draft_for_smollm2_target(models_module):
 
 @pytest.mark.slow
 def test_check_command_exit_status_and_json(models_module, capsys):
-    from specdemo.cli import main
+    from specdemo.interfaces.cli import main
 
     status = main(["check", "--target", "builtin:smollm2-135m", "--draft", "builtin:gemma3-270m", "--json"])
     out = json.loads(capsys.readouterr().out)
@@ -167,7 +167,7 @@ def test_check_command_reports_unloadable_tokenizer(tmp_path, models_module, cap
     """Model folders (a config.json) that hold no tokenizer: exit status 1, the loader's words.
     Folders that are not models at all are refused as run refuses them, exit status 2
     (tests/test_check_not_a_model.py); a missing path at once (tests/test_inputs.py)."""
-    from specdemo.cli import main
+    from specdemo.interfaces.cli import main
 
     for name in ("empty", "bare"):
         (tmp_path / name).mkdir()
@@ -225,7 +225,7 @@ def test_quick_tokenizer_read_matches_the_full_class(models_module, name):
     faster for Gemma 3); what the verdict reads and how text encodes must not change."""
     from transformers import AutoTokenizer
 
-    from specdemo import builtin
+    from specdemo.models import builtin
     folder = builtin._builtin_folder(builtin.BUILTINS[name])  # converted when it is not yet
     quick = builtin.read_tokenizer(folder, quick=True)
     full = AutoTokenizer.from_pretrained(folder)

@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from specdemo import costs, models
-from specdemo.cli import main
-from specdemo.models import LoadedModel
+from specdemo.services import costs
+from specdemo.models import loading as models
+from specdemo.interfaces.cli import main
+from specdemo.models.loading import LoadedModel
 from tiny import CharTokenizer, tiny_llama
 
 KEYS = {"target", "device", "dtype", "quantization", "threads", "clock", "context", "forward_s",
@@ -63,8 +64,8 @@ def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys):
 
 
 def test_before_after_alternates_stock_and_fast_kernels(monkeypatch, tmp_path):
-    from specdemo import fastpath
-    from specdemo.kv import KVModel
+    from specdemo.models import fastpath
+    from specdemo.core.kv import KVModel
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
     model = tiny_llama(seed=0, layers=2, hidden=64)
     with pytest.raises(ValueError, match="fast path is not applied"):

@@ -12,9 +12,9 @@ import re
 import pytest
 import torch
 
-from specdemo.drafters import dflash, eagle_io
-from specdemo.drafters.learned import DrafterRefused, learned_verdict, load_learned
-from specdemo.models import LoadedModel
+from specdemo.core.drafters import dflash, eagle_io
+from specdemo.models.learned import DrafterRefused, learned_verdict, load_learned
+from specdemo.models.loading import LoadedModel
 from test_dflash import _zlab_folder
 from tiny import CharTokenizer, tiny_dflash, tiny_eagle, tiny_gemma4, tiny_gemma4_assistant, tiny_llama
 
@@ -31,7 +31,7 @@ def loaded(model, spec="tiny") -> LoadedModel:
 def _eagle(target, folder, layout="speculators", **head_kwargs):
     head = tiny_eagle(target, 20, seed=4)
     if head_kwargs:
-        from specdemo.drafters.eagle import Eagle3Head
+        from specdemo.core.drafters.eagle import Eagle3Head
         fresh = Eagle3Head(head.config, 20, head.feature_layers, verifier=head.verifier, **head_kwargs)
         fresh.load_state_dict(head.state_dict(), strict=False)
         head = fresh
@@ -255,7 +255,7 @@ def test_a_damaged_gemma4_assistant_is_refused_naming_the_file(tmp_path, damage)
 def test_the_page_and_race_show_the_refusal_as_it_is(target, tmp_path):
     """The page and /race word errors through race.describe_error: a refusal is shown as its
     sentence, not prefixed with a Python class name."""
-    from specdemo.race import describe_error
+    from specdemo.services.race import describe_error
     folder = _eagle(target, tmp_path / "head")
     _cut_in_half(folder)
     with pytest.raises(DrafterRefused) as refused:
@@ -277,7 +277,7 @@ def target_folder(tmp_path_factory, target):
 
 @pytest.mark.parametrize("command", ["check", "run", "compare"])
 def test_cli_refuses_a_damaged_head_with_status_2(target, target_folder, tmp_path, capsys, command):
-    from specdemo.cli import main
+    from specdemo.interfaces.cli import main
     folder = _eagle(target, tmp_path / "head")
     name, words = _cut_in_half(folder)
     argv = [command, "--target", str(target_folder), "--draft", str(folder)]
@@ -297,7 +297,7 @@ def test_cli_refuses_a_damaged_head_with_status_2(target, target_folder, tmp_pat
 def test_check_refuses_a_draft_model_folder_with_a_size_as_text(target_folder, tmp_path, capsys):
     import shutil
 
-    from specdemo.cli import main
+    from specdemo.interfaces.cli import main
     draft = tmp_path / "draft"
     shutil.copytree(target_folder, draft)
     config = json.loads((draft / "config.json").read_text())
@@ -313,7 +313,7 @@ def test_check_refuses_a_draft_model_folder_with_damaged_weights(target_folder, 
     'compatible' from its tokenizer; it must refuse as run does."""
     import shutil
 
-    from specdemo.cli import main
+    from specdemo.interfaces.cli import main
     draft = tmp_path / "draft"
     shutil.copytree(target_folder, draft)
     _cut_in_half(draft)

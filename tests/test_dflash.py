@@ -7,16 +7,16 @@ import re
 import pytest
 import torch
 
-from specdemo.compat import learned_verdict
-from specdemo.drafters import dflash
-from specdemo.drafters.dflash import DFlashDrafter
-from specdemo.drafters.features import dflash_indices
-from specdemo.drafters.learned import DrafterRefused, load_learned
-from specdemo.engine import generate
-from specdemo.kv import KVModel
-from specdemo.models import LoadedModel
-from specdemo.policy import FixedDraftLength, make_policy
-from specdemo.sampling import SamplingParams
+from specdemo.checks.compat import learned_verdict
+from specdemo.core.drafters import dflash
+from specdemo.core.drafters.dflash import DFlashDrafter
+from specdemo.core.drafters.features import dflash_indices
+from specdemo.models.learned import DrafterRefused, load_learned
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.models.loading import LoadedModel
+from specdemo.core.policy import FixedDraftLength, make_policy
+from specdemo.core.sampling import SamplingParams
 from tiny import CharTokenizer, tiny_dflash, tiny_llama
 
 PROMPT = CharTokenizer().encode("speculative decoding, made visible")
@@ -153,7 +153,7 @@ def test_checked_folder_passes(target, tmp_path):
 
 
 def test_prompt_lookup_stacked_over_dflash_stays_lossless(target):
-    from specdemo.drafters.combined import CombinedDrafter
+    from specdemo.core.drafters.combined import CombinedDrafter
     tok = CharTokenizer()
     prompt = tok.encode("abc abc abc abc abc abc abc abc ") + PROMPT
     kv = KVModel(target)

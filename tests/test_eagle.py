@@ -5,14 +5,14 @@ import json
 import pytest
 import torch
 
-from specdemo.drafters import eagle_io
-from specdemo.drafters.eagle import Eagle3Drafter
-from specdemo.drafters.learned import DrafterRefused, eagle3_problems, load_learned
-from specdemo.engine import generate
-from specdemo.kv import KVModel
-from specdemo.models import LoadedModel
-from specdemo.policy import FixedDraftLength, make_policy
-from specdemo.sampling import SamplingParams
+from specdemo.core.drafters import eagle_io
+from specdemo.core.drafters.eagle import Eagle3Drafter
+from specdemo.models.learned import DrafterRefused, eagle3_problems, load_learned
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.models.loading import LoadedModel
+from specdemo.core.policy import FixedDraftLength, make_policy
+from specdemo.core.sampling import SamplingParams
 from tiny import CharTokenizer, tiny_eagle, tiny_llama
 
 PROMPT = CharTokenizer().encode("speculative decoding, made visible")
@@ -133,7 +133,7 @@ def test_refusals_name_the_problem(target, tmp_path):
 
 def test_combined_drafter_is_lossless_and_counts_per_source(target):
     """ngram stacked over an EAGLE-3 head: same tokens as plain, stats split by source."""
-    from specdemo.drafters.combined import CombinedDrafter
+    from specdemo.core.drafters.combined import CombinedDrafter
     tok = CharTokenizer()
     prompt = tok.encode("abc abc abc abc abc abc abc abc ") + PROMPT
     kv = KVModel(target)

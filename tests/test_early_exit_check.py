@@ -10,9 +10,11 @@ from types import SimpleNamespace
 import pytest
 from transformers import LlamaConfig
 
-from specdemo import builtin, compat, models, ui
-from specdemo.cli import main
-from specdemo.models import ModelLoadError
+from specdemo.models import builtin, loading as models
+from specdemo.checks import compat
+from specdemo.interfaces import ui
+from specdemo.interfaces.cli import main
+from specdemo.models.loading import ModelLoadError
 
 REFUSAL = "early-exit layers must be in 1..3, got {n}"  # for a 4-layer target
 
@@ -43,8 +45,8 @@ def test_the_check_gives_the_engines_own_words():
     """``run`` refuses through ``early_exit_view``; the check must say the same thing."""
     from tiny import tiny_llama
 
-    from specdemo.drafters import early_exit_view
-    from specdemo.drafters.draft_model import early_exit_problem
+    from specdemo.core.drafters import early_exit_view
+    from specdemo.core.drafters.draft_model import early_exit_problem
     with pytest.raises(ValueError) as refused:
         early_exit_view(tiny_llama(layers=4), 99)
     assert str(refused.value) == REFUSAL.format(n=99) == early_exit_problem(99, 4)
@@ -85,7 +87,7 @@ def _write_gguf(path, block_count: int) -> None:
 
 
 def test_gguf_layer_count_is_read_from_the_metadata_of_one_file_or_its_parts(tmp_path):
-    from specdemo.ggufread import block_count
+    from specdemo.models.ggufread import block_count
     whole = tmp_path / "m.gguf"
     _write_gguf(whole, 7)
     assert models.layer_count(str(whole)) == 7

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from specdemo import endpoints as ep
-from specdemo.pipeline import DecodeSettings, output_divergence
-from specdemo.stats import DecodeStats
+from specdemo.services import endpoints as ep
+from specdemo.services.pipeline import DecodeSettings, output_divergence
+from specdemo.core.stats import DecodeStats
 
 
 # --- addresses -------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ def test_divergence_by_tokens_else_text():
 # --- serve: flags and files (the server itself: tests/test_llama_server.py) ----------------------
 
 def test_serve_draft_flags(tmp_path):
-    from specdemo import serve
+    from specdemo.services import serve
     assert serve.draft_flags("none") == []
     assert serve.draft_flags("ngram", 8) == ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"]
     gguf = tmp_path / "d.gguf"
@@ -221,7 +221,7 @@ def test_serve_draft_flags(tmp_path):
 
 
 def test_serve_finds_the_builtin_gguf():
-    from specdemo import serve
+    from specdemo.services import serve
     path = serve.gguf_path("builtin:smollm2-135m")
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
     with pytest.raises(serve.ServeError, match="no built-in model 'nope'"):
@@ -231,7 +231,7 @@ def test_serve_finds_the_builtin_gguf():
 # --- the page's counters for a server lane ---------------------------------------------------------
 
 def test_page_cells_say_not_reported():
-    from specdemo.ui_format import counter_cells
+    from specdemo.interfaces.ui_format import counter_cells
     stats = ep.apply_reported(DecodeStats(new_tokens=10, elapsed_s=1.0, ttft_s=0.1,
                                           engine="llama.cpp"), {"drafted": 4, "accepted": 2})
     cells = dict(counter_cells(stats, True, "auto"))
@@ -242,7 +242,7 @@ def test_page_cells_say_not_reported():
 
 
 def test_preset_may_name_endpoints(tmp_path):
-    from specdemo.presets import PresetError, load_preset
+    from specdemo.services.presets import PresetError, load_preset
     base = ('name = "{name}"\ntarget = "builtin:smollm2-135m"\ndraft = "ngram"\ndraft_length = "auto"\n'
             'dtype = "float32"\nquantization = "none"\nmemory_bytes = 2000000000\n'
             'tasks = ["chat"]\nlicence = "Apache-2.0"\ngated = false\ndevices = ["cpu"]\n'

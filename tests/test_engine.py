@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from specdemo.drafters import ModelDrafter, make_drafter
-from specdemo.engine import decode, generate
-from specdemo.kv import KVModel
-from specdemo.policy import AdaptiveDraftLength, FixedDraftLength
-from specdemo.sampling import SamplingParams
+from specdemo.core.drafters import ModelDrafter, make_drafter
+from specdemo.core.engine import decode, generate
+from specdemo.core.kv import KVModel
+from specdemo.core.policy import AdaptiveDraftLength, FixedDraftLength
+from specdemo.core.sampling import SamplingParams
 from tiny import CharTokenizer, tiny_llama
 
 TOK = CharTokenizer()

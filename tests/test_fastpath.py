@@ -5,12 +5,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdemo import fastpath
-from specdemo.drafters import make_drafter
-from specdemo.engine import generate
-from specdemo.kv import KVModel
-from specdemo.machine import OtherCpuUse
-from specdemo.policy import FixedDraftLength
+from specdemo.models import fastpath
+from specdemo.core.drafters import make_drafter
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.core.machine import OtherCpuUse
+from specdemo.core.policy import FixedDraftLength
 from tiny import CharTokenizer, tiny_llama
 
 TOK = CharTokenizer()
@@ -128,7 +128,7 @@ def test_a_calibration_on_a_busy_machine_keeps_linear_and_is_not_stored(monkeypa
     monkeypatch.setattr(fastpath, "_pick", lambda seconds: "blocked")  # what a quiet run chose
     other_processes_use(monkeypatch, 0.43)
     model = tiny_llama(seed=1, layers=2, hidden=64)
-    with caplog.at_level("WARNING", logger="specdemo.fastpath"):
+    with caplog.at_level("WARNING", logger="specdemo.models.fastpath"):
         info = fastpath.speed_up(model, rows=(1, 2, 4), min_weight_bytes=0)
     note = "machine busy during calibration (others used 43% of the CPU): kept F.linear, not stored"
     assert info.applied and not info.cached and info.reason == note

@@ -33,7 +33,7 @@ def free_port() -> int:
 def test_first_race_speedup_is_within_15_percent_of_the_second():
     from gradio_client import Client
 
-    from specdemo import ui, ui_state
+    from specdemo.interfaces import ui, ui_state
     port = free_port()
     demo = ui.build_ui()
     ui.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True)

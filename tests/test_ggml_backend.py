@@ -1,4 +1,4 @@
-"""The ggml target backend (specdemo/ggml_backend.py) on a tiny random Llama written as a GGUF,
+"""The ggml target backend (specdemo/models/ggml_backend.py) on a tiny random Llama written as a GGUF,
 compared with the same weights in transformers; the real built-in GGUF only in slow tests.
 
 Tolerances: llama.cpp keeps keys and values in float16 (its default, as llama-bench runs) and
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdemo import ggml_backend as gb
-from specdemo.llama_ctypes import unavailable_reason
+from specdemo.models import ggml_backend as gb
+from specdemo.models.llama_ctypes import unavailable_reason
 from tests.tiny import tiny_llama
 from tests.tiny_gguf import TOKENS, VocabTokenizer, write_tiny_gguf
 
@@ -148,9 +148,9 @@ class _Loaded:
 
 
 def test_engine_greedy_speculative_equals_plain_on_the_ggml_backend(tiny):
-    from specdemo.drafters import NgramDrafter
-    from specdemo.engine import generate
-    from specdemo.policy import FixedDraftLength
+    from specdemo.core.drafters import NgramDrafter
+    from specdemo.core.engine import generate
+    from specdemo.core.policy import FixedDraftLength
     model, g = tiny
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
     tok = VocabTokenizer()
@@ -166,7 +166,7 @@ def test_engine_greedy_speculative_equals_plain_on_the_ggml_backend(tiny):
 
 
 def test_target_kv_follows_the_backend(tiny, tmp_path):
-    from specdemo.kv import KVModel
+    from specdemo.core.kv import KVModel
     model, g = tiny
     setattr(model, gb._GGML_ATTR, g)  # as ggml_model() leaves it after loading
     try:
@@ -206,7 +206,7 @@ def test_ggml_model_loads_a_gguf_target_and_checks_its_vocabulary(tiny, tmp_path
 
 @pytest.mark.slow
 def test_builtin_gguf_vocab_and_logits_agree_with_transformers():
-    from specdemo.models import load_model
+    from specdemo.models.loading import load_model
     loaded = load_model("builtin:smollm2-135m", "cpu", "float32")
     g = gb.ggml_model(loaded)
     assert g.n_vocab == loaded.vocab_size and g.arch == "llama"
@@ -227,7 +227,7 @@ def _attached(model, g):
 
 
 def test_costs_on_the_ggml_backend_report_the_gguf_bytes(tiny, monkeypatch):
-    from specdemo import costs
+    from specdemo.services import costs
     model, g = tiny
     _attached(model, g)
     try:
@@ -246,7 +246,7 @@ def test_costs_on_the_ggml_backend_report_the_gguf_bytes(tiny, monkeypatch):
 
 
 def test_auto_measures_both_backends_and_stores_the_choice(tiny, monkeypatch, tmp_path):
-    from specdemo import machine
+    from specdemo.core import machine
     model, g = tiny
     _attached(model, g)
     try:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import hardware as H
-from specdemo.presets import get_preset, list_presets
+from specdemo.models import hardware as H
+from specdemo.services.presets import get_preset, list_presets
 
 GB = 10**9
 GPU_8GB = H.HardwareInfo("cuda", "Fake GPU 8 GB", 8 * GB, int(7.5 * GB), 8, 32 * GB, 28 * GB)
@@ -103,7 +103,7 @@ def test_offline_default_is_chosen_among_the_builtin_presets():
 
 
 def test_a_small_cpu_gets_the_int4_target_and_a_tinier_one_nothing(monkeypatch):
-    from specdemo import quantize
+    from specdemo.models import quantize
     monkeypatch.setattr(quantize, "_has", lambda name: True)  # torchao installed
     pick = H.recommend(list_presets(), TINY_CPU)
     assert pick.preset.name == "smollm2-135m-int4-ngram"  # needs 1.45 GB of the 1.5 GB free
@@ -145,7 +145,7 @@ def test_memory_in_use_grows_with_an_allocation():
 
     code = (
         "import torch\n"
-        "from specdemo import hardware as H\n"
+        "from specdemo.models import hardware as H\n"
         "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
         "before = H.memory_in_use_bytes(device)\n"
         "block = torch.ones(64 * 2**20 // 4, device=device)  # 64 MiB of float32, touched\n"

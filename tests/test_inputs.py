@@ -3,8 +3,8 @@ way in the command line and the /race API (tests/test_ui.py drives the API)."""
 
 import pytest
 
-from specdemo import inputs
-from specdemo.cli import main
+from specdemo.checks import inputs
+from specdemo.interfaces.cli import main
 
 SURROGATE_PROMPT = "hi \udced\udca0\udc80"  # what Python makes of printf 'hi \xed\xa0\x80' in argv
 
@@ -17,7 +17,7 @@ def cli_error(capsys, *argv) -> str:
 
 
 def test_lone_surrogate_prompt_is_refused_before_any_model_loads(capsys, monkeypatch):
-    import specdemo.models as models
+    import specdemo.models.loading as models
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded for an invalid prompt")
@@ -70,7 +70,7 @@ def test_the_page_refuses_with_the_same_words():
 
     import gradio as gr
 
-    from specdemo import ui
+    from specdemo.interfaces import ui
     request = SimpleNamespace(session_hash="test-inputs")
     with pytest.raises(gr.Error, match="draft length must be 'auto' or a whole number from 1 to 64, "
                                        "got '0'"):
@@ -87,7 +87,7 @@ def test_the_page_refuses_with_the_same_words():
 def test_check_refuses_a_missing_path_at_once_with_runs_words(capsys, monkeypatch, flag):
     """A user's report: ``check --draft /tmp/nonexistent`` took 8 s and ended with exit status 1
     and other words than ``run``'s immediate refusal."""
-    import specdemo.models as models
+    import specdemo.models.loading as models
 
     def no_load(*args, **kwargs):
         raise AssertionError("a tokenizer or config was read for a path that does not exist")

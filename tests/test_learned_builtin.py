@@ -7,7 +7,7 @@ import json
 import pytest
 
 from smollm_heads import write_dflash, write_eagle3_head
-from specdemo.cli import main
+from specdemo.interfaces.cli import main
 
 pytestmark = pytest.mark.slow  # loads the real built-in model
 TARGET = "builtin:smollm2-135m"

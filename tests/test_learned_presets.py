@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdemo import presets as P
-from specdemo.drafters import dflash, eagle_io
-from specdemo.drafters.learned import load_learned
-from specdemo.pipeline import DecodeSettings, Pipeline
+from specdemo.services import presets as P
+from specdemo.core.drafters import dflash, eagle_io
+from specdemo.models.learned import load_learned
+from specdemo.services.pipeline import DecodeSettings, Pipeline
 from tiny import tiny_dflash, tiny_eagle, tiny_gemma4, tiny_gemma4_assistant, tiny_llama
 
 ROWS = 64  # embedding rows of every stand-in target (its tokenizer has 43 tokens)
@@ -99,7 +99,7 @@ STAND_INS = {"llama3.1-8b-eagle3": stand_in_eagle3, "qwen3-4b-dflash": stand_in_
 @pytest.fixture
 def offline_cache(tmp_path, monkeypatch):
     import huggingface_hub.constants as constants
-    from specdemo import models
+    from specdemo.models import loading as models
     cache = tmp_path / "hub"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
@@ -116,8 +116,8 @@ def test_every_hub_learned_preset_has_a_stand_in():
 
 @pytest.mark.parametrize("name", sorted(STAND_INS))
 def test_learned_preset_loads_from_the_cache_and_stays_lossless(offline_cache, name):
-    from specdemo.compat import check_specs
-    from specdemo.models import load_model
+    from specdemo.checks.compat import check_specs
+    from specdemo.models.loading import load_model
     preset = P.get_preset(name)
     STAND_INS[name](offline_cache, preset)
     assert P.hub_models_to_fetch(preset) == []
@@ -137,8 +137,8 @@ def test_learned_preset_loads_from_the_cache_and_stays_lossless(offline_cache, n
 def test_dropdown_offers_the_learned_drafters_built_for_the_target(monkeypatch):
     """ui.draft_options lists learned drafters of presets for this target (labelled with their
     family) and shipped builtin: drafters, and no one else's; refusals keep their reason."""
-    from specdemo import ui
-    from specdemo.compat import COMPATIBLE, INCOMPATIBLE, Verdict
+    from specdemo.interfaces import ui
+    from specdemo.checks.compat import COMPATIBLE, INCOMPATIBLE, Verdict
     checked = []
 
     def verdict(target, spec):

@@ -19,9 +19,9 @@ import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from specdemo import endpoints as ep  # noqa: E402
-from specdemo import serve  # noqa: E402
-from specdemo.race import ERROR, DONE, PLAIN, SPECULATIVE, Race, endpoint_lane  # noqa: E402
+from specdemo.services import endpoints as ep  # noqa: E402
+from specdemo.services import serve  # noqa: E402
+from specdemo.services.race import ERROR, DONE, PLAIN, SPECULATIVE, Race, endpoint_lane  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,7 +93,7 @@ def test_drafted_and_accepted_are_the_servers_own(servers):
     sent directly (n-gram drafting is deterministic), and new_tokens its usage."""
     import httpx
     endpoint = ep.Endpoint(servers["speculative"].url)
-    from specdemo.pipeline import DecodeSettings
+    from specdemo.services.pipeline import DecodeSettings
     settings = DecodeSettings(max_new_tokens=48)
     events = list(ep.stream_events(endpoint, [{"role": "user", "content": COPY_PROMPT}], settings))
     stats = events[-1].stats
@@ -123,7 +123,7 @@ def test_completions_api_returns_token_ids(servers):
 def test_race_api_with_server_lanes(servers):
     """The app's /race, through gradio_client, with both lanes on the servers."""
     from gradio_client import Client
-    from specdemo import ui
+    from specdemo.interfaces import ui
     port = serve.free_port()
     demo = ui.build_ui()
     ui.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True)
@@ -163,7 +163,7 @@ def test_server_killed_mid_stream_is_the_lanes_error(servers):
     victim.start()
     try:
         messages = [{"role": "user", "content": "Write a very long story about a lighthouse."}]
-        from specdemo.pipeline import DecodeSettings
+        from specdemo.services.pipeline import DecodeSettings
         lanes = [endpoint_lane(PLAIN, ep.Endpoint(servers["plain"].url), messages),
                  endpoint_lane(SPECULATIVE, ep.Endpoint(victim.url), messages)]
         race = Race(lanes, DecodeSettings(max_new_tokens=2000))
@@ -188,7 +188,7 @@ def test_server_killed_mid_stream_is_the_lanes_error(servers):
 
 def test_stop_ends_the_running_server_lane_and_skips_the_next(servers):
     messages = [{"role": "user", "content": "Write a very long story about a lighthouse."}]
-    from specdemo.pipeline import DecodeSettings
+    from specdemo.services.pipeline import DecodeSettings
     lanes = [endpoint_lane(PLAIN, ep.Endpoint(servers["plain"].url), messages),
              endpoint_lane(SPECULATIVE, ep.Endpoint(servers["speculative"].url), messages)]
     race = Race(lanes, DecodeSettings(max_new_tokens=2000))
@@ -228,8 +228,8 @@ def test_page_send_with_server_lanes_keeps_history(servers):
     error and the first turn survives."""
     from types import SimpleNamespace
 
-    from specdemo import ui
-    from specdemo.ui_race import ENGINE_CHOICES
+    from specdemo.interfaces import ui
+    from specdemo.interfaces.ui_race import ENGINE_CHOICES
     request = SimpleNamespace(session_hash="test-llama-server")
     urls = (servers["plain"].url, servers["speculative"].url)
     outputs = list(ui.send(COPY_PROMPT, "", None, "ngram", "4", 0.0, 1.0, 32, -1, True, None,
@@ -252,7 +252,7 @@ def test_page_send_with_server_lanes_keeps_history(servers):
 def test_live_counters_come_from_the_server_while_it_streams(servers):
     """llama-server sends its timings with every chunk (timings_per_token): the lane's counters
     grow while it streams, and never exceed the final ones."""
-    from specdemo.pipeline import DecodeSettings
+    from specdemo.services.pipeline import DecodeSettings
     events = list(ep.stream_events(ep.Endpoint(servers["speculative"].url),
                                    [{"role": "user", "content": COPY_PROMPT}],
                                    DecodeSettings(max_new_tokens=48)))

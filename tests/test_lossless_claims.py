@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from specdemo import cli
-from specdemo.pipeline import (REDUCED_PRECISION_REASON, DecodeSettings, Pipeline,
+from specdemo.interfaces import cli
+from specdemo.services.pipeline import (REDUCED_PRECISION_REASON, DecodeSettings, Pipeline,
                                lossless_expectation)
-from specdemo.race import PLAIN, SPECULATIVE, Lane, Race, RaceSnapshot
-from specdemo.ui_format import verdict_html
+from specdemo.services.race import PLAIN, SPECULATIVE, Lane, Race, RaceSnapshot
+from specdemo.interfaces.ui_format import verdict_html
 from test_learned_presets import save_target
 from test_warmup import Loaded
 from tiny import tiny_llama
@@ -119,7 +119,7 @@ def test_the_page_badge_in_float32_makes_no_reduced_precision_claim(tmp_path, mo
 
 
 def test_preset_line_warns_before_a_race_in_a_reduced_precision():
-    from specdemo.ui import precision_line
+    from specdemo.interfaces.ui import precision_line
     assert precision_line("float32", None, "cpu") == ""
     assert precision_line("auto", None, "cpu") == ""  # auto is float32 on a CPU
     line = precision_line("bfloat16", None, "cpu")

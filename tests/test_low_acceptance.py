@@ -8,15 +8,15 @@ import json
 import pytest
 import torch
 
-import specdemo.startup as startup
-from specdemo.cli import main
-from specdemo.drafters import dflash
-from specdemo.drafters.dflash import LoadedDFlash
-from specdemo.drafters.learned import LoadedEagle3
-from specdemo.pipeline import DecodeSettings, Pipeline, low_acceptance_warnings
-from specdemo.race import Race
-from specdemo.stats import DecodeStats
-from specdemo.ui_format import verdict_html
+import specdemo.services.startup as startup
+from specdemo.interfaces.cli import main
+from specdemo.core.drafters import dflash
+from specdemo.core.drafters.dflash import LoadedDFlash
+from specdemo.models.learned import LoadedEagle3
+from specdemo.services.pipeline import DecodeSettings, Pipeline, low_acceptance_warnings
+from specdemo.services.race import Race
+from specdemo.core.stats import DecodeStats
+from specdemo.interfaces.ui_format import verdict_html
 from test_race import FakeLoaded, lanes
 from tiny import CharTokenizer, tiny_dflash, tiny_eagle, tiny_llama
 
@@ -99,7 +99,7 @@ def test_compare_cli_says_it_in_text_and_json(loaded, tmp_path, monkeypatch, cap
 
 @pytest.mark.slow
 def test_race_snapshot_page_chip_and_race_json(loaded, monkeypatch):
-    from specdemo import ui_race
+    from specdemo.interfaces import ui_race
     draft = learned("eagle3", loaded)
     race_lanes = lanes(loaded, spec=lambda: Pipeline(loaded, "random-eagle3", draft))
     final = list(Race(race_lanes, SETTINGS).run(min_interval_s=0.0))[-1]

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdemo import machine
-from specdemo.machine import OtherCpuUse, busy_warning, is_busy
+from specdemo.core import machine
+from specdemo.core.machine import OtherCpuUse, busy_warning, is_busy
 
 
 class FakePsutil:

@@ -16,8 +16,8 @@ import torch
 from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdemo import builtin, models
-from specdemo.models import ModelLoadError, clear_loaded, load_model, load_tokenizer
+from specdemo.models import builtin, loading as models
+from specdemo.models.loading import ModelLoadError, clear_loaded, load_model, load_tokenizer
 
 WORDS = ["<eos>", "<unk>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "."]
 CHAT = "{% for m in messages %}{{ m['content'] }} {% endfor %}"

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdemo.compat import learned_verdict
-from specdemo.drafters.learned import DrafterRefused, load_learned
-from specdemo.drafters.mtp import Gemma4AssistantDrafter, NativeMtpDrafter
-from specdemo.engine import generate
-from specdemo.kv import KVModel
-from specdemo.models import LoadedModel
-from specdemo.policy import FixedDraftLength, make_policy
-from specdemo.sampling import SamplingParams
+from specdemo.checks.compat import learned_verdict
+from specdemo.models.learned import DrafterRefused, load_learned
+from specdemo.core.drafters.mtp import Gemma4AssistantDrafter, NativeMtpDrafter
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.models.loading import LoadedModel
+from specdemo.core.policy import FixedDraftLength, make_policy
+from specdemo.core.sampling import SamplingParams
 from tiny import (CharTokenizer, tiny_gemma4, tiny_gemma4_assistant, tiny_llama,
                   tiny_mtp_target)
 
@@ -152,7 +152,7 @@ def test_native_mtp_draws_with_the_targets_sampling_parameters(glm):
 
 
 def test_mtp_is_refused_for_a_target_without_mtp_layers():
-    from specdemo.drafters.learned import is_learned
+    from specdemo.models.learned import is_learned
     assert is_learned("mtp") and is_learned("mtp+ngram")
     for spec in ("mtp", "mtp+ngram"):
         with pytest.raises(DrafterRefused, match="has no multi-token prediction layers"):

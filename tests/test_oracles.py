@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from oracles import speculators_eagle3, zlab_dflash
-from specdemo.drafters import eagle_io
-from specdemo.drafters.eagle import Eagle3Drafter
-from specdemo.drafters.learned import DrafterRefused, load_learned
-from specdemo.kv import KVModel
-from specdemo.models import LoadedModel
-from specdemo.sampling import SamplingParams
+from specdemo.core.drafters import eagle_io
+from specdemo.core.drafters.eagle import Eagle3Drafter
+from specdemo.models.learned import DrafterRefused, load_learned
+from specdemo.core.kv import KVModel
+from specdemo.models.loading import LoadedModel
+from specdemo.core.sampling import SamplingParams
 from tiny import CharTokenizer, tiny_llama
 
 SHIPPED = Path(__file__).resolve().parents[1] / "specdemo" / "builtin_drafters" / "smollm2-135m-eagle3"

@@ -2,9 +2,9 @@
 
 import pytest
 
-from specdemo.drafters import NgramDrafter, early_exit_view
-from specdemo.policy import AdaptiveDraftLength, FixedDraftLength, make_policy
-from specdemo.sampling import SamplingParams
+from specdemo.core.drafters import NgramDrafter, early_exit_view
+from specdemo.core.policy import AdaptiveDraftLength, FixedDraftLength, make_policy
+from specdemo.core.sampling import SamplingParams
 from tiny import tiny_llama
 
 CPU_COSTS = {1: 0.055, 2: 0.086, 3: 0.105, 4: 0.079, 5: 0.071, 6: 0.077, 7: 0.094, 8: 0.074, 9: 0.081}
@@ -105,8 +105,8 @@ def test_limit_trims_short_proposals_that_do_not_pay():
 
 
 def test_measure_forward_s_on_a_tiny_vocabulary():
-    from specdemo.kv import KVModel
-    from specdemo.policy import measure_forward_s
+    from specdemo.core.kv import KVModel
+    from specdemo.core.policy import measure_forward_s
     costs = measure_forward_s(KVModel(tiny_llama(vocab_size=8)), max_n=5, repeats=1)
     assert sorted(costs) == [1, 2, 3, 4, 5] and all(t > 0 for t in costs.values())
 
@@ -128,8 +128,8 @@ def test_a_disturbed_one_token_forward_does_not_make_long_drafts_look_free():
 
 def test_measure_forward_s_keeps_the_fastest_repeat(monkeypatch):
     """One forward slowed by another process must not set a width's cost."""
-    from specdemo.kv import KVModel
-    from specdemo.policy import measure_forward_s
+    from specdemo.core.kv import KVModel
+    from specdemo.core.policy import measure_forward_s
     ticks = iter([0.0, 5.0] + [0.0, 0.01] * 20)  # the first timed forward "took" 5 s
     costs = measure_forward_s(KVModel(tiny_llama(vocab_size=8)), max_n=2, repeats=3,
                               clock=lambda: next(ticks))
@@ -138,7 +138,7 @@ def test_measure_forward_s_keeps_the_fastest_repeat(monkeypatch):
 
 def test_forward_costs_are_measured_once_per_target(monkeypatch):
     """Switching the draft keeps the target's table (it does not depend on the drafter)."""
-    from specdemo import pipeline as P
+    from specdemo.services import pipeline as P
     calls = []
     monkeypatch.setattr(P, "measure_forward_s", lambda kv, n: calls.append(n) or {1: 0.1, 2: 0.12})
 

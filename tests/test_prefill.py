@@ -8,12 +8,12 @@ import threading
 import pytest
 import torch
 
-from specdemo import kv as kv_module
-from specdemo.drafters import ModelDrafter, make_drafter
-from specdemo.drafters.base import Proposal
-from specdemo.engine import decode, generate
-from specdemo.kv import KVModel
-from specdemo.policy import FixedDraftLength
+from specdemo.core import kv as kv_module
+from specdemo.core.drafters import ModelDrafter, make_drafter
+from specdemo.core.drafters.base import Proposal
+from specdemo.core.engine import decode, generate
+from specdemo.core.kv import KVModel
+from specdemo.core.policy import FixedDraftLength
 from tiny import CharTokenizer, tiny_llama
 
 TOK = CharTokenizer()

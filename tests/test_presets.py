@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import presets as P
+from specdemo.services import presets as P
 
 GOOD = """\
 name = "{name}"
@@ -197,7 +197,7 @@ def test_hub_models_to_fetch_checks_the_cache_only(tmp_path, monkeypatch):
 
 
 def test_presets_command_json_lists_every_preset(capsys):
-    from specdemo.cli import main
+    from specdemo.interfaces.cli import main
 
     assert main(["presets", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -209,7 +209,7 @@ def test_presets_command_json_lists_every_preset(capsys):
 
 
 def test_presets_command_text_marks_fit_and_default(capsys):
-    from specdemo.cli import main
+    from specdemo.interfaces.cli import main
 
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
@@ -240,8 +240,8 @@ def _save_tiny_model(directory: Path, seed: int, vocab_rows: int, layers: int) -
 
 
 def test_hub_preset_loads_from_local_directories_without_network(tmp_path, monkeypatch):
-    models = pytest.importorskip("specdemo.models", reason="specdemo.models not written yet")
-    from specdemo.compat import check_specs
+    models = pytest.importorskip("specdemo.models.loading", reason="specdemo.models.loading not written yet")
+    from specdemo.checks.compat import check_specs
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     target_dir, draft_dir, preset_dir = tmp_path / "target", tmp_path / "draft", tmp_path / "presets"

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from specdemo.models import LoadedModel
-from specdemo.prompts import load_prompts
-from specdemo.training import data, prompt_more, prompt_set
+from specdemo.models.loading import LoadedModel
+from specdemo.services.prompts import load_prompts
+from specdemo.services.training import data, prompt_more, prompt_set
 from tiny import CharTokenizer, tiny_llama
 
 

@@ -5,13 +5,13 @@ row by row; otherwise the divergence is reported)."""
 import pytest
 import torch
 
-from specdemo import fastpath, models, quantize
-from specdemo.drafters import make_drafter
-from specdemo.engine import generate
-from specdemo.kv import KVModel
-from specdemo.models import ModelLoadError, load_model
-from specdemo.pipeline import first_divergence
-from specdemo.policy import FixedDraftLength
+from specdemo.models import fastpath, loading as models, quantize
+from specdemo.core.drafters import make_drafter
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.models.loading import ModelLoadError, load_model
+from specdemo.services.pipeline import first_divergence
+from specdemo.core.policy import FixedDraftLength
 from tiny import CharTokenizer, tiny_llama
 
 torchao = pytest.importorskip("torchao")
@@ -127,7 +127,7 @@ def test_load_model_quantises_int4_and_refuses_bitsandbytes_on_cpu(tmp_path):
 
 
 def test_hardware_check_offers_int4_on_a_cpu_only():
-    from specdemo.hardware import HardwareInfo, quantization_support
+    from specdemo.models.hardware import HardwareInfo, quantization_support
     cpu = HardwareInfo("cpu", "Fake CPU", 24 << 30, 20 << 30, 2, 24 << 30, 20 << 30)
     gpu = HardwareInfo("cuda", "Fake GPU", 8 << 30, 7 << 30, 8, 32 << 30, 30 << 30)
     assert quantization_support(cpu, "int4") == (

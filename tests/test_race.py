@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from specdemo.models import ModelLoadError
-from specdemo.pipeline import DecodeSettings, Pipeline
-from specdemo.race import (DONE, ERROR, PLAIN, REPLAYING, RUNNING, SKIPPED, SPECULATIVE, STOPPED,
+from specdemo.models.loading import ModelLoadError
+from specdemo.services.pipeline import DecodeSettings, Pipeline
+from specdemo.services.race import (DONE, ERROR, PLAIN, REPLAYING, RUNNING, SKIPPED, SPECULATIVE, STOPPED,
                            Lane, PipelineCache, Race, Step, TokenPieces, race_lanes)
-from specdemo.stats import DecodeStats
+from specdemo.core.stats import DecodeStats
 from tiny import CharTokenizer, tiny_llama
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
@@ -183,8 +183,8 @@ class StopSpeculativeAfter(Pipeline):
 def test_a_stopped_speculative_run_is_not_compared(loaded):
     """Issue 20.8: Stop during the speculative run: no speedup of a finished run against a cut
     one, on the page and in /race's JSON."""
-    from specdemo.ui_format import verdict_html
-    from specdemo.ui_race import _note
+    from specdemo.interfaces.ui_format import verdict_html
+    from specdemo.interfaces.ui_race import _note
     cancel = threading.Event()
     race = Race(lanes(loaded, spec=lambda: StopSpeculativeAfter(loaded, 2, cancel)), SETTINGS,
                 cancel=cancel)
@@ -201,7 +201,7 @@ def test_a_stopped_speculative_run_is_not_compared(loaded):
 def test_replay_shows_no_partial_values_and_keeps_the_busy_warning():
     """Issue 20.8: during Replay the badge shows no partial speedup, the panes say they are
     replaying (not both "decoding…"), and the busy-machine warning of the race stays."""
-    from specdemo.ui_format import status_line, verdict_html
+    from specdemo.interfaces.ui_format import status_line, verdict_html
     race = manual_race([0.1, 0.2, 0.3, 0.4], [0.05, 0.25])
     last = race.records[PLAIN].steps[-1]
     busy = DecodeStats(new_tokens=4, elapsed_s=0.4, ttft_s=0.1, finish_reason="length",
@@ -335,7 +335,7 @@ def test_race_holds_the_device_lock_while_it_runs(loaded):
 
 
 def test_device_thread_runs_every_job_on_one_thread_in_order():
-    from specdemo.race import DeviceThread
+    from specdemo.services.race import DeviceThread
     device = DeviceThread()
     seen = []
     futures = [device.submit(lambda i=i: seen.append((i, threading.current_thread())) or i)
@@ -350,7 +350,7 @@ def test_device_thread_runs_every_job_on_one_thread_in_order():
 
 
 def test_a_thread_can_adopt_the_device_role():
-    from specdemo.race import DeviceThread
+    from specdemo.services.race import DeviceThread
     device, stop = DeviceThread(), threading.Event()
     device.adopt_current_thread()
     future = device.submit(threading.current_thread)  # queued: no other thread is started

@@ -5,11 +5,11 @@ import itertools
 import pytest
 import torch
 
-from specdemo.drafters import ModelDrafter, Proposal
-from specdemo.engine import generate
-from specdemo.kv import KVModel
-from specdemo.policy import FixedDraftLength
-from specdemo.sampling import SamplingParams, next_token_probs, probs_from_logits, verify
+from specdemo.core.drafters import ModelDrafter, Proposal
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.core.policy import FixedDraftLength
+from specdemo.core.sampling import SamplingParams, next_token_probs, probs_from_logits, verify
 from tiny import (CharTokenizer, tiny_dflash, tiny_eagle, tiny_gemma4, tiny_gemma4_assistant,
                   tiny_llama, tiny_mtp_target)
 
@@ -152,8 +152,8 @@ def marginals(target):
 
 def drafter_factory(kind: str, target):
     """A function making fresh drafters of ``kind`` for ``target`` (the models built once)."""
-    from specdemo.drafters.dflash import DFlashDrafter
-    from specdemo.drafters.eagle import Eagle3Drafter
+    from specdemo.core.drafters.dflash import DFlashDrafter
+    from specdemo.core.drafters.eagle import Eagle3Drafter
     if kind == "plain":
         return None
     if kind == "model-draft":
@@ -183,7 +183,7 @@ def test_sampled_tokens_follow_the_target(target, marginals, kind):
 def test_sampled_tokens_follow_targets_with_mtp_drafters(kind):
     """The same test with the targets MTP drafters need: Gemma 4 (assistant) and a GLM-4.5-style
     model with its own MTP layer."""
-    from specdemo.drafters.mtp import Gemma4AssistantDrafter, NativeMtpDrafter
+    from specdemo.core.drafters.mtp import Gemma4AssistantDrafter, NativeMtpDrafter
     if kind == "gemma4-assistant":
         target = tiny_gemma4(seed=15, vocab_size=V, hidden=16)
         assistant = tiny_gemma4_assistant(target, seed=16, hidden=16, scale=4.0)

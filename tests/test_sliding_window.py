@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
 
-from specdemo.drafters import ModelDrafter, make_drafter
-from specdemo.engine import generate
-from specdemo.kv import KVModel
-from specdemo.policy import FixedDraftLength
+from specdemo.core.drafters import ModelDrafter, make_drafter
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.core.policy import FixedDraftLength
 from tiny import CharTokenizer
 
 WINDOW = 16

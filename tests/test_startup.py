@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from specdemo import startup
-from specdemo.pipeline import DecodeSettings, Pipeline
-from specdemo.race import LOADING, PLAIN, SPECULATIVE, Lane, Race
-from specdemo.startup import Steps
+from specdemo.services import startup
+from specdemo.services.pipeline import DecodeSettings, Pipeline
+from specdemo.services.race import LOADING, PLAIN, SPECULATIVE, Lane, Race
+from specdemo.services.startup import Steps
 from test_race import PROMPT, FakeLoaded
 from tiny import tiny_llama
 
@@ -94,7 +94,7 @@ def test_every_lane_is_prepared_as_steps_before_the_first_lane_is_timed(cache):
 
 
 def test_start_preload_runs_once_and_reports_failure(monkeypatch):
-    from specdemo import ui_state
+    from specdemo.interfaces import ui_state
     calls = []
     monkeypatch.setattr(ui_state, "_PRELOAD", {"started": False, "error": None})
     monkeypatch.setattr(ui_state, "_READY", threading.Event())
@@ -115,8 +115,8 @@ def test_start_preload_runs_once_and_reports_failure(monkeypatch):
 def test_gguf_parsed_once_converts_to_the_same_weights():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specdemo import builtin
-    from specdemo.ggufread import shared_reading
+    from specdemo.models import builtin
+    from specdemo.models.ggufread import shared_reading
     gguf = builtin._locate_parts(builtin.BUILTINS["smollm2-135m"])[0]
     with shared_reading():
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -135,8 +135,8 @@ def test_gguf_parsed_once_converts_to_the_same_weights():
 def test_the_banner_lists_the_start_ups_steps_not_later_ones(monkeypatch):
     """Issue 20.9: steps after the start-up (a draft switch's check or load) do not grow the
     banner; it says "Almost ready" until the page's draft checks are done, then Ready."""
-    from specdemo import ui_state
-    from specdemo.startup import STEPS
+    from specdemo.interfaces import ui_state
+    from specdemo.services.startup import STEPS
     monkeypatch.setattr(ui_state, "_PRELOAD", {"started": False, "error": None})
     monkeypatch.setattr(ui_state, "_READY", threading.Event())
 

@@ -3,7 +3,7 @@
 import json
 import math
 
-from specdemo.stats import DecodeStats, speedup
+from specdemo.core.stats import DecodeStats, speedup
 
 
 def test_no_drafting_reports_null_not_nan():

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdemo.engine import TextTracker
-from specdemo.race import TokenPieces
+from specdemo.core.engine import TextTracker
+from specdemo.services.race import TokenPieces
 
 TEXT = "a🦩b ✓ 日本 𝔘!"
 
@@ -83,7 +83,7 @@ def test_token_pieces_join_to_the_streamed_text():
 
 @pytest.fixture(scope="module", params=["builtin:gemma3-270m", "builtin:smollm2-135m"])
 def real_tokenizer(request):
-    from specdemo.models import load_tokenizer
+    from specdemo.models.loading import load_tokenizer
     return load_tokenizer(request.param)
 
 
@@ -105,6 +105,6 @@ def test_real_tokenizers_stream_split_characters_whole(real_tokenizer):
 @pytest.mark.slow
 def test_gemma_flamingo_byte_fallback_ids():
     """The ids from the report: 🦩 = <0xF0> <0x9F> <0xA6> <0xA9> in Gemma 3's tokenizer."""
-    from specdemo.models import load_tokenizer
+    from specdemo.models.loading import load_tokenizer
     tok = load_tokenizer("builtin:gemma3-270m")
     assert stream(tok, [478, 397, 404, 407]) == ["", "", "", "🦩", ""]

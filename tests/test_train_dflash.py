@@ -9,13 +9,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdemo.drafters.dflash import DFlashDrafter
-from specdemo.drafters.learned import load_learned
-from specdemo.engine import generate
-from specdemo.kv import KVModel
-from specdemo.models import LoadedModel
-from specdemo.policy import FixedDraftLength
-from specdemo.training import data, dflash_train, train
+from specdemo.core.drafters.dflash import DFlashDrafter
+from specdemo.models.learned import load_learned
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.models.loading import LoadedModel
+from specdemo.core.policy import FixedDraftLength
+from specdemo.services.training import data, dflash_train, train
 from tiny import CharTokenizer, tiny_llama
 
 RECIPE = dflash_train.DFlashRecipe(block_size=5, draft_layers=1, target_layer_ids=(0, 2, 3),
@@ -125,8 +125,8 @@ def test_saved_folders_load_with_the_same_weights(target, items, tmp_path, layou
 def test_cli_trains_dflash_at_two_data_sizes_and_reports_speed(target, tmp_path, monkeypatch, capsys):
     """``train-draft --kind dflash --data-sizes 0.5,1`` end to end on the tiny target: both
     layouts, a report with acceptance and held-out speed at two k, and the data-size curve."""
-    import specdemo.models as models
-    from specdemo.cli import main
+    import specdemo.models.loading as models
+    from specdemo.interfaces.cli import main
     monkeypatch.setattr(models, "load_model", lambda spec, device, dtype: target)
     prompts = tmp_path / "prompts.jsonl"
     rows = _prompts(10, 0) + [{**r, "split": "heldout"} for r in _prompts(2, 99)]
@@ -157,7 +157,7 @@ def test_cli_trains_dflash_at_two_data_sizes_and_reports_speed(target, tmp_path,
 
 
 def test_cli_refuses_bad_sizes_in_one_sentence(tmp_path, capsys):
-    from specdemo.cli import main
+    from specdemo.interfaces.cli import main
     with pytest.raises(SystemExit) as exc:
         main(["train-draft", "--kind", "dflash", "--out", str(tmp_path / "o"), "--data-sizes", "0,2"])
     assert exc.value.code == 2

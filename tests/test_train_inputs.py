@@ -8,13 +8,13 @@ import json
 
 import pytest
 
-from specdemo.cli import main
+from specdemo.interfaces.cli import main
 
 
 @pytest.fixture
 def no_target_load(monkeypatch):
     """Fail the test if the target would be loaded (refusals must come first)."""
-    import specdemo.models as models
+    import specdemo.models.loading as models
 
     def refuse(*args, **kwargs):
         raise AssertionError("the target was loaded before the inputs were checked")

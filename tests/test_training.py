@@ -7,13 +7,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdemo.drafters.eagle import Eagle3Drafter
-from specdemo.drafters.learned import load_learned
-from specdemo.engine import generate
-from specdemo.kv import KVModel
-from specdemo.models import LoadedModel
-from specdemo.policy import FixedDraftLength
-from specdemo.training import data, train
+from specdemo.core.drafters.eagle import Eagle3Drafter
+from specdemo.models.learned import load_learned
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.models.loading import LoadedModel
+from specdemo.core.policy import FixedDraftLength
+from specdemo.services.training import data, train
 from tiny import CharTokenizer, tiny_llama
 
 LAYERS = (1, 2, 3)
@@ -76,7 +76,7 @@ def test_training_lowers_loss_and_raises_heldout_acceptance(target, features, tm
 
 
 def test_saved_folder_loads_through_the_loader(target, features, tmp_path):
-    from specdemo.drafters import eagle_io
+    from specdemo.core.drafters import eagle_io
     _, items = features
     head = _head(target, items)
     train.train(head, target, items, RECIPE, tmp_path, max_steps=3)

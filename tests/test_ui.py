@@ -15,7 +15,7 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 from gradio_client.utils import Status  # noqa: E402
 
-from specdemo import ui  # noqa: E402
+from specdemo.interfaces import ui  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog by the river."

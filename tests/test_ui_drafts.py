@@ -8,8 +8,9 @@ import threading
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
-from specdemo import compat, ui  # noqa: E402
-from specdemo.compat import COMPATIBLE, Verdict  # noqa: E402
+from specdemo.checks import compat
+from specdemo.interfaces import ui  # noqa: E402
+from specdemo.checks.compat import COMPATIBLE, Verdict  # noqa: E402
 
 
 def test_a_race_does_not_wait_for_a_draft_check(monkeypatch):
@@ -77,7 +78,8 @@ def test_draft_checks_run_at_the_lowest_cpu_priority(monkeypatch):
 
 def test_the_api_defaults_to_the_preset_the_app_was_started_with(monkeypatch):
     """`python app.py --preset X`: a /race call that names no preset races X, as the page does."""
-    from specdemo import presets, ui_state
+    from specdemo.services import presets
+    from specdemo.interfaces import ui_state
     default = presets.default_preset().name
     assert ui_state._default_preset_name(None) == default
     monkeypatch.setattr(ui_state, "APP_PRESET", ["smollm2-135m-int4-ngram"])
@@ -91,7 +93,7 @@ def test_model_status_names_a_quantised_target(monkeypatch):
 
     import torch
 
-    from specdemo import ui_state
+    from specdemo.interfaces import ui_state
     target = NS(spec="builtin:smollm2-135m", dtype=torch.float32, device="cpu", load_s=4.6,
                 quantization="int4")
     monkeypatch.setattr(ui_state.CACHE, "loaded", lambda *a: NS(target=target, draft=None))
@@ -107,8 +109,8 @@ def test_model_status_names_a_stacked_drafter(monkeypatch):
 
     import torch
 
-    from specdemo import ui_state
-    from specdemo.drafters.learned import Combined
+    from specdemo.interfaces import ui_state
+    from specdemo.models.learned import Combined
     target = NS(spec="builtin:smollm2-135m", dtype=torch.float32, device="cpu", load_s=1.2,
                 quantization=None)
     draft = Combined(NS(spec="builtin:smollm2-135m-eagle3", warnings=[]), load_s=0.1)
@@ -119,7 +121,7 @@ def test_model_status_names_a_stacked_drafter(monkeypatch):
 
 def test_a_draft_check_waits_while_a_race_is_queued_or_running(monkeypatch):
     """Its CPU would be timed as part of the race: it starts only once no race is active."""
-    from specdemo.machine import ActiveRaces
+    from specdemo.core.machine import ActiveRaces
     races = ActiveRaces()
     monkeypatch.setattr(ui, "ACTIVE_RACES", races)
     monkeypatch.setattr(ui, "_VERDICTS", {})
@@ -142,8 +144,8 @@ def test_a_draft_check_waits_while_a_race_is_queued_or_running(monkeypatch):
 
 
 def test_races_are_counted_until_their_device_work_is_done():
-    from specdemo.machine import ACTIVE_RACES
-    from specdemo.race import Race
+    from specdemo.core.machine import ACTIVE_RACES
+    from specdemo.services.race import Race
     assert ACTIVE_RACES.wait_idle(5)
     race = Race([], None, None)
     release = threading.Event()

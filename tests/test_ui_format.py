@@ -3,10 +3,10 @@ tooltip, the run's draft length for auto, progress bars, and the chart data."""
 
 import re
 
-from specdemo.race import DONE, LOADING, PLAIN, SPECULATIVE, PaneView, RaceSnapshot
-from specdemo.startup import DoneStep, StepView
-from specdemo.stats import DecodeStats
-from specdemo.ui_format import (acceptance_frame, counters_html, draft_length_cell, race_frame,
+from specdemo.services.race import DONE, LOADING, PLAIN, SPECULATIVE, PaneView, RaceSnapshot
+from specdemo.services.startup import DoneStep, StepView
+from specdemo.core.stats import DecodeStats
+from specdemo.interfaces.ui_format import (acceptance_frame, counters_html, draft_length_cell, race_frame,
                                 startup_html, status_line)
 
 HUMAN = {"new_tokens": "Tokens", "tokens_per_s": "Tokens/s", "ttft_s": "Time to first token",

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from specdemo import pipeline as pipeline_module
-from specdemo import race as race_module
-from specdemo import startup
-from specdemo.machine import ACTIVE_RACES
-from specdemo.pipeline import DecodeSettings, Pipeline
-from specdemo.race import PLAIN, SPECULATIVE, Lane, Race
+from specdemo.services import pipeline as pipeline_module
+from specdemo.services import race as race_module
+from specdemo.services import startup
+from specdemo.core.machine import ACTIVE_RACES
+from specdemo.services.pipeline import DecodeSettings, Pipeline
+from specdemo.services.race import PLAIN, SPECULATIVE, Lane, Race
 from tiny import CharTokenizer, tiny_eagle, tiny_llama
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
@@ -92,7 +92,7 @@ class TinyEagle:
         self.head = head
 
     def new_drafter(self, target, vocab_size, name):
-        from specdemo.drafters.eagle import Eagle3Drafter
+        from specdemo.core.drafters.eagle import Eagle3Drafter
         return Eagle3Drafter(self.head, vocab_size, name=name)
 
 
@@ -225,7 +225,7 @@ def test_compare_and_the_bench_warm_every_mode_and_draft_length_they_time(monkey
     comparison = pipe.compare(ids, DecodeSettings(max_new_tokens=10, draft_length=6))
     assert calls == [(False, 6), (True, 6)] and comparison.identical
     calls.clear()
-    from specdemo.bench.config import BenchConfig
-    from specdemo.bench.run import SpecdemoEngine
+    from specdemo.services.bench.config import BenchConfig
+    from specdemo.services.bench.run import SpecdemoEngine
     SpecdemoEngine(pipe).warm_up(ids, BenchConfig(draft_lengths=(2, 8, "auto")), {})
     assert calls == [(False, 4), (True, 2), (True, 8), (True, "auto")]

@@ -44,7 +44,7 @@ def tiny_eagle(target, draft_vocab: int | None = None, seed: int = 0, layers=Non
     first ``draft_vocab`` even-then-odd ids when smaller than the target's."""
     from transformers import LlamaConfig as Config
 
-    from specdemo.drafters.eagle import Eagle3Head
+    from specdemo.core.drafters.eagle import Eagle3Head
     cfg = target.config
     torch.manual_seed(seed)
     config = Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,

@@ -1,0 +1,202 @@
+"""Decode statistics: one dataclass, computed in the engine, formatted elsewhere.
+
+Metric names and definitions follow ``DESIGN.md`` ("Metric names"). Every ratio is guarded: a run
+with nothing to divide by reports ``None`` (JSON ``null``), never NaN and never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    """``numerator / denominator``, or ``None`` when the denominator is zero or negative."""
+    return numerator / denominator if denominator > 0 else None
+
+
+def count_positions(position_drafted: list[int], position_accepted: list[int], n_drafted: int,
+                    n_accepted: int) -> None:
+    """Add one verification round to per-position counters (lists grown in place).
+
+    Position i is verified only if positions 1..i-1 were accepted: a rejection ends the round.
+    """
+    missing = n_drafted - len(position_drafted)
+    if missing > 0:
+        position_drafted.extend([0] * missing)
+        position_accepted.extend([0] * missing)
+    for i in range(min(n_drafted, n_accepted + 1)):
+        position_drafted[i] += 1
+        if i < n_accepted:
+            position_accepted[i] += 1
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one decode (plain or speculative). Times are seconds of wall clock.
+
+    The raw counters are filled by the engine while it decodes; the derived metrics are
+    properties, so a snapshot is always self-consistent.
+
+    Attributes:
+        new_tokens: tokens generated, prompt excluded.
+        prompt_tokens: tokens in the prompt (prefill length).
+        ttft_s: seconds from request to first new token (prefill included); None before it.
+        elapsed_s: seconds from request to the last new token.
+        target_forwards: target forward passes after prefill.
+        drafted: draft tokens proposed and verified.
+        accepted: draft tokens accepted.
+        draft_s: seconds spent drafting.
+        verify_s: seconds spent in target forwards after prefill (verification, or plain steps).
+        prefill_s: seconds spent in the prefill forward.
+        position_drafted: ``position_drafted[i]`` = rounds in which draft position i+1 was verified.
+        position_accepted: ``position_accepted[i]`` = rounds in which draft position i+1 was accepted.
+        draft_length: draft length used in the latest round (0 for plain decoding).
+        drafted_by, accepted_by: drafted / accepted tokens per drafter that proposed them (a
+            combined drafter has several; keys are the proposals' sources).
+        rounds: verification rounds (target forwards after prefill) recorded so far.
+        draft_length_sum, draft_length_min, draft_length_max: sum, smallest and largest number
+            of draft tokens verified in a round, over every round (plain rounds count as 0);
+            min/max are None before the first round. With ``auto`` the last round's
+            ``draft_length`` can be 0 although the run drafted; these describe the whole run.
+        extra_memory_bytes: bytes the drafter adds (its weights not shared with the target + its
+            KV cache); 0 for plain decoding and for the n-gram drafter.
+        other_cpu_share: CPU time other processes took during this decode (request to last
+            token) as a share of all cores' time, 0..1 (``machine.OtherCpuUse``); set on the
+            final event, None before it and for decodes shorter than ``machine.MIN_MEASURED_S``.
+            Above ``machine.BUSY_SHARE`` the decode's times are not this machine's.
+        finish_reason: "eos", "stop", "length", "cancelled" or None while running.
+        engine: None for our engine; for a lane served by an OpenAI-compatible server, which
+            engine reported these counters (``"llama.cpp"``, ``"vllm"``, ``"sglang"``,
+            ``"lmstudio"`` or ``"openai-compatible"``; see :mod:`specdemo.services.endpoints`).
+        not_reported: names of the counters above that the engine does not report; each is
+            None (never estimated) and is shown as "not reported by this engine". Empty for
+            our engine.
+    """
+
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    ttft_s: float | None = None
+    elapsed_s: float = 0.0
+    target_forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    draft_length: int = 0
+    drafted_by: dict[str, int] = field(default_factory=dict)
+    accepted_by: dict[str, int] = field(default_factory=dict)
+    rounds: int = 0
+    draft_length_sum: int = 0
+    draft_length_min: int | None = None
+    draft_length_max: int | None = None
+    extra_memory_bytes: int = 0
+    other_cpu_share: float | None = None
+    finish_reason: str | None = None
+    engine: str | None = None
+    not_reported: list[str] = field(default_factory=list)
+
+    # --- derived metrics (DESIGN.md names) -------------------------------------------------
+    @property
+    def tokens_per_s(self) -> float | None:
+        """new_tokens / seconds from request to last token."""
+        return ratio(self.new_tokens, self.elapsed_s) if self.new_tokens else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """(new_tokens - 1) / seconds from first to last token."""
+        if self.ttft_s is None or self.new_tokens < 2:
+            return None
+        return ratio(self.new_tokens - 1, self.elapsed_s - self.ttft_s)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted (llama.cpp's "draft acceptance rate"); None when either is not
+        reported."""
+        if self.accepted is None or self.drafted is None:
+            return None
+        return ratio(self.accepted, self.drafted)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """New tokens per target forward after prefill (vLLM's definition, bonus token counted).
+
+        The first token comes from prefill, so it is excluded: (new_tokens - 1) / target_forwards.
+        None for a run without speculation (nothing drafted), and when the engine does not
+        report its target forwards (a server lane whose engine reports drafted/accepted only).
+        """
+        if self.drafted == 0 or self.target_forwards is None:
+            return None
+        return ratio(self.new_tokens - 1, self.target_forwards)
+
+    @property
+    def mean_draft_length(self) -> float | None:
+        """Draft tokens verified per round, averaged over the run's rounds; None before a round
+        or when not reported."""
+        if self.draft_length_sum is None or self.rounds is None:
+            return None
+        return ratio(self.draft_length_sum, self.rounds)
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        """For i = 1..k: P(draft token i accepted | tokens 1..i-1 were); [] when not reported."""
+        if self.position_accepted is None or self.position_drafted is None:
+            return []
+        return [ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    # --- recording ---------------------------------------------------------------------------
+    def record_round(self, n_drafted: int, n_accepted: int, n_emitted: int | None = None,
+                     source: str | None = None) -> None:
+        """Record one verification round: ``n_drafted`` proposed (by ``source``), the first
+        ``n_accepted`` kept.
+
+        Args:
+            n_drafted: draft tokens verified this round (the draft length used).
+            n_accepted: how many of them verification accepted.
+            n_emitted: tokens of the round that were emitted: the accepted drafts then the
+                correction/bonus token, cut at a stop point (EOS, stop string, max_new_tokens);
+                None means all ``n_accepted + 1``. When the cut falls inside the accepted drafts
+                (``n_emitted <= n_accepted``), the drafts after it were never refused, only not
+                needed: the round counts ``n_emitted`` drafted, all accepted (also per position).
+            source: the drafter that proposed them (counted in ``drafted_by``/``accepted_by``).
+        """
+        counted_drafted, counted_accepted = n_drafted, n_accepted
+        if n_emitted is not None and n_emitted <= n_accepted:
+            counted_drafted = counted_accepted = n_emitted
+        self.drafted += counted_drafted
+        self.accepted += counted_accepted
+        if source and counted_drafted:
+            self.drafted_by[source] = self.drafted_by.get(source, 0) + counted_drafted
+            self.accepted_by[source] = self.accepted_by.get(source, 0) + counted_accepted
+        self.target_forwards += 1
+        self.draft_length = n_drafted
+        self.rounds += 1
+        self.draft_length_sum += n_drafted
+        self.draft_length_min = n_drafted if self.draft_length_min is None else min(
+            self.draft_length_min, n_drafted)
+        self.draft_length_max = max(self.draft_length_max or 0, n_drafted)
+        count_positions(self.position_drafted, self.position_accepted, counted_drafted,
+                        counted_accepted)
+
+    def as_dict(self) -> dict:
+        """All raw counters and derived metrics, JSON-ready (None stays None)."""
+        out = asdict(self)
+        for name in ("tokens_per_s", "decode_tokens_per_s", "acceptance_rate",
+                     "mean_acceptance_length", "per_position_acceptance", "mean_draft_length"):
+            out[name] = getattr(self, name)
+        if "position_accepted" in self.not_reported:  # not reported is null, not an empty list
+            out["per_position_acceptance"] = None
+        return out
+
+    def copy(self) -> "DecodeStats":
+        """An independent snapshot (lists copied)."""
+        return DecodeStats(**{**asdict(self)})
+
+
+def speedup(plain: DecodeStats, speculative: DecodeStats) -> float | None:
+    """tokens_per_s(speculative) / tokens_per_s(plain); None when either is unknown."""
+    if plain.tokens_per_s is None or speculative.tokens_per_s is None:
+        return None
+    return ratio(speculative.tokens_per_s, plain.tokens_per_s)

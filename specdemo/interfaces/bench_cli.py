@@ -1,0 +1,94 @@
+"""``python -m specdemo bench``: parse the flags, load the pipeline, sweep, write the outputs."""
+
+from __future__ import annotations
+
+from ..services.prompts import TASKS, load_prompts
+from ..services.bench import __doc__ as _PACKAGE_DOC
+from ..services.bench.config import BenchConfig, parse_draft_lengths, parse_ints, parse_tasks
+from ..services.bench.report import summary_text, write_outputs
+from ..services.bench.run import run_sweep
+
+
+def register(sub) -> None:
+    bench = sub.add_parser("bench", help="sweep tasks x draft lengths: CSV, JSON, PNG plots, report",
+                           description=_PACKAGE_DOC.split("\n\n")[0])
+    bench.add_argument("--preset", default=None, help="a preset name (python -m specdemo presets); "
+                       "sets target, draft and dtype")
+    bench.add_argument("--target", default=None, help="as for run (default: the default preset's)")
+    bench.add_argument("--draft", default=None, help="ngram, self, early-exit:N or a draft model")
+    bench.add_argument("--tasks", default=",".join(TASKS), help="comma-separated (default %(default)s)")
+    bench.add_argument("--draft-lengths", default="1,2,4,8,auto", help="(default %(default)s)")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    bench.add_argument("--seed", type=int, default=None)
+    bench.add_argument("--prompts-per-task", type=int, default=None, help="default: all")
+    bench.add_argument("--concurrency", default="", help="e.g. 1,2,4,8 (default: skip)")
+    bench.add_argument("--no-reference", action="store_true",
+                       help="skip the transformers generate() reference column")
+    bench.add_argument("--system", default=None, help="system prompt")
+    bench.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    bench.add_argument("--device", default="auto")
+    bench.add_argument("--quantization", default=None, choices=["4bit", "8bit", "int8", "int4"])
+    bench.add_argument("--trust-remote-code", action="store_true")
+    from .decode_cli import add_backend_flag
+    add_backend_flag(bench)
+    bench.add_argument("--out", required=True, help="folder for bench.csv, bench.json, *.png, report.md")
+    from ..services.endpoints import add_endpoint_flags
+    add_endpoint_flags(bench)
+    bench.add_argument("--note", default="", help="a line for the server report (e.g. how the "
+                       "servers were started)")
+    bench.set_defaults(func=cmd_bench)
+
+
+def resolve_models(args) -> tuple[str, str, str, str | None]:
+    """(target, draft, dtype, quantization) from --preset or --target/--draft (else the default preset).
+
+    Raises:
+        ValueError: --preset together with --target/--draft.
+    """
+    from ..services.presets import default_preset, get_preset
+    if args.preset and (args.target or args.draft):
+        raise ValueError("give either --preset or --target/--draft, not both")
+    if args.preset or not args.target:
+        preset = get_preset(args.preset) if args.preset else default_preset()
+        target, draft = preset.target, args.draft or preset.draft
+        dtype, quant = args.dtype or preset.dtype, args.quantization or (
+            None if preset.quantization == "none" else preset.quantization)
+        return target, draft, dtype, quant
+    return args.target, args.draft or "ngram", args.dtype or "auto", args.quantization
+
+
+def cmd_bench(args) -> int:
+    from .decode_cli import fail, pipeline_from_args
+    from ..services.presets import PresetError
+    try:
+        config = BenchConfig(tasks=parse_tasks(args.tasks),
+                             draft_lengths=parse_draft_lengths(args.draft_lengths),
+                             max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                             temperature=args.temperature, seed=args.seed,
+                             prompts_per_task=args.prompts_per_task,
+                             concurrency=parse_ints(args.concurrency), reference=not args.no_reference,
+                             system=args.system)
+        prompts = load_prompts(config.tasks)
+        if args.plain_endpoint or args.spec_endpoint:  # servers: the concurrency sweep
+            from ..services.endpoint_bench import cmd
+            from ..services.endpoints import EndpointError, endpoints_from_args
+            try:
+                endpoints = endpoints_from_args(args)
+            except EndpointError as exc:
+                fail(str(exc))
+            return cmd(args, endpoints, config)
+        args.target, args.draft, args.dtype, args.quantization = resolve_models(args)
+    except (ValueError, PresetError, FileNotFoundError) as exc:
+        fail(str(exc))
+    pipe = pipeline_from_args(args)  # exits with the reason when a model cannot be used
+    try:
+        sweep = run_sweep(pipe, prompts, config)
+    except ValueError as exc:
+        fail(str(exc))
+    paths = write_outputs(sweep, args.out)
+    print(summary_text(sweep))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+

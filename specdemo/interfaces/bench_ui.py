@@ -1,0 +1,336 @@
+"""The app's Benchmark tab: the ``bench`` sweep with a progress bar, its plots and the CSV.
+
+:func:`build_benchmark_tab` adds the components to the gradio Blocks (or Tab) being built, so the
+app places it in a tab and a test can wrap it in ``gr.Blocks()`` alone. Every number comes from
+:mod:`specdemo.services.bench` (the same cells the CSV holds); this module only lays them out.
+Run standalone with ``python -m specdemo.interfaces.bench_ui``.
+"""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import gradio as gr
+
+from .. import PROJECT_DIR
+from ..services import bench
+from ..services.prompts import TASKS, load_prompts
+
+DRAFT_LENGTH_CHOICES = ["1", "2", "3", "4", "6", "8", "12", "16", "auto"]
+CONCURRENCY_CHOICES = ["1", "2", "4", "8", "16"]
+TABLE_COLUMNS = ("task", "draft_length", "engine", "plain_tokens_per_s", "tokens_per_s", "speedup",
+                 "speedup_min", "speedup_max", "acceptance_rate", "mean_acceptance_length",
+                 "ttft_s", "identical", "status")
+FALLBACK = {"target": "builtin:smollm2-135m", "draft": "ngram", "dtype": "auto", "quantization": "none"}
+INTRO = (
+    "**Does speculation pay for this model, task and machine, and with which draft length?** "
+    "For every task prompt this runs plain decoding once, then speculative decoding at each draft "
+    "length, in our engine and (reference column) through transformers' own `generate()` on the "
+    "same model object. Decodes run one at a time, so each is timed alone; on a CPU a full sweep "
+    "takes minutes. The CSV and the report hold the same numbers as the plots.")
+
+
+@dataclass
+class BenchmarkTab:
+    """The tab's components (for the app to wire further and for tests)."""
+
+    preset: gr.Dropdown
+    target: gr.Textbox
+    draft: gr.Textbox
+    tasks: gr.CheckboxGroup
+    draft_lengths: gr.CheckboxGroup
+    max_new_tokens: gr.Slider
+    repeats: gr.Slider
+    prompts_per_task: gr.Slider
+    temperature: gr.Slider
+    reference: gr.Checkbox
+    concurrency: gr.CheckboxGroup
+    run: gr.Button
+    summary: gr.Markdown
+    table: gr.Dataframe
+    speedup_plot: gr.Plot
+    acceptance_plot: gr.Plot
+    tokens_plot: gr.Plot
+    concurrency_plot: gr.Plot
+    csv_file: gr.File
+    report_file: gr.File
+    estimate: gr.Markdown | None = None
+
+
+_PIPELINES = None  # a race.PipelineCache, made on first use (tests may put their own here)
+
+
+def pipelines():
+    """The tab's pipeline cache: ``get(target, draft, dtype, quantization) -> Pipeline``; the
+    race page's (``ui_state.CACHE``), so a pairing the page has loaded is not prepared again."""
+    global _PIPELINES
+    if _PIPELINES is None:
+        from .ui_state import CACHE
+        _PIPELINES = CACHE
+    return _PIPELINES
+
+
+def _presets() -> tuple[list, str | None]:
+    """(presets, default preset name); a broken preset file leaves the list empty."""
+    from ..services.presets import PresetError, list_presets
+    try:
+        presets = list(list_presets())
+    except PresetError:
+        return [], None
+    default = next((p.name for p in presets if p.default), presets[0].name if presets else None)
+    return presets, default
+
+
+def pairing(preset_name: str | None) -> dict:
+    """target, draft, dtype and quantization of a preset (a fallback when there is none)."""
+    presets, _ = _presets()
+    for p in presets:
+        if p.name == preset_name:
+            return {"target": p.target, "draft": p.draft, "dtype": p.dtype,
+                    "quantization": p.quantization}
+    return dict(FALLBACK)
+
+
+def config_from_inputs(tasks, draft_lengths, max_new_tokens, repeats, prompts_per_task,
+                       temperature, reference, concurrency) -> bench.BenchConfig:
+    """The form's values as a :class:`bench.BenchConfig` (ValueError with what to fix)."""
+    lengths = bench.parse_draft_lengths(",".join(draft_lengths or []))
+    order = {k: i for i, k in enumerate(DRAFT_LENGTH_CHOICES)}
+    lengths = tuple(sorted(lengths, key=lambda k: order.get(str(k), len(order))))
+    return bench.BenchConfig(tasks=tuple(t for t in TASKS if t in (tasks or [])),
+                             draft_lengths=lengths, max_new_tokens=int(max_new_tokens),
+                             repeats=int(repeats), temperature=float(temperature),
+                             prompts_per_task=int(prompts_per_task), reference=bool(reference),
+                             concurrency=tuple(sorted(int(n) for n in concurrency or [])))
+
+
+DECIMALS = {"plain_tokens_per_s": 1, "tokens_per_s": 1, "speedup": 2, "speedup_min": 2,
+            "speedup_max": 2, "acceptance_rate": 2, "mean_acceptance_length": 2, "ttft_s": 2}
+
+
+def table_cell(column: str, value) -> str:
+    """A cell as the table shows it: tokens/s with 1 decimal, ratios and seconds with 2 (the
+    CSV keeps the sweep's own precision); anything else as in the CSV."""
+    if isinstance(value, float) and column in DECIMALS:
+        return f"{value:.{DECIMALS[column]}f}"
+    return bench.fmt(value)
+
+
+def table_header(column: str) -> str:
+    """A column name that may break only at its underscores (a zero-width space after each),
+    never mid-word; the name itself stays the CSV's."""
+    return column.replace("_", "_\u200b")
+
+
+def results_table(sweep: bench.Sweep):
+    """The cells as a DataFrame with the table's columns (:func:`table_cell` per value)."""
+    import pandas as pd
+    rows = [[table_cell(col, c.get(col)) for col in TABLE_COLUMNS] for c in sweep.cells]
+    return pd.DataFrame(rows, columns=[table_header(col) for col in TABLE_COLUMNS])
+
+
+REFERENCE_SWEEP = PROJECT_DIR / "docs" / "bench-cpu" / "bench.json"
+_SECONDS_PER_TOKEN: list[float] = []  # measured by this process's last sweep
+
+
+def seconds_per_token() -> tuple[float | None, str]:
+    """(seconds per decoded token, where it comes from): this process's last sweep, else the
+    reference sweep in docs/bench-cpu (the built-in model on a 2-core CPU), else (None, "")."""
+    if _SECONDS_PER_TOKEN:
+        return _SECONDS_PER_TOKEN[-1], "the last sweep here"
+    try:
+        import json
+        runs = json.loads(REFERENCE_SWEEP.read_text())["runs"]
+        tokens = sum(r["new_tokens"] for r in runs)
+        return sum(r["elapsed_s"] for r in runs) / tokens, "docs/bench-cpu (2-core CPU)"
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None, ""
+
+
+def estimate_text(tasks, draft_lengths, max_new_tokens, repeats, prompts_per_task, reference,
+                  concurrency=()) -> str:
+    """How many decodes the form's sweep runs and about how long it takes, for the line above
+    Run: decodes x max new tokens x seconds per token (:func:`seconds_per_token`)."""
+    lengths = list(draft_lengths or [])
+    theirs = 1 + len([k for k in lengths if k != "auto"])  # transformers has no "auto"
+    per_prompt = 1 + len(lengths) + (theirs if reference else 0)
+    decodes = len(tasks or []) * int(prompts_per_task) * int(repeats) * per_prompt
+    tokens = decodes * int(max_new_tokens)
+    rate, source = seconds_per_token()
+    text = f"This sweep: {decodes} decodes of up to {int(max_new_tokens)} new tokens"
+    if rate is None or not decodes:
+        return text + "."
+    from ..services.startup import about
+    extra = " plus the concurrency sweep" if concurrency else ""
+    return (f"{text}; at most {about(tokens * rate)}{extra} at {rate:.3f} s per token "
+            f"({source}; a bigger model or a busy machine takes longer).")
+
+
+def output_dir() -> Path:
+    """The tab's output folder, ``<cache>/benchmark-tab`` (emptied for each run): one folder,
+    not a new temporary one per run."""
+    import shutil
+
+    from ..models.loading import cache_dir
+    out = cache_dir() / "benchmark-tab"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
+                  prompts_per_task, temperature, reference, concurrency, progress=gr.Progress()):
+    """The Run button: load, sweep with progress, write the files, show plots and table.
+
+    Raises:
+        gr.Error: bad settings, a model that cannot be loaded, or an incompatible draft.
+    """
+    try:
+        config = config_from_inputs(tasks, draft_lengths, max_new_tokens, repeats,
+                                    prompts_per_task, temperature, reference, concurrency)
+    except ValueError as exc:
+        from .ui_race import refusal
+        raise refusal(str(exc)) from None
+    pair = pairing(preset_name)
+    target, draft = (target or pair["target"]).strip(), (draft or pair["draft"]).strip()
+    how = (pair["dtype"] if target == pair["target"] else "auto",
+           pair["quantization"] if target == pair["target"] else None)
+    loaded = getattr(pipelines(), "loaded", lambda *a: None)(target, draft, *how)
+    progress(0, desc=f"loading {target} + {draft}" if loaded is None else
+             f"{target} + {draft} loaded; warming up (untimed), then the first decode")
+    try:
+        pipe = pipelines().get(target, draft, *how)
+        if loaded is None:
+            progress(0, desc="warming up (untimed), then the first decode")
+        prompts = load_prompts(config.tasks)
+        sweep = on_device(lambda report: bench.run_sweep(pipe, prompts, config, show_bar=False,
+                                                         progress=report),
+                          lambda done, total, desc: progress((done, total), desc=desc))
+    except Exception as exc:  # noqa: BLE001 - ModelLoadError, incompatible draft, out of memory
+        from ..services.race import describe_error
+        raise gr.Error(describe_error(exc))
+    tokens = sum(r.new_tokens for r in sweep.runs)
+    if tokens:
+        _SECONDS_PER_TOKEN.append(sum(r.elapsed_s for r in sweep.runs) / tokens)
+    figs = bench.figures(sweep)
+    out = output_dir()
+    paths = bench.write_outputs(sweep, out, figs)
+    summary = "\n".join([f"{bench.summary_text(sweep).splitlines()[0]}. Best draft length per task:"]
+                        + [f"- {line}" for line in bench.best_lines(sweep)]
+                        + [f"\nFiles: `{out}`"])
+    concurrency_fig = figs.get("concurrency")
+    return (summary, results_table(sweep), figs["speedup"], figs["acceptance"], figs["tokens_per_s"],
+            gr.Plot(value=concurrency_fig, visible=concurrency_fig is not None),
+            str(paths["csv"]), str(paths["report"]))
+
+
+def on_device(job: Callable[[Callable], object], progress: Callable[[int, int, str], None]):
+    """Run ``job(report)`` on the device thread, where the race and ``app.py``'s loads run, and
+    pass its ``report(done, total, desc)`` calls to ``progress`` on this (the handler's) thread,
+    where gradio can send them. On a 2-core CPU the same decodes measured ~20% slower on a
+    gradio worker thread than on the thread ``python -m specdemo bench`` uses (torch's OpenMP
+    teams are per calling thread), so the tab's numbers would not have matched the CLI's.
+
+    Returns:
+        What ``job`` returned (its exception is raised here).
+    """
+    from ..services.race import DEVICE
+    if DEVICE.on_device():
+        return job(progress)
+    updates: queue.SimpleQueue = queue.SimpleQueue()
+    future = DEVICE.submit(lambda: job(lambda *update: updates.put(update)))
+    while not future.done() or not updates.empty():
+        try:
+            progress(*updates.get(timeout=0.2))
+        except queue.Empty:
+            continue
+    return future.result()
+
+
+def on_preset(preset_name):
+    pair = pairing(preset_name)
+    return pair["target"], pair["draft"]
+
+
+def build_benchmark_tab() -> BenchmarkTab:
+    """Add the Benchmark components to the Blocks/Tab being built; returns them.
+
+    Nothing loads here: models load when Run is pressed. The run shares the app's ``device``
+    concurrency group, so it never overlaps a race (each would slow the other and both numbers
+    would be wrong).
+    """
+    presets, default = _presets()
+    start = pairing(default)
+    gr.Markdown(INTRO, elem_id="bench-intro")
+    with gr.Row():
+        preset = gr.Dropdown([p.name for p in presets], value=default, label="Preset",
+                             elem_id="bench-preset", interactive=bool(presets))
+        target = gr.Textbox(start["target"], label="Target", elem_id="bench-target")
+        draft = gr.Textbox(start["draft"], label="Draft (ngram, self, early-exit:N or a model)",
+                           elem_id="bench-draft")
+    with gr.Row():
+        tasks = gr.CheckboxGroup(list(TASKS), value=list(TASKS), label="Tasks", elem_id="bench-tasks")
+        draft_lengths = gr.CheckboxGroup(DRAFT_LENGTH_CHOICES, value=["1", "2", "4", "8", "auto"],
+                                         label="Draft lengths", elem_id="bench-draft-lengths")
+    with gr.Row():
+        max_new_tokens = gr.Slider(8, 512, value=64, step=8, label="Max new tokens",
+                                   elem_id="bench-max-new-tokens")
+        repeats = gr.Slider(1, 10, value=1, step=1, label="Repeats (median, min, max)",
+                            elem_id="bench-repeats")
+        prompts_per_task = gr.Slider(1, 8, value=2, step=1, label="Prompts per task",
+                                     elem_id="bench-prompts-per-task")
+        temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+                                elem_id="bench-temperature")
+    with gr.Row():
+        reference = gr.Checkbox(True, label="Reference column: transformers generate()",
+                                elem_id="bench-reference")
+        concurrency = gr.CheckboxGroup(CONCURRENCY_CHOICES, value=[],
+                                       label="Concurrency sweep (requests at once; empty = skip)",
+                                       elem_id="bench-concurrency")
+    form = [tasks, draft_lengths, max_new_tokens, repeats, prompts_per_task, reference, concurrency]
+    estimate = gr.Markdown(estimate_text(*(c.value for c in form)), elem_id="bench-estimate")
+    run = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
+    summary = gr.Markdown("", elem_id="bench-summary")
+    with gr.Row():
+        speedup_plot = gr.Plot(label="Speedup vs draft length", elem_id="bench-speedup-plot")
+        tokens_plot = gr.Plot(label="Tokens/s", elem_id="bench-tokens-plot")
+    with gr.Row():
+        acceptance_plot = gr.Plot(label="Acceptance per draft position", elem_id="bench-acceptance-plot")
+        concurrency_plot = gr.Plot(label="Throughput under load", elem_id="bench-concurrency-plot",
+                                   visible=False)
+    table = gr.Dataframe(headers=[table_header(c) for c in TABLE_COLUMNS],
+                         label="Results (as in the CSV)",
+                         elem_id="bench-table", interactive=False, wrap=True)
+    with gr.Row():
+        csv_file = gr.File(label="bench.csv", elem_id="bench-csv", interactive=False)
+        report_file = gr.File(label="report.md", elem_id="bench-report", interactive=False)
+
+    preset.change(on_preset, preset, [target, draft], api_visibility="undocumented")
+    for control in form:
+        control.change(estimate_text, form, estimate, api_visibility="private",
+                       show_progress="hidden")
+    run.click(run_benchmark,
+              [preset, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
+               prompts_per_task, temperature, reference, concurrency],
+              [summary, table, speedup_plot, acceptance_plot, tokens_plot, concurrency_plot,
+               csv_file, report_file],
+              concurrency_id="device", concurrency_limit=1, api_name="benchmark",
+              api_visibility="undocumented")
+    return BenchmarkTab(preset, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
+                        prompts_per_task, temperature, reference, concurrency, run, summary, table,
+                        speedup_plot, acceptance_plot, tokens_plot, concurrency_plot, csv_file,
+                        report_file, estimate)
+
+
+def build_standalone() -> gr.Blocks:
+    """The tab alone in a page (``python -m specdemo.interfaces.bench_ui``)."""
+    with gr.Blocks(title="specdemo benchmark", analytics_enabled=False) as demo:
+        build_benchmark_tab()
+    return demo
+
+
+if __name__ == "__main__":
+    build_standalone().launch(server_name="127.0.0.1")

@@ -1,0 +1,64 @@
+"""Command line: ``python -m specdemo {run,compare,bench,check,presets,costs,serve}``.
+
+Each subcommand lives in the module that owns it; a module takes part by defining
+``register(subparsers)`` which adds its parser and sets ``func`` (args -> exit status).
+Imports are lazy: ``--help`` loads no model and imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that define ``register(subparsers)``; one line each.
+COMMAND_MODULES = (
+    "specdemo.interfaces.decode_cli",
+    "specdemo.services.presets",
+    "specdemo.checks.compat",
+    "specdemo.interfaces.bench_cli",
+    "specdemo.interfaces.train_cli",
+    "specdemo.services.costs",
+    "specdemo.services.serve",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specdemo",
+                                     description="Plain vs speculative decoding, measured honestly.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def _not_torchao_optional_kernel(record) -> bool:
+    """False for torchao's "Failed to load .../_C_*.so" warnings (logging filter)."""
+    message = record.getMessage()
+    return not (message.startswith("Failed to load ") and "/_C_" in message.replace("\\", "/"))
+
+
+def quiet_library_logs() -> None:
+    """Silence library notices that new users read as errors but that change nothing here:
+
+    - torch's notice, printed when transformers imports torchao, that two torchao enums are
+      registered twice (``torch.utils._pytree``);
+    - torchao's "Failed to load .../_C_mxfp8...so" / "_C_cutlass_90a" warnings: optional GPU
+      kernels (MX formats, Hopper CUTLASS) that this app never calls; other torchao warnings
+      still show.
+    """
+    import logging
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    torchao = logging.getLogger("torchao")
+    if _not_torchao_optional_kernel not in torchao.filters:
+        torchao.addFilter(_not_torchao_optional_kernel)
+
+
+def main(argv: list[str] | None = None) -> int:
+    quiet_library_logs()
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,395 @@
+"""``run`` and ``compare`` subcommands (DESIGN.md, "Command line")."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..checks import compat, inputs
+from ..services import startup
+from ..checks.compat import NON_MODEL_DRAFTS, is_model_draft  # none, ngram, self: drafters that are not models
+from ..services.endpoints import add_endpoint_flags
+from ..checks.inputs import checked
+from ..models.loading import ModelLoadError
+from ..models.quantize import QUANTIZATION_CHOICES
+
+
+def draft_length_arg(value: str) -> int | str:
+    """``auto`` or 1..64 (the same rule as the /race API and the page)."""
+    return checked(inputs.draft_length, "draft length")(value)
+
+
+def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> None:
+    """Flags shared by run, compare and bench."""
+    parser.add_argument("--target", default="builtin:smollm2-135m",
+                        type=checked(inputs.target, "target"),
+                        help="HF id, local dir, .gguf file or builtin:<name> (default %(default)s)")
+    parser.add_argument("--draft", default=draft_default, type=checked(inputs.draft, "draft"),
+                        help="none, ngram, self, early-exit:<layers>, mtp (the target's own MTP "
+                             "layers), a learned drafter (EAGLE-3, DFlash or Gemma 4 assistant "
+                             "folder or hub id, builtin:smollm2-135m-eagle3, <learned>+ngram), or a "
+                             "model like --target (default %(default)s)")
+    parser.add_argument("--max-new-tokens", default=128,
+                        type=checked(inputs.number, "max new tokens", minimum=1, integer=True))
+    parser.add_argument("--temperature", default=0.0, help="0 = greedy",
+                        type=checked(inputs.number, "temperature", minimum=0))
+    parser.add_argument("--top-k", default=0,
+                        type=checked(inputs.number, "top k", minimum=0, integer=True))
+    parser.add_argument("--top-p", default=1.0,
+                        type=checked(inputs.number, "top p", above=0, maximum=1))
+    parser.add_argument("--repetition-penalty", default=1.0,
+                        type=checked(inputs.number, "repetition penalty", above=0))
+    parser.add_argument("--seed", default=None, type=checked(inputs.number, "seed", integer=True))
+    parser.add_argument("--draft-length", type=draft_length_arg, default=4,
+                        help="draft tokens per round, 1..64, or auto (default 4; the app and "
+                             "the presets use auto)")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)",
+                        type=checked(inputs.text, "stop", required=False))
+    parser.add_argument("--system", default=None, help="system prompt",
+                        type=checked(inputs.text, "system", required=False))
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_CHOICES),
+                        help="target quantisation: 4bit/8bit bitsandbytes (CUDA), int8/int4 "
+                             "torchao (int4: CPU only)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow code from the model repository to run (off by default)")
+    add_backend_flag(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_backend_flag(parser: argparse.ArgumentParser) -> None:
+    """``--backend auto|transformers|ggml``: how the target's forward is computed (both lanes
+    of a comparison use the same)."""
+    parser.add_argument("--backend", default="transformers", choices=["auto", "transformers", "ggml"],
+                        help="target forward: transformers, ggml (llama.cpp over the GGUF file "
+                             "of a GGUF/built-in target) or auto (measured on this CPU, stored; "
+                             "transformers elsewhere) (default %(default)s: the reference for "
+                             "losslessness; on the CPUs measured so far ggml decodes faster but its "
+                             "verification of k tokens costs 1.7-4.2x a step)")
+
+
+def register(sub) -> None:
+    run = sub.add_parser("run", help="decode one prompt (speculatively when --draft is given)")
+    add_decode_flags(run, draft_default="none")
+    run.add_argument("--prompt", required=True, type=checked(inputs.text, "prompt"))
+    add_endpoint_flags(run)
+    run.set_defaults(func=cmd_run)
+    compare = sub.add_parser("compare", help="plain then speculative on the same prompt")
+    add_decode_flags(compare, draft_default="ngram")
+    compare.add_argument("--prompt", required=True, type=checked(inputs.text, "prompt"))
+    add_endpoint_flags(compare)
+    compare.set_defaults(func=cmd_compare)
+
+
+def settings_from_args(args):
+    from ..services.pipeline import DecodeSettings  # deferred: imports torch
+    return DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p,
+                          repetition_penalty=args.repetition_penalty, seed=args.seed,
+                          draft_length=args.draft_length, stop_strings=tuple(args.stop))
+
+
+def pipeline_from_args(args):
+    """Load target (+ draft model) and refuse an incompatible draft with the reason. The slow
+    steps (converting a built-in once, loading, measuring forward costs for ``auto``) are
+    printed to stderr as they start and end, as the page shows them.
+
+    Raises:
+        SystemExit(2) with the reason printed, for load failures and incompatible drafts.
+    """
+    with startup.printed():
+        pipe = _load_pipeline(args)
+        if args.draft != "none" and getattr(args, "draft_length", None) == "auto":  # bench: none
+            startup.measure_forward_costs(pipe)
+    return pipe
+
+
+def _load_pipeline(args):
+    from ..services.pipeline import Pipeline  # deferred: imports torch
+    try:
+        target = startup.load_model(args.target, args.device, args.dtype,
+                            trust_remote_code=args.trust_remote_code, quantization=args.quantization)
+        target = _with_backend(target, getattr(args, "backend", "auto"))
+        draft = None
+        from ..models.learned import is_learned, load_learned  # deferred: imports torch
+        if is_learned(args.draft):  # EAGLE-3 / DFlash / MTP: checked against the target
+            draft = load_learned(args.draft, target)
+            for warning in draft.warnings:
+                print(f"warning: {warning}", file=sys.stderr)
+        elif is_model_draft(args.draft):
+            refuse_incompatible(args.target, args.draft, args.trust_remote_code)
+            draft = startup.load_model(args.draft, str(target.device), args.dtype,
+                               trust_remote_code=args.trust_remote_code)
+        return Pipeline(target, args.draft, draft)
+    except ModelLoadError as exc:
+        fail(str(exc))
+
+
+def _with_backend(target, backend: str):
+    """The target on ``backend``; exits with the reason when ``ggml`` cannot serve it."""
+    from ..models.ggml_backend import GgmlError
+    from ..services.startup import use_backend
+    if not hasattr(target, "backend"):  # not a models.LoadedModel (tests inject stand-ins)
+        return target
+    try:
+        target, choice = use_backend(target, backend)
+    except GgmlError as exc:
+        fail(str(exc))
+    if backend == "auto" and choice.reason:
+        print(f"backend: {choice.backend} ({choice.reason})", file=sys.stderr)
+    return target
+
+
+def refuse_incompatible(target_spec: str, draft_spec: str, trust_remote_code: bool) -> None:
+    """Exit with the verdict's reasons when the draft's tokenizer cannot serve the target."""
+    verdict = compat.check_specs(target_spec, draft_spec, trust_remote_code=trust_remote_code)
+    if verdict.status == "incompatible":
+        fail(f"draft {draft_spec} is incompatible with target {target_spec}: "
+             + "; ".join(verdict.reasons))
+
+
+def offloaded(pipe) -> dict[str, str]:
+    """The target's modules accelerate offloaded ({name: "cpu"/"disk"}), said once on stderr."""
+    layers = getattr(pipe.target, "offloaded_layers", {})
+    if layers:
+        print(f"warning: {len(layers)} modules of {pipe.target.spec} are offloaded to "
+              f"{'/'.join(sorted(set(layers.values())))}: it does not fit {pipe.target.device}, "
+              "every forward streams their weights, and the speedup is not the GPU's",
+              file=sys.stderr)
+    return dict(layers)
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _endpoints(args) -> dict:
+    """The lanes' endpoints from the flags; exit status 2 with the reason when one is refused."""
+    from ..services.endpoints import EndpointError, endpoints_from_args
+    try:
+        return endpoints_from_args(args)
+    except EndpointError as exc:
+        fail(str(exc))
+
+
+def precision_notice(pipe) -> str | None:
+    """The line ``run``/``compare`` print before timing when greedy outputs are not expected to
+    be identical in the target's precision (bfloat16, float16, quantised), naming
+    ``--dtype float32`` for an exact check; None in float32."""
+    from ..services.pipeline import target_lossless_expectation
+    expected, why = target_lossless_expectation(pipe.target)
+    if expected:
+        return None
+    return (f"note: greedy speculative output may differ from plain greedy here: {why}. For an "
+            "exact check run with --dtype float32 (and no --quantization) where memory allows.")
+
+
+def prepare_untimed(pipe, settings, ids, modes) -> None:
+    """Warm every mode in ``modes`` (False plain, True speculative) before any clock starts
+    (``startup.prepare_timed``), printing the steps to stderr."""
+    from ..services.startup import prepare_timed, printed
+    with printed():
+        for speculative in modes:
+            prepare_timed(pipe, speculative, settings.draft_length, ids)
+
+
+def cmd_run(args) -> int:
+    endpoints = _endpoints(args)
+    if endpoints["plain"] or endpoints["speculative"]:
+        return run_endpoint(args, endpoints)
+    pipe = pipeline_from_args(args)
+    settings = settings_from_args(args)
+    try:
+        ids = pipe.prompt_ids(args.prompt, args.system)
+        prepare_untimed(pipe, settings, ids, [args.draft != "none"])
+        result = pipe.run(ids, settings, speculative=args.draft != "none") if args.json else None
+        if result is None:
+            result = stream_to_terminal(pipe, ids, settings, args.draft != "none")
+    except ValueError as exc:
+        fail(str(exc))
+    from ..services.pipeline import result_dict  # deferred: imports torch
+    layers = offloaded(pipe)
+    if args.json:
+        print(json.dumps({**result_dict(result), "offloaded_layers": layers}))
+    else:
+        print()
+        print(format_stats("result", result.stats, args.draft_length if args.draft != "none"
+                           else None))
+    return 0
+
+
+def stream_to_terminal(pipe, ids, settings, speculative):
+    from ..core.engine import collect  # deferred: imports torch
+
+    def echo(events):
+        for event in events:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+            yield event
+    return collect(echo(pipe.stream(ids, settings, speculative)))
+
+
+def run_endpoint(args, endpoints: dict) -> int:
+    """``run`` against one server: stream its answer, then its stats (exit 2 on its error)."""
+    from ..services.endpoints import EndpointError, EndpointPipeline, format_endpoint_stats
+    from ..core.engine import collect
+    if endpoints["plain"] and endpoints["speculative"]:
+        fail("run decodes one lane: give --plain-endpoint or --spec-endpoint, not both "
+             "(compare races both)")
+    endpoint = endpoints["plain"] or endpoints["speculative"]
+    pipe = EndpointPipeline(endpoint)
+    settings = settings_from_args(args)
+    try:
+        messages = pipe.prompt_ids(args.prompt, args.system)
+        events = pipe.stream(messages, settings)
+        if not args.json:
+            events = _echo(events)
+        result = collect(events)
+    except (EndpointError, ValueError) as exc:
+        if not args.json:
+            print()
+        fail(str(exc))
+    from ..services.pipeline import result_dict
+    if args.json:
+        print(json.dumps(result_dict(result)))
+    else:
+        print()
+        print(format_endpoint_stats(endpoint.label, result.stats))
+    return 0
+
+
+def _echo(events):
+    for event in events:
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+        yield event
+
+
+def compare_lanes(args, endpoints: dict):
+    """The race's two lanes: a server where an endpoint is given, else our engine (plain: the
+    target alone; speculative: the target with ``--draft``, plain decoding when it is none)."""
+    from ..services.race import PLAIN, SPECULATIVE, Lane, endpoint_lane
+    messages = [{"role": "user", "content": args.prompt}]
+    pipe = None
+    if not (endpoints["plain"] and endpoints["speculative"]):
+        pipe = pipeline_from_args(args)
+    lanes = []
+    for name in (PLAIN, SPECULATIVE):
+        if endpoints[name]:
+            lanes.append(endpoint_lane(name, endpoints[name], messages))
+        else:
+            speculative = name == SPECULATIVE and args.draft != "none"
+            lanes.append(Lane(name, speculative, lambda: pipe, messages))
+    return lanes
+
+
+def compare_endpoints(args, endpoints: dict) -> int:
+    """``compare`` with a server in one lane or both: the race runs here (one lane after the
+    other), each lane's error stays in that lane; exit status 2 when a lane failed."""
+    from ..services.race import Race, snapshot_dict
+    lanes = compare_lanes(args, endpoints)
+    race = Race(lanes, settings_from_args(args), args.system)
+    race.run_here()
+    snap = race.snapshot()
+    errors = [(name, v.error) for name, v in snap.panes.items() if v.status in ("error", "skipped")]
+    if args.json:
+        print(json.dumps(snapshot_dict(snap)))
+    else:
+        _print_race(args, snap, endpoints)
+    for name, error in errors:
+        print(f"error: {name} lane: {error}", file=sys.stderr)
+    return 2 if errors else 0
+
+
+def _print_race(args, snap, endpoints: dict) -> None:
+    from ..services.endpoints import format_endpoint_stats
+    for name, view in snap.panes.items():
+        who = endpoints[name].label if endpoints[name] else (
+            f"specdemo, draft {args.draft}" if name == "speculative" else "specdemo")
+        print(f"{name} ({who}):\n" + (view.text if view.status != "error" else "") + "\n")
+    for name, view in snap.panes.items():
+        if view.stats is None:
+            print(f"[{name}] {view.status}: {view.error}")
+        elif view.stats.engine:
+            print(format_endpoint_stats(name, view.stats))
+        else:
+            print(format_stats(name, view.stats, args.draft_length if view.stats.drafted else None))
+    speed = "n/a" if snap.speedup is None else f"{snap.speedup:.2f}x"
+    if snap.identical is None:
+        same = "n/a"
+    else:
+        same = "yes" if snap.identical else (f"no, first divergence at {snap.divergence_unit} "
+                                              f"{snap.first_divergence}")
+    print(f"speedup: {speed}   identical: {same}")
+    for warning in snap.warnings:
+        print(f"warning: {warning}")
+
+
+def cmd_compare(args) -> int:
+    endpoints = _endpoints(args)
+    if endpoints["plain"] or endpoints["speculative"]:
+        return compare_endpoints(args, endpoints)
+    pipe = pipeline_from_args(args)
+    notice = precision_notice(pipe)
+    if notice and args.temperature == 0:  # said before the race, not only after a divergence
+        print(notice, file=sys.stderr, flush=True)
+    try:
+        ids = pipe.prompt_ids(args.prompt, args.system)
+        settings = settings_from_args(args)
+        prepare_untimed(pipe, settings, ids, [False, True])
+        comparison = pipe.compare(ids, settings)
+    except ValueError as exc:
+        fail(str(exc))
+    layers = offloaded(pipe)
+    if args.json:
+        print(json.dumps({**comparison.as_dict(), "offloaded_layers": layers}))
+        return 0
+    print("plain:\n" + comparison.plain.text + "\n")
+    print(f"speculative ({args.draft}):\n" + comparison.speculative.text + "\n")
+    print(format_stats("plain", comparison.plain.stats))
+    print(format_stats("speculative", comparison.speculative.stats, args.draft_length))
+    speed = "n/a" if comparison.speedup is None else f"{comparison.speedup:.2f}x"
+    same = "yes" if comparison.identical else f"no, first divergence at token {comparison.first_divergence}"
+    print(f"speedup: {speed}   identical: {same}")
+    if notice:
+        print("lossless expected: no (" + comparison.lossless_note + "; --dtype float32 for an "
+              "exact check)")
+    for warning in comparison.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
+def _fmt(value, spec: str = ".2f", unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def draft_length_text(policy: int | str, s) -> str:
+    """The draft-length policy and the k the run used: ``"auto (k used: mean 3.2, range 0-8,
+    over 12 rounds)"``, ``"4 (k used: mean 3.9, range 1-4, ...)"``; n-gram lookup and the end
+    of a run can verify fewer tokens than k."""
+    if not s.rounds:
+        return f"{policy} (no verification round)"
+    return (f"{policy} (k used: mean {_fmt(s.mean_draft_length, '.1f')}, range "
+            f"{s.draft_length_min}-{s.draft_length_max}, over {s.rounds} rounds)")
+
+
+def format_stats(label: str, s, draft_length: int | str | None = None) -> str:
+    """A few lines of human-readable metrics (DESIGN.md names); with ``draft_length`` (the
+    policy of a speculative run) also the k it used."""
+    lines = [f"[{label}] new_tokens={s.new_tokens} tokens_per_s={_fmt(s.tokens_per_s)} "
+             f"decode_tokens_per_s={_fmt(s.decode_tokens_per_s)} ttft_s={_fmt(s.ttft_s, '.3f')} "
+             f"target_forwards={s.target_forwards} finish_reason={s.finish_reason} "
+             f"other_cpu_share={_fmt(s.other_cpu_share)}"]
+    if s.drafted:
+        per_pos = ", ".join(_fmt(a) for a in s.per_position_acceptance)
+        lines.append(f"    drafted={s.drafted} accepted={s.accepted} "
+                     f"acceptance_rate={_fmt(s.acceptance_rate)} "
+                     f"mean_acceptance_length={_fmt(s.mean_acceptance_length)} "
+                     f"per_position_acceptance=[{per_pos}] draft_s={s.draft_s:.2f} "
+                     f"verify_s={s.verify_s:.2f} extra_memory_bytes={s.extra_memory_bytes}")
+    if draft_length is not None:
+        lines.append(f"    draft_length={draft_length_text(draft_length, s)}")
+    return "\n".join(lines)

@@ -1,0 +1,412 @@
+"""``python -m specdemo train-draft``: train an EAGLE-3 head or a DFlash block drafter for a
+target on this machine.
+
+Stages (each resumable, each with a progress bar): the target answers the training prompts (or
+``--answers FILE`` brings answers generated elsewhere) -> the target's features are captured ->
+the drafter is trained -> saved (EAGLE-3: speculators layout; DFlash: transformers' layout and
+z-lab's in ``zlab/``) with ``train.json`` -> a held-out report against ngram and plain decoding
+(mean acceptance length and held-out speed). ``--data-sizes`` trains and reports at several
+fractions of the data and writes the curve (``data_size_curve.{json,md,png}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+
+
+def _count(flag: str):
+    """An argparse type: a whole number >= 1 (specdemo.checks.inputs' words, exit status 2)."""
+    from ..checks import inputs
+    from .decode_cli import checked
+    return checked(inputs.number, flag, minimum=1, integer=True)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train-draft", help="train an EAGLE-3 or DFlash drafter for a target on this machine")
+    p.add_argument("--target", default="builtin:smollm2-135m")
+    p.add_argument("--out", required=True, type=Path, help="output folder (resumable)")
+    p.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash"])
+    p.add_argument("--prompts", type=Path, default=None,
+                   help="JSONL of {task, prompt[, split]} (default: the shipped prompt set)")
+    p.add_argument("--max-prompts", type=_count("--max-prompts"), default=None, help="use only the first N training prompts")
+    p.add_argument("--answers-per-prompt", type=_count("--answers-per-prompt"), default=2)
+    p.add_argument("--max-tokens", type=_count("--max-tokens"), default=128, help="longest generated answer")
+    p.add_argument("--temperatures", default="0.7",
+                   help="comma-separated sampling temperatures of answers 1.. (answer 0 is greedy), "
+                        "used in turn; e.g. 0.7,1.0")
+    p.add_argument("--generate-batch", type=_count("--generate-batch"), default=16, help="answers generated together")
+    p.add_argument("--generate-endpoint", default=None, metavar="URL",
+                   help="generate the answers with a llama.cpp llama-server serving the target's GGUF "
+                        "(e.g. http://127.0.0.1:8080, started with --parallel >= --generate-batch); "
+                        "default: the target itself, batched")
+    p.add_argument("--stop-after", choices=["answers", "features"], default=None,
+                   help="stop after this stage (e.g. generate data in the background, train later)")
+    p.add_argument("--generate-minutes", type=float, default=None,
+                   help="stop generating answers after this long and train on what exists")
+    p.add_argument("--epochs", type=_count("--epochs"), default=3)
+    p.add_argument("--max-steps", type=_count("--max-steps"), default=None, help="stop training after N steps")
+    p.add_argument("--answers", type=Path, default=None,
+                   help="train on this answers.jsonl (data.py's format) instead of generating")
+    p.add_argument("--draft-vocab", type=_count("--draft-vocab"), default=8192, help="EAGLE-3: draft vocabulary size")
+    p.add_argument("--ttt-steps", type=_count("--ttt-steps"), default=3,
+                   help="EAGLE-3: training-time-test depth (unrolled draft steps)")
+    p.add_argument("--block-size", type=int, default=8,
+                   help="DFlash: block size B (one forward drafts B - 1 tokens)")
+    p.add_argument("--draft-layers", type=int, default=2, help="DFlash: the drafter's layers")
+    p.add_argument("--target-layers", type=int, default=4,
+                   help="DFlash: how many evenly spaced target layers it reads")
+    p.add_argument("--anchors", type=int, default=16, help="DFlash: blocks per sequence per step")
+    p.add_argument("--data-sizes", default=None,
+                   help="comma-separated fractions of the answers (e.g. 0.25,0.5,1.0): train and "
+                        "report at each, write data_size_curve.{json,md,png}")
+    p.add_argument("--report-k", default="4",
+                   help="comma-separated draft lengths of the held-out report (first = headline)")
+    p.add_argument("--batch-tokens", type=_count("--batch-tokens"), default=1024)
+    p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--report-prompts", type=int, default=20,
+                   help="held-out prompts in the report (0 = no report)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--resume", action="store_true", help="continue from what --out holds")
+    p.set_defaults(func=cmd_train)
+
+
+def _temperatures(text: str) -> float | tuple[float, ...]:
+    """``--temperatures``: one float, or a tuple of floats used in turn (refused when not > 0)."""
+    try:
+        temps = tuple(float(t) for t in text.split(","))
+    except ValueError:
+        raise SystemExit(f"error: --temperatures {text!r}: expected numbers separated by commas") from None
+    if not temps or any(not t > 0 for t in temps):
+        raise SystemExit(f"error: --temperatures {text!r}: every temperature must be above 0")
+    return temps[0] if len(temps) == 1 else temps
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "specdemo"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "n/a"
+    return out
+
+
+def _machine() -> dict:
+    import os
+
+    import psutil
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "memory_bytes": psutil.virtual_memory().total, "system": platform.platform()}
+
+
+def _check_memory(n_tokens: int, width: int) -> None:
+    """Refuse when the captured features would not fit comfortably in memory."""
+    import psutil
+    need = n_tokens * width * 2 * 2  # float16 on disk, about twice that while batching
+    free = psutil.virtual_memory().available
+    if need > 0.5 * free:
+        raise SystemExit(f"error: the features need ~{need / 1e9:.1f} GB but only "
+                         f"{free / 1e9:.1f} GB are free; use --max-prompts or --max-tokens")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    try:
+        return _train(args)
+    except KeyboardInterrupt:  # outside the training loop, which saves its own checkpoint
+        print(f"\ninterrupted: what was written to {args.out} so far (answers, feature shards) "
+              "is kept; run the same command with --resume to continue", file=sys.stderr)
+        return 130
+
+
+def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
+    """The recipe of this run (the saved one on --resume)."""
+    from ..core.drafters.features import eagle3_default_layers, num_layers
+    from ..services.training import dflash_train, train
+    saved = json.loads(recipe_file.read_text()) if args.resume and recipe_file.exists() else None
+    common = dict(epochs=args.epochs, learning_rate=args.learning_rate,
+                  batch_tokens=args.batch_tokens, answers_per_prompt=args.answers_per_prompt,
+                  max_new_tokens=args.max_tokens, temperature=temperature)
+    if args.kind == "eagle3":
+        if saved:
+            return train.Recipe(**{**saved, "feature_layers": tuple(saved["feature_layers"])})
+        return train.Recipe(draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps,
+                            feature_layers=eagle3_default_layers(num_layers(target.model)), **common)
+    if saved:
+        saved.pop("feature_layers", None)
+        return dflash_train.DFlashRecipe(**{**saved, "target_layer_ids": tuple(saved["target_layer_ids"])})
+    return dflash_train.DFlashRecipe(
+        block_size=args.block_size, draft_layers=args.draft_layers, anchors_per_sequence=args.anchors,
+        target_layer_ids=dflash_train.default_target_layers(num_layers(target.model), args.target_layers),
+        **common)
+
+
+def _recipe_json(recipe) -> str:
+    out = asdict(recipe)
+    if hasattr(recipe, "block_size"):
+        out["feature_layers"] = list(recipe.feature_layers)
+    return json.dumps(out, indent=1)
+
+
+def _k_list(text: str) -> list[int]:
+    from .decode_cli import fail
+    try:
+        ks = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        ks = []
+    if not ks or min(ks) < 1:
+        fail(f"--report-k takes comma-separated draft lengths of at least 1, not {text!r}")
+    return ks
+
+
+def _fractions(text: str | None) -> list[float]:
+    from .decode_cli import fail
+    if not text:
+        return [1.0]
+    try:
+        sizes = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] <= 0 or sizes[-1] > 1:
+        fail(f"--data-sizes takes comma-separated fractions in (0, 1], not {text!r}")
+    return sizes
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .decode_cli import fail
+    from ..models.loading import ModelLoadError, load_model
+    from ..services.training import data, dflash_train, train
+    temperature = _temperatures(args.temperatures)  # refused before any work
+    rows = check_inputs(args)  # before any work: nothing loaded, nothing written
+    out = args.out
+    ks, sizes = _k_list(args.report_k), _fractions(args.data_sizes)
+    if args.answers is not None and not args.answers.is_file():
+        fail(f"--answers {args.answers} is not a file")
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    try:
+        target = load_model(args.target, args.device, "float32")
+    except ModelLoadError as exc:
+        fail(str(exc))
+    train_rows = data.split_rows(rows, heldout=False)[:args.max_prompts]
+    recipe_file = out / "recipe.json"
+    recipe = _recipe(args, target, recipe_file, temperature=temperature)
+    recipe_file.write_text(_recipe_json(recipe))
+    if args.kind == "eagle3":
+        try:  # seconds now rather than a failure after an hour of generation and capture
+            train.preflight(target, recipe)
+        except RuntimeError as exc:
+            fail(f"training would fail on {target.device}: {exc}")
+    timings = {}
+    t0 = time.time()
+    budget_s = None if args.generate_minutes is None else 60 * args.generate_minutes
+    if args.answers is not None:
+        if not (out / data.ANSWERS).exists():
+            import shutil
+            shutil.copyfile(args.answers, out / data.ANSWERS)
+    elif args.generate_endpoint:
+        data.generate_answers_endpoint(args.generate_endpoint, target.tokenizer, train_rows, out,
+                                       recipe.answers_per_prompt, recipe.temperature, recipe.max_new_tokens,
+                                       set(target.eos_token_ids), concurrency=args.generate_batch,
+                                       budget_s=budget_s)
+    else:
+        data.generate_answers(target, train_rows, out, recipe.answers_per_prompt, recipe.temperature,
+                              recipe.max_new_tokens, batch_size=args.generate_batch, budget_s=budget_s)
+    timings["generate_s"] = time.time() - t0
+    if args.stop_after == "answers":
+        print(f"answers are in {out / data.ANSWERS}; run the same command with --resume to go on")
+        return 0
+    answers = data.load_answers(out)
+    if not answers:
+        fail(f"no answers to train on in {out / data.ANSWERS}")
+    hidden = target.model.config.get_text_config().hidden_size
+    _check_memory(sum(len(a["ids"]) for a in answers), hidden * (len(recipe.feature_layers) + 1))
+    t0 = time.time()
+    shards = data.capture_features(target, answers, recipe.feature_layers, out)
+    timings["capture_s"] = time.time() - t0
+    if args.stop_after == "features":
+        print(f"features are in {out / data.FEATURES}; run the same command with --resume to go on")
+        return 0
+    import torch
+    all_items = [x for s in shards for x in torch.load(s, weights_only=False)]
+    if args.kind == "dflash" and recipe.mask_token_id < 0:
+        recipe.mask_token_id = dflash_train.pick_mask_token(
+            train.token_counts(all_items, target.vocab_size), target.eos_token_ids)
+    recipe_file.write_text(_recipe_json(recipe))
+    curve = []
+    for size in sizes:
+        folder = out if size == sizes[-1] else out / f"size-{size:g}"
+        n = max(1, round(size * len(all_items)))
+        picked = sorted(data.shuffled(range(len(all_items)), recipe.seed)[:n])
+        items = [all_items[i] for i in picked]
+        subset = [answers[i] for i in picked]
+        drafter = (train.new_head(target, recipe, train.token_counts(items, target.vocab_size))
+                   if args.kind == "eagle3" else dflash_train.new_drafter(target, recipe))
+        trainer = train.train if args.kind == "eagle3" else dflash_train.train
+        t0 = time.time()
+        try:
+            state = trainer(drafter, target, items, recipe, folder, resume=args.resume,
+                            max_steps=args.max_steps)
+        except KeyboardInterrupt:
+            save(args.kind, drafter, folder, recipe, target, subset, timings, None, started)
+            print(f"\ninterrupted: checkpoint and a usable drafter saved in {folder}; --resume "
+                  "continues", file=sys.stderr)
+            return 130
+        timings["train_s"] = time.time() - t0
+        info = save(args.kind, drafter, folder, recipe, target, subset, timings, state, started)
+        print(f"saved the {'EAGLE-3 head' if args.kind == 'eagle3' else 'DFlash drafter'} in "
+              f"{folder} ({'speculators layout' if args.kind == 'eagle3' else 'transformers layout; z-lab layout in zlab/'})")
+        if args.report_prompts:
+            path, results = report(args.kind, folder, target, drafter, rows, args.report_prompts,
+                                   info, ks)
+            print(path.read_text())
+            curve.append({"fraction": size, "answers": len(items),
+                          "answer_tokens": info["data"]["answer_tokens"],
+                          **{key: results[args.kind][key] for key in
+                             ("mean_acceptance_length", "acceptance_rate", "tokens_per_s",
+                              "speedup", "draft_s_per_round")},
+                          "folder": str(folder)})
+    if len(sizes) > 1 and curve:
+        print(write_curve(out, curve, args.kind).read_text())
+    return 0
+
+
+def check_inputs(args: argparse.Namespace) -> list[dict]:
+    """The rows of the prompts file, once ``--out`` and ``--prompts`` are known to be usable.
+
+    Raises:
+        SystemExit(2), with one sentence naming the file (and line): ``--out`` is a file or a
+            non-empty folder of something else; the prompts file is missing, a folder, not
+            UTF-8 text, has a line that is not a JSON object with a non-empty "prompt", or
+            holds no training prompt.
+    """
+    from .decode_cli import fail
+    from ..services.training import data, prompt_set
+    out = args.out
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file, not a folder: give a folder for the drafter (it is created "
+             "if missing)")
+    if out.exists() and any(out.iterdir()) and not args.resume and not (out / "recipe.json").exists():
+        fail(f"{out} is not empty; give --resume to continue a run there, or another folder")
+    path = Path(args.prompts or prompt_set.PROMPTS_FILE)
+    if not path.exists():
+        fail(f"--prompts {path}: no such file")
+    if path.is_dir():
+        fail(f"--prompts {path} is a folder, not a JSONL file of {{\"prompt\": ...}} lines")
+    try:
+        rows = prompt_set.load(path)
+    except UnicodeDecodeError as exc:
+        fail(f"--prompts {path} is not UTF-8 text (byte {exc.start}): give a JSONL file")
+    except ValueError as exc:  # "<path>:<line>: expected a JSON object with a non-empty "prompt""
+        fail(f"--prompts {exc}")
+    except OSError as exc:
+        fail(f"--prompts {path} cannot be read ({exc.strerror or exc})")
+    if not data.split_rows(rows, heldout=False):
+        fail(f"--prompts {path} holds no training prompts ({len(rows)} rows, none outside the "
+             "held-out split): training on nothing would save an untrained drafter")
+    return rows
+
+
+def save(kind: str, drafter, out: Path, recipe, target, answers, timings, state, started) -> dict:
+    """Write the drafter folder and train.json; returns the train.json content."""
+    from ..core.drafters import eagle_io
+    from ..services.training import dflash_train
+    info = {
+        "recipe": json.loads(_recipe_json(recipe)), "target": target.spec, "kind": kind,
+        "data": {"answers": len(answers), "answer_tokens": sum(len(a["ids"]) - a["n_prompt"] for a in answers),
+                 "prompts": len({a["prompt_index"] for a in answers})},
+        "timings_s": {**timings, "total_s": time.time() - started},
+        "machine": _machine(), "versions": _versions(),
+        "summary": None if state is None else {
+            "steps": state.step, "epochs": state.epoch, "final_loss": state.losses[-1] if state.losses else None,
+            "final_top1_by_step": state.accuracy[-1] if state.accuracy else None,
+            "train_seconds": state.seconds},
+        "losses": [] if state is None else state.losses,
+    }
+    if kind == "eagle3":
+        eagle_io.save_head(drafter, out, dtype=torch_bf16(), speculative_tokens=recipe.ttt_steps + 1)
+    else:
+        from ..models.learned import BUILTIN_ALIASES
+        hub_id = BUILTIN_ALIASES.get(target.spec, (target.spec,))[0]  # not builtin: or a path
+        dflash_train.save(drafter, out, target, dtype=torch_bf16(), verifier=hub_id)
+    (out / "train.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def torch_bf16():
+    import torch
+    return torch.bfloat16
+
+
+def heldout_prompts(rows: list[dict], n: int) -> list[dict]:
+    """``n`` held-out rows, round-robin over tasks."""
+    from ..services.training import data
+    held = data.split_rows(rows, heldout=True)
+    by_task: dict[str, list[dict]] = {}
+    for row in held:
+        by_task.setdefault(row.get("task", "chat"), []).append(row)
+    picked = []
+    while len(picked) < min(n, len(held)):  # round-robin over tasks
+        for task_rows in by_task.values():
+            if task_rows and len(picked) < n:
+                picked.append(task_rows.pop(0))
+    return picked
+
+
+def report(kind: str, out: Path, target, drafter, rows: list[dict], n: int, info: dict,
+           ks: list[int] = (4,)) -> tuple[Path, dict]:
+    """Held-out evaluation against ngram and plain decoding (report.md / report.json in
+    ``out``) at each draft length of ``ks``; returns (the markdown path, the results at ks[0])."""
+    from ..core.drafters.dflash import LoadedDFlash
+    from ..models.learned import LoadedEagle3
+    from ..services.pipeline import Pipeline
+    from ..services.training.report import evaluate, write
+    picked = heldout_prompts(rows, n)
+    if kind == "eagle3":
+        learned = LoadedEagle3(str(out), drafter, {"layout": "speculators", "missing": []})
+    else:
+        learned = LoadedDFlash(str(out), drafter.float().eval(),
+                               {"layout": "transformers", "config": drafter.config.to_dict()})
+    pipes = {kind: Pipeline(target, str(out), learned), "ngram": Pipeline(target, "ngram")}
+    by_k = {k: evaluate(pipes, picked, k=k, plain=True) for k in ks}
+    return write(out, by_k[ks[0]], info, by_k), by_k[ks[0]]
+
+
+def write_curve(out: Path, curve: list[dict], kind: str) -> Path:
+    """data_size_curve.json, .md and (with matplotlib) .png: held-out mean acceptance length
+    against answer tokens. Returns the markdown path."""
+    (out / "data_size_curve.json").write_text(json.dumps(curve, indent=1))
+    lines = [f"# Held-out mean acceptance length against data size ({kind})", "",
+             "| fraction | answers | answer tokens | mean acceptance length | acceptance rate | "
+             "tokens/s | speedup |", "|---|---|---|---|---|---|---|"]
+    for c in curve:
+        f = lambda v, fmt=".2f": "n/a" if v is None else format(v, fmt)  # noqa: E731
+        lines.append(f"| {c['fraction']:g} | {c['answers']} | {c['answer_tokens']:,} | "
+                     f"{f(c['mean_acceptance_length'])} | {f(c['acceptance_rate'])} | "
+                     f"{f(c['tokens_per_s'], '.1f')} | {f(c['speedup'])} |")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot([c["answer_tokens"] for c in curve],
+                [c["mean_acceptance_length"] or 0 for c in curve], "o-")
+        ax.set_xscale("log")
+        ax.set_xlabel("answer tokens trained on")
+        ax.set_ylabel("held-out mean acceptance length")
+        ax.set_title(f"{kind}: acceptance against data size")
+        fig.tight_layout()
+        fig.savefig(out / "data_size_curve.png", dpi=100)
+        plt.close(fig)
+        lines += ["", "![curve](data_size_curve.png)"]
+    except ImportError:
+        pass
+    path = out / "data_size_curve.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,472 @@
+"""The side-by-side chat app: plain decoding on the left, speculative decoding on the right.
+
+``build_ui()`` builds a gradio Blocks and ``launch`` serves it; nothing heavy happens at import or
+build time. The preset's models load when the app starts or the page opens, each slow step shown
+with a progress bar and an estimate (:mod:`specdemo.interfaces.ui_state`); the race's handlers and the
+``/race`` API live in :mod:`specdemo.interfaces.ui_race`, what the page shows (counters, badges, charts) in
+:mod:`specdemo.interfaces.ui_format`. This module holds the page, the preset and draft controls, and launch.
+No metric is computed here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from .. import PROJECT_DIR
+from ..checks import inputs
+from ..services import race as racing
+from ..core.machine import ACTIVE_RACES
+from .ui_format import (CHART_COLORS, LEGEND, acceptance_frame, chat_messages,  # noqa: F401
+                        counters_html, privacy_html, race_frame, startup_html, tokens_html,
+                        verdict_html)
+from .ui_race import (clear, model_messages, new_conversation, race_api, replay,  # noqa: F401
+                      rerender, send, stop, turn_of)
+from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, _default_preset_name,  # noqa: F401
+                       _pairing, _presets, engine_imports, follow_startup, model_status, preload,
+                       start_preload, startup_done, wait_until_ready)
+
+ASSETS = PROJECT_DIR / "assets"
+CSS_PATH = ASSETS / "specdemo.css"
+NON_MODEL_DRAFTS = ("ngram", "self")
+DRAFT_LENGTHS = ["auto"] + [str(k) for k in range(1, 17)]
+
+RACE_NOTE = (
+    "**How the race is run.** Plain decoding runs first, alone on the device; then speculative "
+    "decoding runs alone on the same prompt and settings. Running both at once on one device "
+    "would slow each down and make both numbers wrong, so each pane's counters are what that "
+    "decode achieves by itself; while a decode is timed the page updates sparingly (once a second "
+    "on a small CPU, which the browser shares). **Replay race** then plays both side by side, "
+    "smoothly, at their measured pace, so you can see which one finishes first.")
+HISTORY_NOTE = (
+    "Each pane keeps this conversation: a Send continues it, so the models see the earlier turns "
+    "(the same prompt twice can get another answer). **Clear** starts a new conversation.")
+_VERDICTS: dict[tuple[str, str], Any] = {}
+
+
+# --- presets and drafts --------------------------------------------------------------------
+
+_CHECKS: ThreadPoolExecutor | None = None
+_CHECKS_LOCK = threading.Lock()
+
+
+def _lowest_priority() -> None:
+    """Give the calling thread the lowest CPU priority (nice 19; Linux sets it per thread, and
+    threads it starts, such as the tokenizers' own, inherit it). Elsewhere nothing changes."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
+
+
+def _checks() -> ThreadPoolExecutor:
+    """The one low-priority thread that computes draft-list verdicts."""
+    global _CHECKS
+    with _CHECKS_LOCK:
+        if _CHECKS is None:
+            _CHECKS = ThreadPoolExecutor(1, thread_name_prefix="specdemo-checks",
+                                         initializer=_lowest_priority)
+        return _CHECKS
+
+
+def _verdict(target: str, draft: str):
+    """compat.check_specs, remembered per pair for this process (``recheck`` forgets).
+
+    Waits while a race is queued or being timed (and while models load) but computes without
+    the lock, on a thread of the lowest CPU priority. A race sent while a check computes waits
+    for it to end, untimed, before its first lane starts (``ACTIVE_RACES.background``): a Gemma 3
+    tokenizer check takes ~10 s of CPU (and the GIL), which would otherwise be timed as part of
+    one lane only.
+    """
+    from ..checks.compat import check_specs
+    key = (target, draft)
+    if key not in _VERDICTS:
+        with LOAD_LOCK:  # not while models load...
+            pass
+        with ACTIVE_RACES.background():  # ...nor while a race is queued or timed; a race that
+            # begins meanwhile waits for this check to end before its first lane's clock starts
+            _VERDICTS[key] = _checks().submit(check_specs, target, draft).result()
+    return _VERDICTS[key]
+
+
+def draft_options(target: str, presets: list) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Compatible drafts for ``target`` as (label, spec) choices, and (spec, reason) per refused one.
+
+    Candidates: ngram and self (always compatible), early-exit drafts of presets for this
+    target, learned drafters built for it (presets' EAGLE-3 / DFlash / MTP drafts and shipped
+    ``builtin:`` drafters), the model drafts of those presets and the other built-in models.
+    All but the first two are checked with ``compat.check_specs``: model drafts by their
+    tokenizers (no weights), early-exit layer counts against the target's config, learned
+    drafters against the target's weights (``drafters.learned``).
+    """
+    from ..checks.compat import is_early_exit
+    from ..models.learned import BUILTIN_DRAFTERS
+    from ..models.loading import ModelLoadError, builtin_names
+    ours = [p for p in presets if p.target == target]
+    early_exits = sorted({p.draft for p in ours if is_early_exit(p.draft)})
+    kinds = {f"builtin:{n}": "eagle3" for n, t in BUILTIN_DRAFTERS.items() if t == target}
+    kinds.update({p.draft: p.draft_kind for p in ours if p.draft_is_learned})
+    models = list(dict.fromkeys(list(kinds) + [p.draft for p in ours if p.draft_is_model]
+                                + [f"builtin:{n}" for n in builtin_names()
+                                   if f"builtin:{n}" != target]))
+    choices = [(spec, spec) for spec in NON_MODEL_DRAFTS]
+    refused = []
+    for spec in early_exits + models:
+        kind = f" ({KIND_LABELS[kinds[spec]]})" if spec in kinds else ""
+        try:
+            verdict = _verdict(target, spec)
+        except (ModelLoadError, OSError, ValueError, RuntimeError) as exc:
+            refused.append((spec, _cannot_check(spec, exc, learned=bool(kind))))
+            continue
+        if verdict.status == "incompatible":
+            refused.append((spec, verdict.reasons[0]))
+        elif verdict.status == "compatible":
+            choices.append((spec + kind, spec))
+        else:
+            choices.append((f"{spec}{kind} (with warnings)", spec))
+    return choices, refused
+
+
+def _cannot_check(spec: str, exc: Exception, learned: bool = False) -> str:
+    """Why ``spec`` could not be checked, for the draft list and the draft note."""
+    from ..checks.compat import is_early_exit
+    if is_early_exit(spec):
+        return str(exc)  # "cannot check early-exit:N: the layer count of T is unknown (...)"
+    return f"cannot check {'it' if learned else 'its tokenizer'} ({exc})"
+
+
+KIND_LABELS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "gemma4-assistant": "Gemma 4 assistant",
+               "mtp": "MTP"}
+
+
+def load_models(preset_name, draft):
+    """The explicit Load path: load target and draft, reporting progress."""
+    engine_imports()
+    p = _pairing(preset_name)
+    draft = draft or p["draft"]
+    yield f"Loading `{p['target']}`…"
+    try:
+        CACHE.get(p["target"], "none", p["dtype"], p["quantization"])
+        yield f"Loaded `{p['target']}`; preparing draft `{draft}`…"
+        CACHE.get(p["target"], draft, p["dtype"], p["quantization"])
+    except Exception as exc:  # ModelLoadError, incompatible draft, out of memory
+        yield f"⚠ {racing.describe_error(exc)}"
+        return
+    yield model_status(preset_name, draft)
+
+
+def preset_info(preset_name: str | None) -> str:
+    """The preset's note and whether it fits this machine."""
+    engine_imports()
+    presets, error = _presets()
+    if error:
+        return f"⚠ presets could not be read: {error}. Using `{FALLBACK_TARGET}`."
+    p = _pairing(preset_name)["preset"]
+    if p is None:
+        return f"Target `{FALLBACK_TARGET}`."
+    from ..models import hardware
+    try:
+        ok, reason = hardware.fits(p, hardware.detect(), alternatives=presets)
+    except Exception as exc:  # hardware probing must not break the page
+        ok, reason = True, f"(could not check this machine: {exc})"
+    mark = "fits this machine" if ok else "⚠ does not fit this machine"
+    return (f"Target `{p.target}` · draft `{p.draft}` · {p.dtype}. {p.note}  \n"
+            f"{mark}: {reason}" + precision_line(p.dtype, p.quantization))
+
+
+def precision_line(dtype: str, quantization: str | None, device: str = "auto") -> str:
+    """``""`` when a preset races in float32; else a line saying, before any race, that greedy
+    outputs may differ in its precision (``auto`` is bfloat16 on CUDA), why, and that float32
+    gives an exact check where memory allows."""
+    from ..models.loading import ModelLoadError, resolve_device, resolve_dtype
+    from ..services.pipeline import lossless_expectation
+    from .ui_format import EXACT_CHECK
+    try:
+        resolved = resolve_dtype(dtype, resolve_device(device))
+    except ModelLoadError:
+        return ""
+    expected, why = lossless_expectation(resolved, quantization)
+    return "" if expected else f"  \n⚠ Greedy outputs may differ: {why}. {EXACT_CHECK}"
+
+
+def on_preset(preset_name):
+    """Preset changed: draft, draft length and the notes follow (the draft check comes next)."""
+    p = _pairing(preset_name)
+    choices = [(d, d) for d in NON_MODEL_DRAFTS]
+    if p["draft"] not in NON_MODEL_DRAFTS:
+        choices.append((p["draft"], p["draft"]))
+    return (gr.update(choices=choices, value=p["draft"]), str(p["draft_length"]),
+            preset_info(preset_name), "Checking which drafts fit this target…",
+            model_status(preset_name, p["draft"]))
+
+
+def check_drafts(preset_name, draft, recheck: bool = False):
+    """Offer only compatible drafts for the preset's target; list refused ones with reasons.
+
+    Waits until the preset's models are loaded: a tokenizer check holds the load lock (and a
+    first one can take minutes), so it must not stand between a first Send and its answer."""
+    wait_until_ready()
+    engine_imports()
+    if recheck:
+        _VERDICTS.clear()
+    presets, _ = _presets()
+    p = _pairing(preset_name)
+    choices, refused = draft_options(p["target"], presets)
+    values = [v for _, v in choices]
+    if p["draft"] not in values and p["draft"] not in [spec for spec, _ in refused]:
+        choices.append((p["draft"], p["draft"]))
+        values.append(p["draft"])
+    note = (f"Drafts offered for `{p['target']}`: {len(choices)}. "
+            + ("Refused:  \n" + "  \n".join(f"✗ `{spec}`: {why}" for spec, why in refused) if refused
+               else "None refused."))
+    if draft in values:  # keep what the user may have picked while the check ran
+        return gr.update(choices=choices), note
+    return gr.update(choices=choices, value=p["draft"]), note
+
+
+def on_draft(preset_name, draft):
+    """A draft typed or picked: say whether it can serve the target (a model is checked)."""
+    engine_imports()
+    p = _pairing(preset_name)
+    if not draft:
+        return ""
+    try:
+        inputs.draft("draft", draft)
+    except inputs.InputError as exc:
+        return f"✗ {exc}"
+    from ..checks.compat import non_model_verdict
+    verdict = non_model_verdict(draft)
+    if verdict is None:
+        try:
+            verdict = _verdict(p["target"], draft)
+        except Exception as exc:
+            return f"⚠ `{draft}`: {_cannot_check(draft, exc)}"
+    mark = {"compatible": "✓", "compatible with warnings": "⚠", "incompatible": "✗"}[verdict.status]
+    return f"{mark} `{draft}`: {verdict.status}. " + " ".join(verdict.reasons[:2])
+
+
+# --- the page ------------------------------------------------------------------------------
+
+def _theme():
+    """Default theme with system fonts: the page loads nothing from the internet."""
+    system = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"]
+    mono = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
+    return gr.themes.Default(font=system, font_mono=mono)
+
+
+def launch_options() -> dict:
+    """Keyword arguments for ``Blocks.launch`` (gradio 6 takes css and theme there)."""
+    return {"css_paths": [CSS_PATH], "theme": _theme()}
+
+
+QUEUE_IDLE_SLEEP_S = 0.05  # gradio's queue loop polls every 1 ms when idle (50 ms on Windows)
+
+
+def quiet_queue(demo: gr.Blocks) -> None:
+    """Let an idle server be idle: gradio 6's queue loop wakes every 1 ms (its progress loop every
+    10 ms) while nothing is queued, which measured 3-8% of a core here with nobody connected.
+    Waking every 50 ms (gradio's own choice on Windows) delays the start of an event by 50 ms at
+    most. Skipped silently when a gradio version lacks these attributes."""
+    queue = getattr(demo, "_queue", None)
+    if queue is not None and hasattr(queue, "sleep_when_free"):
+        queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_IDLE_SLEEP_S)
+        queue.progress_update_sleep_when_free = max(
+            getattr(queue, "progress_update_sleep_when_free", 0.0), 2 * QUEUE_IDLE_SLEEP_S)
+
+
+def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
+           inbrowser: bool = False, share: bool = False, prevent_thread_lock: bool = False):
+    """Queue (one race at a time; other tabs wait their turn) and launch the page.
+
+    Without ``share``, gradio's start-up lines are replaced by one line with the local URL:
+    gradio's own hint ("set `share=True` in `launch()`") names its API, not our ``--share``.
+    """
+    demo.queue(default_concurrency_limit=1)
+    quiet_queue(demo)
+    out = demo.launch(server_name=host, server_port=port, inbrowser=inbrowser, share=share,
+                      prevent_thread_lock=True, show_error=True, quiet=not share,
+                      **launch_options())
+    if not share:
+        print(f"* Running on local URL:  {demo.local_url}  (a public link: python app.py --share)",
+              flush=True)
+    if not prevent_thread_lock:
+        demo.block_thread()
+    return out
+
+
+def _examples(prompt: gr.Textbox) -> None:
+    from ..services.prompts import TASKS, load_prompts
+    try:
+        prompts = load_prompts()
+    except (OSError, ValueError) as exc:
+        gr.Markdown(f"⚠ example prompts could not be read: {exc}")
+        return
+    labels = {"code": "Code", "maths": "Maths", "grounded": "Grounded / copying", "chat": "Chat",
+              "creative": "Creative"}
+    with gr.Accordion("Example prompts by task (acceptance changes with the kind of text)",
+                      open=False, elem_id="examples"):
+        for task in TASKS:
+            with gr.Tab(labels.get(task, task)):
+                gr.Examples([[p] for p in prompts[task]], inputs=[prompt], label=None,
+                            examples_per_page=10)
+
+
+def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
+             share: bool = False) -> gr.Blocks:
+    """The app's page. Nothing is loaded here: the preset's models load when the app starts
+    (``app.py``) or when the page opens, with a progress panel above the panes.
+
+    Args:
+        default_preset: preset selected at start (default: the one marked default).
+        host, share: how the app is served, for the privacy line (``launch`` does the serving).
+    """
+    presets, preset_error = _presets()
+    preset_name = _default_preset_name(default_preset) if not preset_error else None
+    names = [p.name for p in presets]
+    if preset_name not in names:
+        preset_name = names[0] if names else None
+    start = _pairing(preset_name)
+
+    with gr.Blocks(title="specdemo: plain vs speculative decoding", analytics_enabled=False) as demo:
+        conv = gr.State(new_conversation())
+        last_race = gr.State(None)
+        gr.HTML('<div class="sd-header"><h1>Plain vs speculative decoding</h1>'
+                '<p>One prompt, two panes: the same model decodes it plainly (left) and '
+                'speculatively (right).</p></div>')
+        with gr.Tab("Race", elem_id="race-tab"):
+            startup = gr.HTML(startup_html(None, [], ready=False), elem_id="startup")
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=3):
+                    with gr.Row():
+                        with gr.Column():
+                            plain_chat = gr.Chatbot(label="Plain (autoregressive)", elem_id="plain-chat",
+                                                    height=420, buttons=["copy"], latex_delimiters=[],
+                                                    feedback_options=None, group_consecutive_messages=False)
+                            plain_stats = gr.HTML(counters_html(None, False), elem_id="plain-stats")
+                        with gr.Column():
+                            spec_chat = gr.Chatbot(label="Speculative", elem_id="spec-chat", height=420,
+                                                   buttons=["copy"], latex_delimiters=[],
+                                                   feedback_options=None, group_consecutive_messages=False)
+                            spec_stats = gr.HTML(counters_html(None, True), elem_id="spec-stats")
+                    verdict = gr.HTML(verdict_html(None, 0), elem_id="race-verdict")
+                    race_chart, acceptance_chart = _charts()
+                    prompt = gr.Textbox(label="Prompt", elem_id="prompt", lines=3, max_lines=12,
+                                        placeholder="Ask something; both panes answer it.")
+                    with gr.Row():
+                        send_btn = gr.Button("Send", variant="primary", elem_id="send")
+                        stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                        replay_btn = gr.Button("Replay race", elem_id="replay")
+                        clear_btn = gr.Button("Clear", elem_id="clear")
+                    gr.Markdown(HISTORY_NOTE, elem_id="history-note")
+                    with gr.Row():
+                        highlight = gr.Checkbox(True, label="Highlight draft tokens",
+                                                elem_id="highlight", scale=0, min_width=200)
+                        gr.HTML(LEGEND)
+                    _examples(prompt)
+                with gr.Column(scale=1, min_width=420):  # long draft names fit their box
+                    preset = gr.Dropdown(names, value=preset_name, label="Preset", elem_id="preset",
+                                         interactive=bool(names))
+                    info = gr.Markdown(f"⚠ {preset_error}" if preset_error else "", elem_id="preset-info")
+                    from .ui_engines import engines_controls
+                    engine_inputs = list(engines_controls())
+                    with gr.Row():
+                        load_btn = gr.Button("Load models", size="sm", elem_id="load")
+                        recheck_btn = gr.Button("Re-check drafts", size="sm", elem_id="recheck")
+                    status = gr.Markdown("", elem_id="model-status")
+                    draft = gr.Dropdown([(d, d) for d in dict.fromkeys([*NON_MODEL_DRAFTS, start["draft"]])],
+                                        value=start["draft"], label="Draft", elem_id="draft",
+                                        allow_custom_value=True,
+                                        info="compatible drafts only; type a model id or path to check one")
+                    draft_note = gr.Markdown("", elem_id="draft-note")
+                    refused = gr.Markdown("Checking which model drafts fit this target…",
+                                          elem_id="draft-refused")
+                    draft_length = gr.Dropdown(DRAFT_LENGTHS, value=str(start["draft_length"]),
+                                               label="Draft length (k)", elem_id="draft-length")
+                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+                                            elem_id="temperature")
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="top-p")
+                    max_new = gr.Slider(1, 2048, value=128, step=1, label="Max new tokens",
+                                        elem_id="max-new-tokens")
+                    seed = gr.Number(-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
+                    system = gr.Textbox(label="System prompt (optional)", lines=2, elem_id="system")
+            gr.Markdown(RACE_NOTE, elem_id="race-note")
+            gr.HTML(privacy_html(host, share))
+
+        bench = _benchmark_builder()
+        if bench is not None:
+            with gr.Tab("Benchmark", elem_id="benchmark-tab"):
+                bench()
+
+        race_outputs = [plain_chat, spec_chat, plain_stats, spec_stats, verdict, race_chart,
+                        acceptance_chart]
+        go = dict(fn=send, inputs=[prompt, system, preset, draft, draft_length, temperature, top_p,
+                                   max_new, seed, highlight, conv] + engine_inputs,
+                  outputs=race_outputs + [conv, last_race, prompt, status], concurrency_id="device",
+                  concurrency_limit=1, show_progress="hidden")
+        send_btn.click(**go, api_name="send", api_visibility="undocumented")
+        prompt.submit(**go, api_visibility="private")
+        stop_btn.click(stop, None, None, api_name="stop", concurrency_limit=None)
+        replay_btn.click(replay, [last_race, conv, highlight], race_outputs, concurrency_limit=None,
+                         show_progress="hidden", api_visibility="undocumented")
+        clear_btn.click(clear, None, race_outputs + [conv, last_race], api_visibility="undocumented")
+        highlight.change(rerender, [conv, highlight], [plain_chat, spec_chat],
+                         api_visibility="undocumented")
+        load_btn.click(load_models, [preset, draft], status, concurrency_id="device",
+                       concurrency_limit=1, api_visibility="undocumented")
+        preset.change(on_preset, preset, [draft, draft_length, info, refused, status],
+                      api_visibility="undocumented").then(
+            check_drafts, [preset, draft], [draft, refused], concurrency_id="compat",
+            show_progress="minimal", api_visibility="undocumented")
+        recheck_btn.click(lambda p, d: check_drafts(p, d, recheck=True), [preset, draft],
+                          [draft, refused], concurrency_id="compat", show_progress="minimal",
+                          api_visibility="undocumented")
+        draft.change(on_draft, [preset, draft], draft_note, concurrency_id="compat",
+                     api_visibility="undocumented")
+        draft.change(model_status, [preset, draft], status, api_visibility="private")  # at once
+        # Getting ready first (progress above the panes), then the draft checks: a tokenizer
+        # check holds the load lock, so it waits until the models are loaded.
+        demo.load(follow_startup, preset, startup, concurrency_id="startup", concurrency_limit=None,
+                  show_progress="hidden", api_visibility="private").then(
+            model_status, [preset, draft], status, api_visibility="private").then(
+            check_drafts, [preset, draft], [draft, refused], concurrency_id="compat",
+            show_progress="minimal", api_visibility="undocumented").then(
+            startup_done, None, startup, api_visibility="private")  # Ready once checks are done
+        demo.load(lambda p, d: (preset_info(p), model_status(p, d)), [preset, draft], [info, status],
+                  api_visibility="undocumented")
+        gr.api(race_api, api_name="race", concurrency_id="device", concurrency_limit=1)
+    return demo
+
+
+def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
+    """The race as a picture, under the panes: tokens against seconds for both lanes (the gap
+    between the lines is the speedup), and the speculative lane's acceptance per position."""
+    with gr.Row():
+        race_chart = gr.LinePlot(
+            race_frame(None), x="seconds", y="tokens", color="lane", color_map=CHART_COLORS,
+            title="The race: tokens generated over time", x_title="seconds since the request",
+            y_title="tokens generated", height=260, elem_id="race-chart", scale=3,
+            x_axis_format="~g", y_axis_format="~g",  # "0", "1.5": no "0.000000" on an empty chart
+            label="tokens generated against seconds, per lane", show_label=False)
+        acceptance_chart = gr.BarPlot(
+            acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
+            title="Speculative: acceptance per draft position", x_title="draft position",
+            y_title="acceptance (earlier ones accepted)", tooltip=["rounds"], height=260,
+            elem_id="acceptance-chart", scale=2, show_label=False,
+            label="per-position acceptance of the speculative lane")
+    return race_chart, acceptance_chart
+
+
+def _benchmark_builder():
+    """``bench_ui.build_benchmark_tab`` when that module is installed, else None."""
+    try:
+        from .bench_ui import build_benchmark_tab
+    except ImportError:
+        return None
+    return build_benchmark_tab

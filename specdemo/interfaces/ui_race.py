@@ -1,0 +1,346 @@
+"""The race's handlers: Send, Stop, Replay, Clear and the ``/race`` API.
+
+One handler drives both panes through :class:`specdemo.services.race.Race` (plain, then speculative,
+each alone on the device thread); what they show is laid out by :mod:`specdemo.interfaces.ui_format`.
+Every value a person or a script gives is checked by :mod:`specdemo.checks.inputs` first, so an
+unknown preset, draft length 0 or a lone surrogate is refused with the field named and the valid
+values listed, as the command line does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import gradio as gr
+
+from ..checks import inputs
+from ..services import race as racing
+from ..services.race import DONE, PLAIN, SPECULATIVE, STOPPED, PaneView, Race, RaceSnapshot
+from ..services.startup import STEPS
+from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, not_compared,
+                        race_frame, verdict_html)
+from .ui_state import (CACHE, LOAD_LOCK, _default_preset_name, _pairing, _presets, engine_imports,
+                       model_status)
+
+_CANCELS: dict[str, set[threading.Event]] = {}  # session hash -> Stop events of its runs
+_CANCELS_LOCK = threading.Lock()
+
+
+def new_conversation() -> dict[str, list[dict]]:
+    """{pane: [turn, ...]}; a turn is {user, text, tokens, status, error}."""
+    return {name: [] for name in PANES}
+
+
+def turn_of(prompt: str, view: PaneView) -> dict:
+    return {"user": prompt, "text": view.text, "tokens": [list(t) for t in view.tokens],
+            "status": view.status, "error": view.error}
+
+
+def model_messages(turns: list[dict]) -> list[dict]:
+    """The messages a pane's next prompt is built from: finished or stopped turns with text."""
+    out = []
+    for t in turns:
+        if t["status"] in (DONE, STOPPED) and t["text"].strip():
+            out += [{"role": "user", "content": t["user"]},
+                    {"role": "assistant", "content": t["text"]}]
+    return out
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "default"
+
+
+def _session_cancel(request: gr.Request | None) -> threading.Event:
+    """A fresh Stop event for a race or replay of this browser session (Stop sets them all)."""
+    event = threading.Event()
+    with _CANCELS_LOCK:
+        _CANCELS.setdefault(_session(request), set()).add(event)
+    return event
+
+
+def _forget_cancel(request: gr.Request | None, event: threading.Event) -> None:
+    with _CANCELS_LOCK:
+        _CANCELS.get(_session(request), set()).discard(event)
+
+
+def stop(request: gr.Request) -> None:
+    """End the running race and replay of this session; what was produced is kept."""
+    with _CANCELS_LOCK:
+        for event in _CANCELS.pop(_session(request), set()):
+            event.set()
+
+
+def refusal(message: str) -> gr.Error:
+    """A gr.Error for input the user can fix: shown on the page and returned to API callers, but
+    not printed as a traceback in the app's terminal (it is not a fault of the app)."""
+    try:
+        return gr.Error(message, print_exception=False)
+    except TypeError:  # a gradio without print_exception
+        return gr.Error(message)
+
+
+def _valid(check, *args, **kwargs):
+    """An :mod:`specdemo.checks.inputs` check whose InputError becomes a gr.Error (the same message the
+    command line gives)."""
+    try:
+        return check(*args, **kwargs)
+    except inputs.InputError as exc:
+        raise refusal(str(exc)) from None
+
+
+def _settings(temperature, top_p, max_new_tokens, seed, draft_length, names: dict | None = None):
+    """DecodeSettings from the controls' (or the API's) values, each checked with its field
+    named in the message (seed -1 = random, draft length "auto" or 1..64).
+
+    Args:
+        names: field names to use in messages, by parameter (the API's keyword names differ
+            from the page's labels).
+    Raises:
+        gr.Error: a value out of range or not a number.
+    """
+    from ..services.pipeline import DecodeSettings
+    names = {"temperature": "temperature", "top_p": "top-p", "max_new_tokens": "max new tokens",
+             "seed": "seed", "draft_length": "draft length", **(names or {})}
+    seed = _valid(inputs.number, names["seed"], -1 if seed in (None, "") else seed, integer=True)
+    return DecodeSettings(
+        max_new_tokens=_valid(inputs.number, names["max_new_tokens"], max_new_tokens, minimum=1,
+                              integer=True),
+        temperature=_valid(inputs.number, names["temperature"], temperature, minimum=0),
+        top_p=_valid(inputs.number, names["top_p"], top_p, above=0, maximum=1),
+        seed=None if seed < 0 else seed,
+        draft_length=_valid(inputs.draft_length, names["draft_length"],
+                            "auto" if draft_length in (None, "") else draft_length))
+
+
+def _check_prompt(prompt: str | None, system: str | None = None) -> str:
+    _valid(inputs.text, "system prompt", system, required=False)
+    return _valid(inputs.text, "prompt", prompt)
+
+
+def _new_race(prompt, system, preset_name, draft, settings, conv, request) -> Race:
+    pairing = _pairing(preset_name)
+    draft = _valid(inputs.draft, "draft", draft or pairing["draft"])
+    histories = {name: model_messages(conv[name]) for name in PANES}
+    lanes = racing.race_lanes(CACHE, pairing["target"], draft, histories,
+                              prompt, pairing["dtype"], pairing["quantization"])
+    return Race(lanes, settings, system, cancel=_session_cancel(request), device_lock=LOAD_LOCK)
+
+
+ENGINE_CHOICES = ("specdemo (this app)", "servers (OpenAI-compatible endpoints)")
+
+
+def _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_env,
+                    allow_remote, preset_name: str | None = None) -> dict | None:
+    """{"plain": Endpoint or None, "speculative": ...} when the Engines choice is servers (or
+    the API names an endpoint), else None (both lanes are our engine). With servers chosen (or
+    from the API) and no URL given, the endpoints the preset names (``plain_endpoint``,
+    ``spec_endpoint`` in its file) are used.
+
+    Raises:
+        gr.Error: a malformed URL, a remote one without the tick, an unset key variable, or
+            servers chosen with no URL (the same sentences as the command line).
+    """
+    from ..services.endpoints import Endpoint, EndpointError
+    urls = {PLAIN: (plain_endpoint or "").strip(), SPECULATIVE: (spec_endpoint or "").strip()}
+    if engines != ENGINE_CHOICES[0] and not any(urls.values()):
+        pairing = _pairing(preset_name)
+        urls = {PLAIN: pairing.get("plain_endpoint", ""),
+                SPECULATIVE: pairing.get("spec_endpoint", "")}
+    if engines != ENGINE_CHOICES[1] and not any(urls.values()):
+        return None
+    if engines == ENGINE_CHOICES[1] and not any(urls.values()):
+        raise refusal("Engines is set to servers but no endpoint URL is given: fill in the plain "
+                      "and/or speculative endpoint (or start llama.cpp servers).")
+    try:
+        return {name: Endpoint(url, (endpoint_model or "").strip() or None,
+                               (key_env or "").strip() or None, allow_remote=bool(allow_remote))
+                if url else None for name, url in urls.items()}
+    except EndpointError as exc:
+        raise refusal(str(exc)) from None
+
+
+def _endpoint_race(prompt, system, preset_name, draft, settings, conv, request,
+                   endpoints: dict) -> Race:
+    """A race where a lane with an endpoint is that server and the other lanes are our engine
+    (the preset's target; the speculative lane with ``draft``)."""
+    pairing = _pairing(preset_name)
+    draft = _valid(inputs.draft, "draft", draft or pairing["draft"])
+    histories = {name: model_messages(conv[name]) for name in PANES}
+    ours = {lane.name: lane for lane in racing.race_lanes(
+        CACHE, pairing["target"], draft, histories, prompt, pairing["dtype"],
+        pairing["quantization"])}
+    lanes = []
+    for name in PANES:
+        if endpoints.get(name) is not None:
+            lanes.append(racing.endpoint_lane(name, endpoints[name], ours[name].messages))
+        else:
+            lanes.append(ours[name])
+    return Race(lanes, settings, system, cancel=_session_cancel(request), device_lock=LOAD_LOCK)
+
+
+def _render(snap: RaceSnapshot, conv: dict, prompt: str, upto: int, highlight: bool,
+            settings) -> tuple:
+    """Chatbots, counters, verdict and the two charts for a snapshot shown after the first
+    ``upto`` turns; a pane that is loading shows the step in progress."""
+    out = []
+    for name in PANES:
+        turns = conv[name][:upto] + [turn_of(prompt, snap.panes[name])]
+        out.append(chat_messages(turns, name == SPECULATIVE, highlight))
+    step = STEPS.current()
+    spec = snap.panes[SPECULATIVE]
+    return (out[0], out[1], counters_html(snap.panes[PLAIN], False, step=step),
+            counters_html(spec, True, settings.draft_length, step),
+            verdict_html(snap, settings.temperature), race_frame(snap), acceptance_frame(spec))
+
+
+def live_interval_s() -> float:
+    """Seconds between page updates while a decode is being timed.
+
+    The browser redraws the page on this machine's CPU. Measured on a 2-core CPU with headless
+    Chromium: updating 3-7 times a second cost the timed decodes 10-25% of their speed, once a
+    second about 8% (``specdemo compare`` as the reference). So a small CPU without a GPU gets one
+    update a second (Replay race then shows the run smoothly); a GPU or 8+ cores get ten.
+    """
+    import torch
+    mps = getattr(torch.backends, "mps", None)
+    accelerated = torch.cuda.is_available() or bool(mps and mps.is_available())
+    return 0.1 if accelerated or (os.cpu_count() or 1) >= 8 else 1.0
+
+
+def _same(old, new) -> bool:
+    return old.equals(new) if hasattr(old, "equals") else old == new  # DataFrames: .equals
+
+
+def _only_changed(before: tuple | None, after: tuple) -> tuple:
+    """``after`` with gr.skip() where nothing changed: less for the browser to redraw while a
+    decode is being timed on the same machine."""
+    if before is None:
+        return after
+    return tuple(gr.skip() if _same(old, new) else new for old, new in zip(before, after))
+
+
+def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, max_new_tokens,
+         seed, highlight, conv, request: gr.Request, engines=None, plain_endpoint="",
+         spec_endpoint="", endpoint_model="", key_env="", allow_remote=False):
+    """Race the prompt through both panes; yields the page's outputs as the race goes. With
+    Engines set to servers, a lane with an endpoint URL streams from that server."""
+    _check_prompt(prompt, system)
+    settings = _settings(temperature, top_p, max_new_tokens, seed, draft_length)
+    endpoints = _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_env,
+                                allow_remote, preset_name)
+    engine_imports()
+    conv = conv or new_conversation()
+    if endpoints:
+        race = _endpoint_race(prompt, system, preset_name, draft, settings, conv, request, endpoints)
+    else:
+        race = _new_race(prompt, system, preset_name, draft, settings, conv, request)
+    upto = len(conv[PLAIN])
+    snap, box, shown = None, "", None  # empty the prompt box once, then leave it to the user
+    try:
+        for snap in race.run(min_interval_s=live_interval_s()):
+            view = _render(snap, conv, prompt, upto, highlight, settings)
+            yield _only_changed(shown, view) + (gr.skip(), gr.skip(), box, gr.skip())
+            shown, box = view, gr.skip()
+    finally:
+        _forget_cancel(request, race.cancel)
+    conv = {name: conv[name] + [turn_of(prompt, snap.panes[name])] for name in PANES}
+    replayable = {"race": race, "prompt": prompt, "upto": upto}
+    yield _render(snap, conv, prompt, upto, highlight, settings) + (
+        conv, replayable, box, model_status(preset_name, draft))
+
+
+def replay(replayable, conv, highlight, request: gr.Request):
+    """Play the last race back, both panes side by side at their measured pace."""
+    if not replayable:
+        raise refusal("Nothing to replay yet: send a prompt first.")
+    race, prompt, upto = replayable["race"], replayable["prompt"], replayable["upto"]
+    cancel = _session_cancel(request)
+    try:
+        for snap in race.replay(cancel=cancel):
+            yield _render(snap, conv, prompt, upto, highlight, race.settings)
+    finally:
+        _forget_cancel(request, cancel)
+
+
+def rerender(conv, highlight):
+    conv = conv or new_conversation()
+    return tuple(chat_messages(conv[name], name == SPECULATIVE, highlight) for name in PANES)
+
+
+def clear():
+    return ([], [], counters_html(None, False), counters_html(None, True), verdict_html(None, 0),
+            race_frame(None), acceptance_frame(None), new_conversation(), None)
+
+
+def _pane_dict(view: PaneView) -> dict:
+    """DESIGN.md metric names plus text, token_ids, from_draft, status and error."""
+    return racing.pane_dict(view)
+
+
+def _note(snap: RaceSnapshot) -> str | None:
+    reason = not_compared(snap)
+    return f"not compared: {reason}" if reason else None
+
+
+def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
+             max_new_tokens: int = 128, temperature: float = 0.0,
+             draft_length: str | int | None = None, plain_endpoint: str | None = None,
+             spec_endpoint: str | None = None, endpoint_model: str | None = None,
+             endpoint_key_env: str | None = None, allow_remote_endpoint: bool = False,
+             request: gr.Request = None) -> dict:
+    """Race one prompt: plain, then speculative, each alone; returns both results.
+
+    Args:
+        prompt: the user message (chat template applied).
+        preset: a preset name (default: the one the app was started with, else the default preset).
+        draft: none, ngram, self, early-exit:N or a model (default: the preset's draft).
+        max_new_tokens: tokens to generate at most.
+        temperature: 0 for greedy.
+        draft_length: 1..64 or "auto" (default: the preset's).
+        plain_endpoint, spec_endpoint: base URL of an OpenAI-compatible server for that lane
+            (llama-server, vLLM, SGLang, LM Studio); a lane without one is our engine.
+        endpoint_model: the model to request (default: the server's first).
+        endpoint_key_env: name of the app's environment variable holding the API key.
+        allow_remote_endpoint: allow an endpoint that is not on this machine.
+    Returns:
+        {"plain": {...}, "speculative": {...}, "speedup": x, "speedup_note": None,
+        "identical": bool, "first_divergence": i, "warnings": [...], "lossless_expected": bool or
+        None, "lossless_note": why greedy outputs may differ in the target's precision or None}
+        with DESIGN.md metric names; when a run was stopped or failed, ``speedup`` is None and
+        ``speedup_note`` says "not compared" and why (each pane's
+        ``other_cpu_share``; ``warnings`` says when other processes used so much of the CPU
+        during a run that the speedup is not reliable); a pane that failed has "error"
+        (a draft that cannot be loaded fails before either pane runs: the other is "skipped").
+    Raises:
+        gr.Error: an empty or invalid prompt, an unknown preset, a malformed draft, or a value
+            out of range; the message names the field and the valid values.
+    """
+    _check_prompt(prompt)
+    presets, _ = _presets()
+    if preset not in (None, ""):
+        _valid(inputs.preset, preset, [p.name for p in presets])
+    preset = _default_preset_name(preset or None)
+    pairing = _pairing(preset)
+    k = draft_length if draft_length not in (None, "") else pairing["draft_length"]
+    settings = _settings(temperature, 1.0, max_new_tokens, -1, k,
+                         names={"max_new_tokens": "max_new_tokens", "draft_length": "draft_length"})
+    endpoints = _lane_endpoints(None, plain_endpoint, spec_endpoint, endpoint_model,
+                                endpoint_key_env, allow_remote_endpoint, preset)
+    engine_imports()
+    if endpoints:
+        race = _endpoint_race(prompt, None, preset, draft, settings, new_conversation(), request,
+                              endpoints)
+    else:
+        race = _new_race(prompt, None, preset, draft, settings, new_conversation(), request)
+    try:
+        snap = list(race.run(min_interval_s=1.0))[-1]
+    finally:
+        _forget_cancel(request, race.cancel)
+    return {PLAIN: _pane_dict(snap.panes[PLAIN]), SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE]),
+            "speedup": snap.speedup, "speedup_note": _note(snap), "identical": snap.identical,
+            "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
+            "warnings": list(snap.warnings),
+            "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,
+            "preset": preset,
+            "draft": draft or pairing["draft"]}

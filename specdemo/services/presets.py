@@ -1,0 +1,423 @@
+"""Presets: one TOML file per target/draft pairing under ``presets/`` (data, not code).
+
+A person edits these files by hand, so loading is strict: an unknown key, a missing key, a value
+of the wrong type or an impossible number is an error that names the file and the key. Files are
+read afresh on every call (they are small), so an edit shows up without a restart.
+
+File format (every key is required unless marked optional)::
+
+    name = "qwen2.5-7b-0.5b"          # must equal the file name without .toml
+    default = false                    # optional; exactly one preset may say true
+    target = "Qwen/Qwen2.5-7B-Instruct"   # anything --target accepts
+    draft = "Qwen/Qwen2.5-0.5B-Instruct"  # a model, a learned drafter, ngram / self / early-exit:<layers> / mtp
+    draft_kind = "model"               # optional: model (default for model specs), eagle3, dflash,
+                                       # gemma4-assistant or mtp (learned drafters read the target's
+                                       # hidden states and are checked against its weights)
+    draft_length = 5                   # 1..64, or "auto"
+    dtype = "bfloat16"                 # auto, float32, bfloat16, float16
+    quantization = "none"              # none, 4bit/8bit (bitsandbytes, CUDA), int8/int4 (torchao)
+    memory_bytes = 17_578_253_056      # weights + KV cache + working margin, in bytes
+    target_params = 7_615_616_512      # optional, >= 0; used to estimate 4-bit needs
+    draft_params = 494_032_768         # optional, >= 0
+    tasks = ["chat", "code"]           # subset of chat, code, maths, grounded
+    licence = "apache-2.0"
+    gated = false                      # true when the hub asks you to accept a licence first
+    devices = ["cuda", "mps"]          # subset of cuda, mps, cpu
+    note = "one line shown in the UI"
+    sources = ["https://..."]          # where ids, vocab sizes and tokenizer family were checked
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import PROJECT_DIR
+from ..models import hardware, loading as models
+from ..checks.compat import is_model_draft
+from ..models.hardware import format_bytes  # noqa: F401  (re-exported: callers look here)
+
+PRESETS_DIR = PROJECT_DIR / "presets"
+
+TASKS = ("chat", "code", "maths", "grounded")
+DEVICES = ("cuda", "mps", "cpu")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "int4")
+MAX_DRAFT_LENGTH = 64
+#: what a model-like draft spec is: an independent draft model or a learned drafter family
+DRAFT_KINDS = ("model", "eagle3", "dflash", "gemma4-assistant", "mtp")
+
+# Bytes per parameter of the weights as loaded; 4-bit is nf4 plus one fp32 scale per 64 weights,
+# 8-bit is LLM.int8 (one byte; its per-row scales are negligible); int4/int8: specdemo/models/quantize.py.
+BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "auto": 2.0}
+QUANT_BYTES_PER_PARAM = {"4bit": 4.5 / 8, "8bit": 1.0, "int4": 5.0 / 8, "int8": 1.0}
+
+REQUIRED_KEYS = ("name", "target", "draft", "draft_length", "dtype", "quantization",
+                 "memory_bytes", "tasks", "licence", "gated", "devices", "note", "sources")
+OPTIONAL_KEYS = ("default", "target_params", "draft_params", "draft_kind", "plain_endpoint",
+                 "spec_endpoint")
+
+
+class PresetError(ValueError):
+    """A preset file that cannot be used; the message names the file and, where known, the key."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One target/draft pairing, as read from ``presets/<name>.toml``.
+
+    Attributes:
+        memory_bytes: bytes the pairing needs on its device (weights + KV cache + margin).
+        target_params, draft_params: parameter counts (0 when unknown or when the draft is not a
+            model); they let a refusal estimate what a 4-bit target would need.
+        draft_kind: for model-like drafts, "model" or the learned-drafter family (DRAFT_KINDS);
+            "" for ngram / self / early-exit.
+        path: the file it came from.
+    """
+
+    name: str
+    target: str
+    draft: str
+    draft_length: int | str
+    dtype: str
+    quantization: str
+    memory_bytes: int
+    tasks: tuple[str, ...]
+    licence: str
+    gated: bool
+    devices: tuple[str, ...]
+    note: str
+    sources: tuple[str, ...]
+    default: bool = False
+    target_params: int = 0
+    draft_params: int = 0
+    draft_kind: str = ""
+    path: Path | None = None
+    plain_endpoint: str = ""
+    spec_endpoint: str = ""
+
+    @property
+    def draft_is_model(self) -> bool:
+        """True when the draft has weights of its own to fetch and load (a draft model or a learned
+        drafter; not none, ngram, self, early-exit:N or the target's own MTP layers)."""
+        return is_model_draft(self.draft) and self.draft_kind != "mtp"
+
+    @property
+    def draft_is_learned(self) -> bool:
+        """True for drafters that read the target's hidden states (EAGLE-3, DFlash, MTP)."""
+        return self.draft_kind not in ("", "model")
+
+    def weight_bytes(self, quantization: str | None = None, device: str | None = None) -> int:
+        """Bytes of target + draft weights, with the target loaded as ``quantization``
+        (default: the preset's own); 0 when parameter counts are unknown. A draft (model or
+        learned drafter) loads in the target's dtype. With ``device`` ("cuda", "mps", "cpu"),
+        dtype ``auto`` counts what it resolves to there (float32 on the CPU and MPS)."""
+        quantization = quantization or self.quantization
+        dtype = self.dtype
+        if dtype == "auto" and device in ("cpu", "mps"):
+            dtype = "float32"
+        per_param = QUANT_BYTES_PER_PARAM.get(quantization, BYTES_PER_PARAM[dtype])
+        draft_bytes = BYTES_PER_PARAM[dtype] * self.draft_params
+        return int(per_param * self.target_params + draft_bytes)
+
+    def memory_on(self, device: str) -> int:
+        """``memory_bytes`` on a device kind: more where dtype ``auto`` means float32 there."""
+        return self.memory_bytes + self.weight_bytes(device=device) - self.weight_bytes()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (the path as a string)."""
+        data = asdict(self)
+        data["path"] = str(self.path) if self.path else None
+        return data
+
+
+def _fail(path: Path, key: str | None, message: str) -> PresetError:
+    where = f"{path}: key {key!r}" if key else str(path)
+    return PresetError(f"{where}: {message}")
+
+
+def _string(path: Path, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(path, key, f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _choice(path: Path, key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise _fail(path, key, f"must be one of {', '.join(allowed)}; got {value!r}")
+    return value
+
+
+def _subset(path: Path, key: str, value: Any, allowed: tuple[str, ...] | None) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise _fail(path, key, f"must be a non-empty list, got {value!r}")
+    for item in value:
+        if not isinstance(item, str) or (allowed is not None and item not in allowed):
+            wanted = f"one of {', '.join(allowed)}" if allowed else "a string"
+            raise _fail(path, key, f"each entry must be {wanted}; got {item!r}")
+    return tuple(value)
+
+
+def _integer(path: Path, key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _fail(path, key, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _boolean(path: Path, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(path, key, f"must be true or false, got {value!r}")
+    return value
+
+
+def _draft_length(path: Path, value: Any) -> int | str:
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_LENGTH:
+        raise _fail(path, "draft_length", f"must be 1..{MAX_DRAFT_LENGTH} or \"auto\"; got {value!r}")
+    return value
+
+
+def _draft(path: Path, value: Any) -> str:
+    draft = _string(path, "draft", value)
+    if draft.startswith("early-exit"):
+        _, _, layers = draft.partition(":")
+        if not layers.isdigit() or int(layers) < 1:
+            raise _fail(path, "draft",
+                        f"early-exit needs a layer count >= 1, e.g. early-exit:8; got {draft!r}")
+    return draft
+
+
+def _draft_kind(path: Path, data: dict[str, Any]) -> str:
+    """The declared kind of a model-like draft ("model" by default); "" for the others."""
+    draft = data["draft"]
+    model_like = isinstance(draft, str) and is_model_draft(draft)
+    kind = data.get("draft_kind", ("mtp" if draft == "mtp" else "model") if model_like else "")
+    if not model_like and kind:
+        raise _fail(path, "draft_kind", f"only model-like drafts have a kind; {draft!r} has none")
+    if model_like:
+        _choice(path, "draft_kind", kind, DRAFT_KINDS)
+        if (kind == "mtp") != (draft == "mtp"):
+            raise _fail(path, "draft_kind", 'kind "mtp" goes with draft = "mtp" (the target\'s own '
+                                            f"MTP layers) and only with it; got {kind!r} for {draft!r}")
+    return kind
+
+
+def _endpoint(path: Path, key: str, value: Any) -> str:
+    """An OpenAI-compatible server's base URL for a lane ("" = our engine). A remote host is
+    accepted here; using it still needs the explicit allow-remote choice."""
+    if value == "":
+        return ""
+    from .endpoints import EndpointError, base_url
+    try:
+        return base_url(_string(path, key, value), allow_remote=True)
+    except EndpointError as exc:
+        raise _fail(path, key, str(exc)) from None
+
+
+def _check_keys(path: Path, data: dict[str, Any]) -> None:
+    known = set(REQUIRED_KEYS) | set(OPTIONAL_KEYS)
+    for key in data:
+        if key not in known:
+            raise _fail(path, key, f"unknown key (known keys: {', '.join(REQUIRED_KEYS + OPTIONAL_KEYS)})")
+    for key in REQUIRED_KEYS:
+        if key not in data:
+            raise _fail(path, key, "missing")
+
+
+def _check_consistency(preset: Preset) -> None:
+    """Cross-field rules: name matches the file, quantisation only on the devices its method
+    runs on (specdemo/models/quantize.py DEVICES), memory covers weights."""
+    path = preset.path or Path(preset.name)
+    if preset.path is not None and preset.name != preset.path.stem:
+        raise _fail(path, "name", f"{preset.name!r} differs from the file name {preset.path.stem!r}")
+    from ..models.quantize import DEVICES, describe
+    allowed = DEVICES.get(preset.quantization)
+    if allowed and not set(preset.devices) <= set(allowed):
+        raise _fail(path, "devices", f"quantization {preset.quantization} ({describe(preset.quantization)}) "
+                                     f"runs on {list(allowed)} only; got {list(preset.devices)}")
+    weights = preset.weight_bytes()
+    if preset.memory_bytes < weights:
+        raise _fail(path, "memory_bytes", f"{preset.memory_bytes:,} is less than the weights alone "
+                                          f"({weights:,} bytes from target_params/draft_params)")
+    if preset.draft_params and not preset.draft_is_model:
+        raise _fail(path, "draft_params", f"must be 0 when the draft is {preset.draft!r} (not a model)")
+
+
+def parse_preset(data: dict[str, Any], path: Path) -> Preset:
+    """Validate one preset's parsed TOML table.
+
+    Raises:
+        PresetError: naming ``path`` and the offending key.
+    """
+    _check_keys(path, data)
+    preset = Preset(
+        name=_string(path, "name", data["name"]),
+        target=_string(path, "target", data["target"]),
+        draft=_draft(path, data["draft"]),
+        draft_length=_draft_length(path, data["draft_length"]),
+        dtype=_choice(path, "dtype", data["dtype"], DTYPES),
+        quantization=_choice(path, "quantization", data["quantization"], QUANTIZATIONS),
+        memory_bytes=_integer(path, "memory_bytes", data["memory_bytes"], 1),
+        tasks=_subset(path, "tasks", data["tasks"], TASKS),
+        licence=_string(path, "licence", data["licence"]),
+        gated=_boolean(path, "gated", data["gated"]),
+        devices=_subset(path, "devices", data["devices"], DEVICES),
+        note=_string(path, "note", data["note"]),
+        sources=_subset(path, "sources", data["sources"], None),
+        default=_boolean(path, "default", data.get("default", False)),
+        target_params=_integer(path, "target_params", data.get("target_params", 0), 0),
+        draft_params=_integer(path, "draft_params", data.get("draft_params", 0), 0),
+        draft_kind=_draft_kind(path, data),
+        path=path,
+        plain_endpoint=_endpoint(path, "plain_endpoint", data.get("plain_endpoint", "")),
+        spec_endpoint=_endpoint(path, "spec_endpoint", data.get("spec_endpoint", "")),
+    )
+    _check_consistency(preset)
+    return preset
+
+
+def load_preset(path: Path) -> Preset:
+    """Read and validate one preset file.
+
+    Raises:
+        PresetError: the file is unreadable, not TOML, or fails validation.
+    """
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise _fail(path, None, f"cannot read: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise _fail(path, None, f"not valid TOML: {exc}") from exc
+    return parse_preset(data, path)
+
+
+def list_presets(directory: Path | None = None) -> tuple[Preset, ...]:
+    """Every preset under ``directory`` (default: the repository's ``presets/``), by name.
+
+    Raises:
+        PresetError: any file fails validation, two presets share a name, or more than one
+            says ``default = true``.
+    """
+    directory = Path(directory) if directory else PRESETS_DIR
+    presets = tuple(load_preset(path) for path in sorted(directory.glob("*.toml")))
+    defaults = [p.name for p in presets if p.default]
+    if len(defaults) > 1:
+        raise PresetError(f"{directory}: more than one preset says default = true: {', '.join(defaults)}")
+    return presets
+
+
+def get_preset(name: str, directory: Path | None = None) -> Preset:
+    """The preset called ``name``.
+
+    Raises:
+        PresetError: no such preset (the message lists the known names).
+    """
+    presets = list_presets(directory)
+    for preset in presets:
+        if preset.name == name:
+            return preset
+    known = ", ".join(p.name for p in presets) or "none"
+    raise PresetError(f"no preset named {name!r}; known presets: {known}")
+
+
+def default_preset(directory: Path | None = None) -> Preset:
+    """The preset marked ``default = true`` (else the first by name).
+
+    Raises:
+        PresetError: there are no presets at all.
+    """
+    presets = list_presets(directory)
+    if not presets:
+        raise PresetError(f"{Path(directory) if directory else PRESETS_DIR}: no preset files")
+    return next((p for p in presets if p.default), presets[0])
+
+
+def _is_hub_id(spec: str) -> bool:
+    """True for ``owner/name`` hub ids (not builtin:, a drafter name, a .gguf or an existing path)."""
+    if spec.startswith("builtin:") or spec.endswith(".gguf") or Path(spec).expanduser().exists():
+        return False
+    return spec.count("/") == 1 and not spec.startswith(("/", ".", "~"))
+
+
+def hub_models_to_fetch(preset: Preset) -> list[str]:
+    """The preset's hub model ids that are not in the local Hugging Face cache yet.
+
+    Checks the cache only (no network): a model counts as present when its config.json is cached.
+    """
+    from huggingface_hub import try_to_load_from_cache  # a transformers dependency
+
+    specs = [preset.target] + ([preset.draft] if preset.draft_is_model else [])
+    return [spec for spec in specs
+            if _is_hub_id(spec) and not isinstance(try_to_load_from_cache(spec, "config.json"), str)]
+
+
+def hub_unavailable() -> str | None:
+    """Why models cannot be downloaded now (HF_HUB_OFFLINE set, or the hub did not answer a
+    quick request), or None when the hub is reachable."""
+    if models._hub_offline():
+        return "HF_HUB_OFFLINE is set, so nothing is downloaded"
+    if not models._hub_reachable(timeout_s=3.0):
+        return "the model hub (huggingface.co) is not reachable from this machine"
+    return None
+
+
+# --- command line -----------------------------------------------------------------------------
+
+def register(sub) -> None:
+    """Add ``presets``: list presets and mark which fit this machine."""
+    parser = sub.add_parser("presets", help="list presets and which fit this machine")
+    parser.add_argument("--dir", type=Path, default=None, help="presets directory (default: presets/)")
+    parser.add_argument("--all-gated", action="store_true",
+                        help="let the recommendation pick gated models (hub licence accepted)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=cmd_presets)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    try:
+        presets = list_presets(args.dir)
+    except PresetError as exc:
+        print(f"error: {exc}")
+        return 1
+    hw = hardware.detect()
+    verdicts = {p.name: hardware.fits(p, hw, alternatives=presets) for p in presets}
+    to_fetch = {p.name: hub_models_to_fetch(p) for p in presets}
+    offline = hub_unavailable() if any(to_fetch.values()) else None
+    usable = [p for p in presets if not (offline and to_fetch[p.name])]
+    pick = hardware.recommend(usable, hw, allow_gated=args.all_gated)
+    if offline:
+        left_out = [p.name for p in presets if to_fetch[p.name]]
+        pick.reasons.insert(0, f"{offline}: recommended among the presets whose models are on "
+                               f"this machine already; left out ({len(left_out)}, they download "
+                               f"models on first use): {', '.join(left_out)}")
+    if args.json:
+        print(json.dumps({
+            "hardware": hw.to_dict(),
+            "recommended": pick.preset.name if pick.preset else None,
+            "reasons": pick.reasons,
+            "hub_unavailable": offline,
+            "presets": [dict(p.to_dict(), fits=verdicts[p.name][0], reason=verdicts[p.name][1],
+                             to_download=to_fetch[p.name]) for p in presets],
+        }, indent=2))
+        return 0
+    print(f"this machine: {hardware.describe(hw)}")
+    for preset in presets:
+        ok, reason = verdicts[preset.name]
+        marks = ("*" if pick.preset and pick.preset.name == preset.name else " ") + \
+                ("fits" if ok else "no  ")
+        flags = " [default]" if preset.default else ""
+        flags += " [gated]" if preset.gated else ""
+        if to_fetch[preset.name]:
+            flags += " [needs the hub: unreachable]" if offline else " [downloads on first use]"
+        print(f"{marks} {preset.name:26s} {format_bytes(preset.memory_bytes):>8s}  "
+              f"{preset.target} + {preset.draft}{flags}")
+        print(f"       {reason}")
+    print("recommended: " + (pick.preset.name if pick.preset else "none"))
+    for reason in pick.reasons:
+        print(f"  - {reason}")
+    return 0

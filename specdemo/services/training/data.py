@@ -1,0 +1,233 @@
+"""Training data from the target itself: its own answers to the prompt set, then its features.
+
+A drafter must predict what *this* target says, so the answers come from the target (batched
+``generate``: the first answer per prompt greedy, the others sampled at a modest temperature),
+as EAGLE-3 and SpecForge regenerate their data with the target. Both stages append to files in
+the output folder and skip what is there, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ...core.drafters.features import capture
+
+ANSWERS = "answers.jsonl"
+FEATURES = "features"
+
+
+def chat_ids(tokenizer, prompt: str, messages: list[dict] | None = None) -> list[int]:
+    """Prompt ids as the app builds them (chat template when the tokenizer has one).
+
+    ``messages`` (earlier turns ending with the user's ``prompt``) replaces the single user turn.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages or [{"role": "user", "content": prompt}],
+                                            add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    if messages:
+        return tokenizer.encode("\n\n".join(m["content"] for m in messages))
+    return tokenizer.encode(prompt)
+
+
+def _done(path: Path) -> set[tuple[int, int]]:
+    if not path.exists():
+        return set()
+    done = set()
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+            done.add((row["prompt_index"], row["answer_index"]))
+        except (ValueError, KeyError):
+            continue  # a line cut by an interruption: regenerated
+    return done
+
+
+@torch.inference_mode()
+def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
+                     temperature: float | tuple[float, ...] = 0.7, max_new_tokens: int = 160,
+                     batch_size: int = 16,
+                     seed: int = 0, budget_s: float | None = None) -> Path:
+    """Append the target's answers to ``out_dir/answers.jsonl`` (resumable).
+
+    Each line: {"prompt_index", "answer_index", "task", "ids" (prompt + answer ids),
+    "n_prompt"}; the answer ends at the first EOS (kept) or after ``max_new_tokens``.
+
+    Args:
+        target: a ``models.LoadedModel``.
+        rows: prompt rows ({"task", "prompt"}).
+        answers_per_prompt: answer 0 is greedy, answer a > 0 is sampled at ``temperature`` (or,
+            for a tuple, at ``temperature[(a - 1) % len(temperature)]``).
+        budget_s: start no new batch after this many seconds (greedy answers of every prompt
+            come first, shortest prompts first); None = generate everything.
+    Returns:
+        The answers file.
+    """
+    path = out_dir / ANSWERS
+    done = _done(path)
+    tok, model = target.tokenizer, target.model
+    pad = getattr(tok, "pad_token_id", None)
+    pad = pad if pad is not None else min(target.eos_token_ids)
+    eos = target.eos_token_ids
+    todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
+    prompts = {i: chat_ids(tok, rows[i]["prompt"], rows[i].get("messages")) for i, _ in todo}
+    todo.sort(key=lambda ia: (ia[1], len(prompts[ia[0]])))  # similar lengths batch together
+    bar = tqdm(total=len(todo), desc="generating answers", unit="answer")
+    began = time.perf_counter()
+    with path.open("a") as out:
+        for start in range(0, len(todo), batch_size):
+            if budget_s is not None and time.perf_counter() - began > budget_s:
+                bar.write(f"generation budget of {budget_s:.0f} s spent: training on the "
+                          f"{len(done) + start} answers generated so far")
+                break
+            batch = todo[start:start + batch_size]
+            width = max(len(prompts[i]) for i, _ in batch)
+            ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i, _ in batch])
+            mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i])
+                                 for i, _ in batch])
+            sample = batch[0][1] > 0
+            temps = temperature if isinstance(temperature, (list, tuple)) else (temperature,)
+            temp = temps[(batch[0][1] - 1) % len(temps)] if sample else 0.0
+            torch.manual_seed(seed + start + 1000 * batch[0][1])
+            gen = model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                                 max_new_tokens=max_new_tokens, do_sample=sample,
+                                 temperature=temp if sample else None, top_p=None, top_k=None,
+                                 pad_token_id=pad, eos_token_id=sorted(eos))
+            for row_i, (i, a) in enumerate(batch):
+                answer = gen[row_i, width:].tolist()
+                cut = next((n + 1 for n, t in enumerate(answer) if t in eos), len(answer))
+                out.write(json.dumps({"prompt_index": i, "answer_index": a,
+                                      "task": rows[i].get("task", "chat"), "temperature": temp,
+                                      "ids": prompts[i] + answer[:cut], "n_prompt": len(prompts[i])}) + "\n")
+            out.flush()
+            bar.update(len(batch))
+    bar.close()
+    return path
+
+
+def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
+                              temperature: float | tuple[float, ...] = 0.7, max_new_tokens: int = 160,
+                              eos_token_ids: set[int] | frozenset[int] = frozenset(), concurrency: int = 16,
+                              seed: int = 0, budget_s: float | None = None, timeout_s: float = 600.0) -> Path:
+    """Append answers to ``out_dir/answers.jsonl`` from a llama.cpp ``llama-server`` serving the
+    target's own GGUF weights (resumable; the same lines as ``generate_answers``, plus "source").
+
+    The prompt goes as token ids (our tokenizer's chat template) to llama-server's native
+    ``/completion`` endpoint with ``return_tokens``, so prompt and answer ids are exactly the ids
+    our engine would see; ``concurrency`` requests run at once (start the server with
+    ``--parallel`` at least that). Answers of a quantised GGUF can differ from the float32
+    target's in places; training targets are the target's own logits, captured afterwards.
+
+    Raises:
+        RuntimeError: the server did not answer or answered without token ids.
+    """
+    import concurrent.futures as cf
+
+    import httpx
+
+    path = out_dir / ANSWERS
+    done = _done(path)
+    todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
+    temps = temperature if isinstance(temperature, (list, tuple)) else (temperature,)
+    base = url.rstrip("/").removesuffix("/v1")
+    client = httpx.Client(timeout=timeout_s)
+
+    def one(ia: tuple[int, int]) -> dict:
+        i, a = ia
+        ids = chat_ids(tokenizer, rows[i]["prompt"], rows[i].get("messages"))
+        temp = temps[(a - 1) % len(temps)] if a > 0 else 0.0
+        body = {"prompt": ids, "n_predict": max_new_tokens, "temperature": temp, "top_k": 0, "top_p": 1.0,
+                "min_p": 0.0, "seed": seed + 7919 * i + a, "return_tokens": True, "cache_prompt": True,
+                "samplers": ["temperature"] if temp > 0 else ["top_k"]}
+        reply = client.post(f"{base}/completion", json=body)
+        reply.raise_for_status()
+        answer = reply.json().get("tokens")
+        if not isinstance(answer, list):
+            raise RuntimeError(f"{base}/completion answered without token ids (is it llama-server?)")
+        cut = next((n + 1 for n, t in enumerate(answer) if t in eos_token_ids), len(answer))
+        return {"prompt_index": i, "answer_index": a, "task": rows[i].get("task", "chat"), "temperature": temp,
+                "ids": ids + answer[:cut], "n_prompt": len(ids), "source": "llama-server"}
+
+    bar = tqdm(total=len(todo), desc="generating answers (llama-server)", unit="answer")
+    began = time.perf_counter()
+    with path.open("a") as out, cf.ThreadPoolExecutor(concurrency) as pool:
+        for start in range(0, len(todo), 4 * concurrency):
+            if budget_s is not None and time.perf_counter() - began > budget_s:
+                break
+            for row in pool.map(one, todo[start:start + 4 * concurrency]):
+                out.write(json.dumps(row) + "\n")
+                bar.update(1)
+            out.flush()
+    bar.close()
+    return path
+
+
+def load_answers(out_dir: Path) -> list[dict]:
+    """The complete lines of ``answers.jsonl``, in (prompt_index, answer_index) order."""
+    rows = []
+    for line in (out_dir / ANSWERS).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    rows.sort(key=lambda r: (r["prompt_index"], r["answer_index"]))
+    return rows
+
+
+@torch.inference_mode()
+def capture_features(target, answers: list[dict], indices: tuple[int, ...], out_dir: Path,
+                     shard_size: int = 64, batch_size: int = 8) -> list[Path]:
+    """Run the target over every answer once and store what training reads, in shards
+    (resumable: existing shards are kept).
+
+    Each shard ``features/NNNNN.pt`` is a list of {"ids" (N,) int32, "n_prompt",
+    "features" (N, F) float16, "last" (N, H) float16}: the drafter's input features and the
+    target's final hidden state (its logits are ``lm_head(last)``).
+    """
+    folder = out_dir / FEATURES
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = []
+    bar = tqdm(total=len(answers), desc="capturing features", unit="answer")
+    for s, start in enumerate(range(0, len(answers), shard_size)):
+        path = folder / f"{s:05d}.pt"
+        shards.append(path)
+        chunk = answers[start:start + shard_size]
+        if path.exists():
+            bar.update(len(chunk))
+            continue
+        items = []
+        for b in range(0, len(chunk), batch_size):
+            batch = chunk[b:b + batch_size]
+            width = max(len(r["ids"]) for r in batch)
+            ids = torch.tensor([r["ids"] + [0] * (width - len(r["ids"])) for r in batch])
+            mask = torch.tensor([[1] * len(r["ids"]) + [0] * (width - len(r["ids"])) for r in batch])
+            feats, last = capture(target.model, ids.to(target.device), indices, mask.to(target.device))
+            for j, r in enumerate(batch):
+                n = len(r["ids"])
+                items.append({"ids": torch.tensor(r["ids"], dtype=torch.int32), "n_prompt": r["n_prompt"],
+                              "features": feats[j, :n].to(torch.float16).cpu(),
+                              "last": last[j, :n].to(torch.float16).cpu()})
+            bar.update(len(batch))
+        tmp = path.with_suffix(".tmp")
+        torch.save(items, tmp)
+        tmp.rename(path)  # a shard exists only when complete
+    bar.close()
+    return shards
+
+
+def split_rows(rows: list[dict], heldout: bool) -> list[dict]:
+    """The rows of one split ("heldout" or "train")."""
+    want = "heldout" if heldout else "train"
+    return [r for r in rows if r.get("split", "train") == want]
+
+
+def shuffled(items: list, seed: int) -> list:
+    out = list(items)
+    random.Random(seed).shuffle(out)
+    return out
