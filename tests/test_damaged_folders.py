@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specdemo.core.drafters import dflash, eagle_io
-from specdemo.models.learned import DrafterRefused, learned_verdict, load_learned
+from specdemo.checks.compat import learned_verdict
+from specdemo.models.learned import DrafterRefused, load_learned
 from specdemo.models.loading import LoadedModel
 from test_dflash import _zlab_folder
 from tiny import CharTokenizer, tiny_dflash, tiny_eagle, tiny_gemma4, tiny_gemma4_assistant, tiny_llama

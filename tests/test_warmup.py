@@ -222,7 +222,8 @@ def test_compare_and_the_bench_warm_every_mode_and_draft_length_they_time(monkey
     monkeypatch.setattr(startup, "prepare_timed", prepare)
     pipe = Pipeline(Loaded(tiny_llama(seed=8, layers=2)), "self")
     ids = pipe.prompt_ids(PROMPT)
-    comparison = pipe.compare(ids, DecodeSettings(max_new_tokens=10, draft_length=6))
+    comparison = pipe.compare(ids, DecodeSettings(max_new_tokens=10, draft_length=6),
+                              prepare=startup.prepare_timed)
     assert calls == [(False, 6), (True, 6)] and comparison.identical
     calls.clear()
     from specdemo.services.bench.config import BenchConfig

@@ -145,7 +145,6 @@ def _device_refusal(preset: Preset, hw: HardwareInfo) -> str | None:
     if hw.kind not in preset.devices:
         return f"made for {'/'.join(preset.devices)}; this machine runs on {hw.kind}"
     if hw.kind == "mps" and preset.dtype == "bfloat16":
-        from .loading import mps_bfloat16_problem
         problem = mps_bfloat16_problem()
         if problem:
             return problem
@@ -252,3 +251,22 @@ def memory_in_use_bytes(device: Any) -> int:
     if device.type == "mps":
         return int(torch.mps.current_allocated_memory())
     return int(psutil.Process().memory_info().rss)
+
+
+def mps_bfloat16_problem(release: str | None = None) -> str | None:
+    """Why bfloat16 cannot run on Apple MPS on this Mac (macOS before 14 has no bfloat16 in
+    Metal Performance Shaders), or None (macOS 14+, or not a Mac).
+
+    Args:
+        release: the macOS version ("13.6.1"); default ``platform.mac_ver()``'s ("" off macOS).
+    """
+    import platform
+    release = platform.mac_ver()[0] if release is None else release
+    try:
+        major = int(release.split(".")[0])
+    except ValueError:
+        return None
+    if major >= 14:
+        return None
+    return (f"bfloat16 on Apple MPS needs macOS 14 or later and this Mac runs macOS {release}; "
+            "use --dtype float16 or float32, or update macOS")

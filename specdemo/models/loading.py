@@ -34,6 +34,7 @@ from . import builtin
 from .builtin import (  # noqa: F401  (re-exported: specdemo.models is where callers look)
     BUILTINS, CACHE_FORMAT, MANIFEST, WEIGHTS, Builtin, builtin_conversion_needed, builtin_names,
     builtin_source_bytes, cache_dir, convert_builtin)
+from .hardware import mps_bfloat16_problem  # noqa: F401  (also re-exported here)
 from ..core.errors import ModelLoadError
 from ..core.errors import reason as _reason
 
@@ -158,25 +159,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise ModelLoadError(f"unknown dtype '{dtype}'; use auto, float32, float16 or bfloat16")
     return getattr(torch, DTYPES[name])
-
-
-def mps_bfloat16_problem(release: str | None = None) -> str | None:
-    """Why bfloat16 cannot run on Apple MPS on this Mac (macOS before 14 has no bfloat16 in
-    Metal Performance Shaders), or None (macOS 14+, or not a Mac).
-
-    Args:
-        release: the macOS version ("13.6.1"); default ``platform.mac_ver()``'s ("" off macOS).
-    """
-    import platform
-    release = platform.mac_ver()[0] if release is None else release
-    try:
-        major = int(release.split(".")[0])
-    except ValueError:
-        return None
-    if major >= 14:
-        return None
-    return (f"bfloat16 on Apple MPS needs macOS 14 or later and this Mac runs macOS {release}; "
-            "use --dtype float16 or float32, or update macOS")
 
 
 def quantization_unavailable(device: torch.device, quantization: str = "4bit") -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 import threading
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..core.drafters import make_drafter
 from ..core.engine import DecodeEvent, DecodeResult, collect, decode
@@ -287,14 +287,20 @@ class Pipeline:
         """One whole decode."""
         return collect(self.stream(prompt_ids, settings, speculative))
 
-    def compare(self, prompt_ids: list[int], settings: DecodeSettings) -> Comparison:
-        """Plain, then speculative, each timed alone on the same prompt and settings, after
-        both modes were prepared untimed (``startup.prepare_timed``: every forward width either
-        run may use, the drafter, ``auto``'s cost table), so that no one-time cost lands in one
-        of the two clocks."""
-        from .startup import prepare_timed
-        for speculative in (False, True):
-            prepare_timed(self, speculative, settings.draft_length, prompt_ids)
+    def compare(self, prompt_ids: list[int], settings: DecodeSettings,
+                prepare: Callable | None = None) -> Comparison:
+        """Plain, then speculative, each timed alone on the same prompt and settings.
+
+        Args:
+            prepare: ``prepare(pipe, speculative, draft_length, prompt_ids)``, run for both modes
+                before either clock starts (``services.startup.prepare_timed``: every forward
+                width either run may use, the drafter, ``auto``'s cost table), so that no
+                one-time cost lands in one of the two clocks; None when the caller prepared
+                already (``compare`` on the command line does).
+        """
+        if prepare is not None:
+            for speculative in (False, True):
+                prepare(self, speculative, settings.draft_length, prompt_ids)
         runs = []
         for speculative in (False, True):
             gc.collect()  # garbage of the loads and of the other run: collected outside the clock
