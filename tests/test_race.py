@@ -379,3 +379,26 @@ def test_the_first_token_is_shown_at_once_not_after_the_update_interval(loaded):
     live = [s for s in snaps if not s.done and s.panes[PLAIN].stats is not None]
     assert live and live[0].panes[PLAIN].status == RUNNING
     assert live[0].panes[PLAIN].stats.new_tokens < 6 and snaps[-1].done
+
+
+def test_a_fault_outside_the_lanes_ends_the_race_with_the_error(loaded, monkeypatch):
+    """A fault that no lane catches (here in the preparation step) ends the race with that
+    error in every unfinished pane; before, race.run waited for ever (seen with server lanes)."""
+    def broken(self, pipes):
+        raise AttributeError("'_NoModel' object has no attribute 'model'")
+    monkeypatch.setattr(Race, "_warm", broken)
+    race = Race(lanes(loaded), SETTINGS)
+    race.start()
+    race.join(timeout=120)  # before the fix: the fault escaped here and the lanes stayed loading
+    final = race.snapshot()
+    assert race.finished
+    for name in (PLAIN, SPECULATIVE):
+        assert final.panes[name].status == ERROR
+        assert "no attribute 'model'" in final.panes[name].error
+
+
+def test_server_lane_stats_without_per_drafter_counts_get_no_low_acceptance_warning():
+    from specdemo.services.pipeline import low_acceptance_warnings
+    stats = DecodeStats(new_tokens=40, drafted=50, accepted=1)
+    stats.drafted_by = stats.accepted_by = None  # what a server lane reports: totals only
+    assert low_acceptance_warnings(stats) == []

@@ -95,8 +95,8 @@ def low_acceptance_warnings(stats: DecodeStats | None) -> list[str]:
     if stats is None:
         return []
     out = []
-    for source, drafted in stats.drafted_by.items():
-        accepted = stats.accepted_by.get(source, 0)
+    for source, drafted in (stats.drafted_by or {}).items():  # None: a server lane's stats
+        accepted = (stats.accepted_by or {}).get(source, 0)
         if source == "ngram" or drafted < LOW_ACCEPTANCE_MIN_DRAFTS or accepted >= LOW_ACCEPTANCE * drafted:
             continue
         out.append(f"drafter {source} accepted almost nothing: {accepted} of {drafted} drafts "

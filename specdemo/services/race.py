@@ -328,7 +328,7 @@ class Race:
                         other.error = f"not run: the {lane.name} run cannot start ({record.error})"
                 return None
             record.tokenizer = pipes[lane.name].target.tokenizer
-            if lane.speculative:
+            if lane.speculative and not getattr(pipes[lane.name], "is_endpoint", False):
                 from .pipeline import target_lossless_expectation
                 self.lossless_expected, self.lossless_note = \
                     target_lossless_expectation(pipes[lane.name].target)
@@ -398,6 +398,10 @@ class Race:
                         self._run_lane(lane, self.records[lane.name], pipes[lane.name],
                                        ids.get(lane.name))
                         self._notify()
+        except Exception as exc:  # a fault outside the lanes' own handling ends the race, not hangs it
+            for record in self.records.values():
+                if record.status not in FINISHED:
+                    record.status, record.error = ERROR, describe_error(exc)
         finally:
             self._notify()
 
