@@ -262,3 +262,44 @@ def test_live_counters_come_from_the_server_while_it_streams(servers):
     assert [s.new_tokens for s in live] == sorted(s.new_tokens for s in live)
     assert [s.drafted for s in live] == sorted(s.drafted for s in live)
     assert live[-1].drafted <= final.drafted and final.drafted > 0
+
+
+def test_training_answers_from_the_server_are_our_token_ids(servers, tmp_path):
+    """train-draft --generate-endpoint: the prompt goes as our chat-template ids, the answer
+    comes back as ids; greedy answers equal the server's own greedy completion of those ids."""
+    import httpx
+    from specdemo.models.loading import load_tokenizer
+    from specdemo.services.training import data
+    tok = load_tokenizer("builtin:smollm2-135m")
+    rows = [{"task": "chat", "prompt": "Name three colours."},
+            {"task": "chat-multiturn", "prompt": "Why?", "messages": [
+                {"role": "user", "content": "Is the sky blue?"},
+                {"role": "assistant", "content": "Yes, on a clear day."},
+                {"role": "user", "content": "Why?"}]}]
+    eos = {tok.eos_token_id}
+    data.generate_answers_endpoint(servers["plain"].url, tok, rows, tmp_path, answers_per_prompt=2,
+                                   temperature=0.8, max_new_tokens=24, eos_token_ids=eos,
+                                   concurrency=2)
+    got = {(r["prompt_index"], r["answer_index"]): r for r in data.load_answers(tmp_path)}
+    assert sorted(got) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for (i, a), r in got.items():
+        ids = data.chat_ids(tok, rows[i]["prompt"], rows[i].get("messages"))
+        assert r["ids"][:r["n_prompt"]] == ids and r["n_prompt"] == len(ids)
+        assert 0 < len(r["ids"]) - r["n_prompt"] <= 24
+        assert r["temperature"] == (0.0 if a == 0 else 0.8) and r["source"] == "llama-server"
+    direct = httpx.post(servers["plain"].url + "/completion", timeout=120, json={
+        "prompt": data.chat_ids(tok, rows[0]["prompt"]), "n_predict": 24, "temperature": 0,
+        "return_tokens": True, "cache_prompt": False}).json()["tokens"]
+    answer = got[(0, 0)]["ids"][got[(0, 0)]["n_prompt"]:]
+    assert answer == direct[:len(answer)]
+
+
+def test_training_answers_left_out_when_the_server_is_gone(tmp_path):
+    """A server that does not answer: the requests are left out (for --resume), not a crash."""
+    from specdemo.services.training import data
+    from tiny import CharTokenizer
+    port = serve.free_port()  # nothing listens there
+    data.generate_answers_endpoint(f"http://127.0.0.1:{port}", CharTokenizer(),
+                                   [{"prompt": "abc"}], tmp_path, answers_per_prompt=1,
+                                   retries=0, timeout_s=5)
+    assert (tmp_path / data.ANSWERS).read_text() == ""

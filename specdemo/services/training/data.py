@@ -114,7 +114,8 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
 def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
                               temperature: float | tuple[float, ...] = 0.7, max_new_tokens: int = 160,
                               eos_token_ids: set[int] | frozenset[int] = frozenset(), concurrency: int = 16,
-                              seed: int = 0, budget_s: float | None = None, timeout_s: float = 600.0) -> Path:
+                              seed: int = 0, budget_s: float | None = None, timeout_s: float = 600.0,
+                              retries: int = 3) -> Path:
     """Append answers to ``out_dir/answers.jsonl`` from a llama.cpp ``llama-server`` serving the
     target's own GGUF weights (resumable; the same lines as ``generate_answers``, plus "source").
 
@@ -123,6 +124,8 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
     our engine would see; ``concurrency`` requests run at once (start the server with
     ``--parallel`` at least that). Answers of a quantised GGUF can differ from the float32
     target's in places; training targets are the target's own logits, captured afterwards.
+    A request that times out or loses its connection is retried ``retries`` times (5, 10, 20 s
+    apart), then left out of the file (a later ``--resume`` asks for it again).
 
     Raises:
         RuntimeError: the server did not answer or answered without token ids.
@@ -143,10 +146,17 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
         ids = chat_ids(tokenizer, rows[i]["prompt"], rows[i].get("messages"))
         temp = temps[(a - 1) % len(temps)] if a > 0 else 0.0
         body = {"prompt": ids, "n_predict": max_new_tokens, "temperature": temp, "top_k": 0, "top_p": 1.0,
-                "min_p": 0.0, "seed": seed + 7919 * i + a, "return_tokens": True, "cache_prompt": True,
-                "samplers": ["temperature"] if temp > 0 else ["top_k"]}
-        reply = client.post(f"{base}/completion", json=body)
-        reply.raise_for_status()
+                "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "seed": seed + 7919 * i + a,
+                "return_tokens": True, "cache_prompt": True}  # temperature only (0: greedy)
+        for attempt in range(retries + 1):
+            try:
+                reply = client.post(f"{base}/completion", json=body)
+                reply.raise_for_status()
+                break
+            except httpx.TransportError:  # a timeout or a dropped connection on a busy machine
+                if attempt == retries:
+                    return None  # left out now; --resume asks for it again
+                time.sleep(min(60.0, 5.0 * 2 ** attempt))
         answer = reply.json().get("tokens")
         if not isinstance(answer, list):
             raise RuntimeError(f"{base}/completion answered without token ids (is it llama-server?)")
@@ -155,16 +165,22 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
                 "ids": ids + answer[:cut], "n_prompt": len(ids), "source": "llama-server"}
 
     bar = tqdm(total=len(todo), desc="generating answers (llama-server)", unit="answer")
-    began = time.perf_counter()
+    began, missed = time.perf_counter(), 0
     with path.open("a") as out, cf.ThreadPoolExecutor(concurrency) as pool:
         for start in range(0, len(todo), 4 * concurrency):
             if budget_s is not None and time.perf_counter() - began > budget_s:
                 break
             for row in pool.map(one, todo[start:start + 4 * concurrency]):
+                if row is None:
+                    missed += 1
+                    continue
                 out.write(json.dumps(row) + "\n")
                 bar.update(1)
             out.flush()
     bar.close()
+    if missed:
+        bar.write(f"{missed} answers left out after {retries} retries (the server timed out or "
+                  "dropped the connection); run again with --resume to ask for them")
     return path
 
 
