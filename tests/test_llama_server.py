@@ -279,7 +279,7 @@ def test_training_answers_from_the_server_are_our_token_ids(servers, tmp_path):
     eos = {tok.eos_token_id}
     data.generate_answers_endpoint(servers["plain"].url, tok, rows, tmp_path, answers_per_prompt=2,
                                    temperature=0.8, max_new_tokens=24, eos_token_ids=eos,
-                                   concurrency=2)
+                                   concurrency=1)  # one at a time: a batch of two can flip a near-tie
     got = {(r["prompt_index"], r["answer_index"]): r for r in data.load_answers(tmp_path)}
     assert sorted(got) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for (i, a), r in got.items():
@@ -289,7 +289,7 @@ def test_training_answers_from_the_server_are_our_token_ids(servers, tmp_path):
         assert r["temperature"] == (0.0 if a == 0 else 0.8) and r["source"] == "llama-server"
     direct = httpx.post(servers["plain"].url + "/completion", timeout=120, json={
         "prompt": data.chat_ids(tok, rows[0]["prompt"]), "n_predict": 24, "temperature": 0,
-        "return_tokens": True, "cache_prompt": False}).json()["tokens"]
+        "return_tokens": True, "cache_prompt": True}).json()["tokens"]
     answer = got[(0, 0)]["ids"][got[(0, 0)]["n_prompt"]:]
     assert answer == direct[:len(answer)]
 
