@@ -467,3 +467,21 @@ def convert_builtin(spec: str) -> Path:
         ModelLoadError: as ``models.load_model``.
     """
     return _builtin_folder(_builtin(spec.split(":", 1)[1]))
+
+
+def store_cache_entry(path: Path, key: str, entry: dict) -> None:
+    """Set ``key`` to ``entry`` in the JSON file ``path`` (a per-machine cache of measurements),
+    keeping its other keys; an unreadable file starts afresh; replaced atomically.
+
+    Raises:
+        OSError: the file cannot be written (callers log it: a cache is optional).
+    """
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        data = {}
+    data[key] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)

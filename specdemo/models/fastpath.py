@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .builtin import cache_dir
+from .builtin import cache_dir, store_cache_entry
 from .hardware import _cpu_name
 from ..core.machine import BUSY_SHARE, OtherCpuUse
 
@@ -299,15 +299,8 @@ def _store_choice(key: str, kernels: dict[int, str], timings: dict[str, dict[int
     """Add a calibration to the cache file (replaced atomically; failures only logged)."""
     path = _cache_path()
     try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        data = {}
-    data[key] = {"kernels": kernels, "timings_s": timings, "measured_unix_s": time.time()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
+        store_cache_entry(path, key, {"kernels": kernels, "timings_s": timings,
+                                      "measured_unix_s": time.time()})
     except OSError as exc:
         log.warning("fast path: could not store the calibration in %s (%s)", path, exc)
 

@@ -516,17 +516,10 @@ def choose_backend(loaded) -> BackendChoice:
     if share > BUSY_SHARE:
         choice.reason += f" (machine busy: others used {share:.0%} of the CPU; not stored)"
         return choice
+    from .builtin import store_cache_entry
     try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        data = {}
-    data[key] = {"backend": best, "reason": choice.reason, "cost_s": costs,
-                 "measured_unix_s": time.time()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
+        store_cache_entry(path, key, {"backend": best, "reason": choice.reason, "cost_s": costs,
+                                      "measured_unix_s": time.time()})
     except OSError as exc:
         log.warning("backend choice not stored in %s (%s)", path, exc)
     return choice
