@@ -243,12 +243,12 @@ def cmd_serve(args) -> int:
     except ServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"llama-server ({args.model}, draft {args.draft}, {args.parallel} slot(s)) ready at {url}",
-          flush=True)
-    print(f"race it: python -m specdemo compare --spec-endpoint {url} --prompt ...   "
-          f"(Ctrl-C stops it; log: {server.log_path})", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
+    try:  # from here on a Ctrl-C (even during the prints) stops the server it started
+        print(f"llama-server ({args.model}, draft {args.draft}, {args.parallel} slot(s)) ready at {url}",
+              flush=True)
+        print(f"race it: python -m specdemo compare --spec-endpoint {url} --prompt ...   "
+              f"(Ctrl-C stops it; log: {server.log_path})", flush=True)
         while server.running:
             time.sleep(0.5)
         print(f"error: llama-server exited: {server.log_tail()}", file=sys.stderr)
