@@ -128,6 +128,31 @@ def test_every_width_a_timed_lane_uses_was_warmed_before_its_clock(monkeypatch, 
     assert recorder.timed <= recorder.warmed, f"cold in a timed lane: {recorder.timed - recorder.warmed}"
     # The race verified several drafts at once, so the check covered wide verification forwards.
     assert max(w for name, w in recorder.timed if name == "target" and w < len(PROMPT)) >= 2
+
+
+@pytest.mark.parametrize("draft", ["self", "early-exit:1"])
+def test_a_draft_model_that_starts_late_catches_up_in_warmed_widths(monkeypatch, tmp_path, draft):
+    """Draft length auto may draft nothing for a few rounds (a busy machine made drafting look
+    dear: CI once saw it); the draft model's first proposal then feeds the prompt and the tokens
+    after it. It must do so in widths the warm-up ran (the prompt's, then at most max_k + 1),
+    not in one forward of a width never seen (CI: ('target', 46) cold in a timed lane)."""
+    from specdemo.core.policy import AdaptiveDraftLength
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
+    real_choose = AdaptiveDraftLength.choose
+    calls = {"n": 0}
+
+    def late(self):
+        calls["n"] += 1
+        return 0 if calls["n"] <= 4 else real_choose(self) or 2
+    target = tiny_llama(seed=3, layers=2)
+    recorder = Recorder(monkeypatch, {"target": target})
+    race = race_of(Loaded(target), draft, "auto")
+    monkeypatch.setattr(AdaptiveDraftLength, "choose", late)  # the warm-up drafts at a fixed k
+    final = list(race.run(min_interval_s=0.0))[-1]
+    spec = final.panes[SPECULATIVE]
+    assert spec.status == "done" and spec.stats.drafted > 0, "the late drafter never drafted"
+    assert recorder.timed <= recorder.warmed, f"cold in a timed lane: {recorder.timed - recorder.warmed}"
+    assert final.panes[PLAIN].token_ids == spec.token_ids  # still the target's greedy tokens
     # Every preparation came before the first timed decode: nothing between the lanes.
     first_timed = recorder.log.index(("timed", "start"))
     assert ("warm", "start") not in recorder.log[first_timed:]

@@ -226,6 +226,9 @@ def decode(
         return
     if features is not None:
         drafter.observe(features)  # features of every prompt position, all chunks joined
+    begin = getattr(drafter, "begin", None)  # draft models: catch-up widths (ModelDrafter.begin)
+    if begin is not None:
+        begin(len(context), getattr(policy, "max_k", getattr(policy, "k", 1)))
     first = choose(probs_at(logits[-1], context), params, generator)
     stats.prefill_s = time.perf_counter() - start
     yield emit([first], [False])

@@ -39,6 +39,12 @@ class CombinedDrafter:
         self._last: str | None = None
         self._last_n = 0
 
+    def begin(self, prompt_length: int, max_k: int) -> None:
+        """Passed on to the learned drafter when it takes it (``ModelDrafter.begin``)."""
+        begin = getattr(self.learned, "begin", None)
+        if begin is not None:
+            begin(prompt_length, max_k)
+
     def observe(self, features: torch.Tensor) -> None:
         self.learned.observe(features)
 

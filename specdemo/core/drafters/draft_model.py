@@ -35,6 +35,39 @@ class ModelDrafter:
         self.name = name
         self._weight_bytes = 0 if shares_weights else param_bytes(model)
         self._fed: list[int] = []  # ids whose keys/values are in self.kv's cache
+        self._prompt_length: int | None = None
+        self._widest = 1  # widest catch-up piece: the longest draft this decode may ask for, + 1
+
+    def begin(self, prompt_length: int, max_k: int) -> None:
+        """Told by the engine once per decode, after the target's prefill.
+
+        A first proposal that comes late (draft length ``auto`` drafting nothing in the first
+        rounds) then feeds the prompt and the token after it in one forward and the rest in
+        pieces of at most ``max_k + 1`` tokens; so does a catch-up after rounds without drafting.
+        Those are the widths :func:`specdemo.services.startup.warm_up` runs before a race's
+        clocks start, where one forward over the whole gap would be a width never seen before
+        (a first oneDNN primitive, a first cuBLAS plan) inside a timed lane.
+
+        Args:
+            prompt_length: tokens in the prompt the target was prefilled with.
+            max_k: the longest draft the decode may ask for (``AdaptiveDraftLength.max_k``, or k).
+        """
+        self._prompt_length = prompt_length
+        self._widest = max(1, max_k) + 1
+
+    def _pieces(self, common: int, n: int, k: int) -> list[int]:
+        """Widths of the forwards that feed ``n`` pending ids after ``common`` cached ones."""
+        widths = []
+        if common == 0 and self._prompt_length is not None:
+            widths.append(min(n, self._prompt_length + 1))  # the prefill warm_up ran
+            n -= widths[0]
+        widest = max(self._widest, k + 1)
+        if common == 0 and self._prompt_length is None:
+            widest = max(widest, n)  # not told: one forward, as a plain drafter would
+        while n > 0:
+            widths.append(min(n, widest))
+            n -= widths[-1]
+        return widths
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
@@ -46,6 +79,9 @@ class ModelDrafter:
             common += 1
         self.kv.rollback(common)
         pending = context[common:]
+        for width in self._pieces(common, len(pending), k)[:-1]:  # catch-up, logits unused
+            self.kv.forward(pending[:width])
+            pending = pending[width:]
         sampler = DraftSampler(context, params, generator)
         for _ in range(k):
             logits = fit_vocab(self.kv.forward(pending)[-1], self.vocab_size)
