@@ -4,19 +4,23 @@ race's speedup an artefact of what still warms up?
 The real app on the built-in model, built in-process and driven through ``/race`` with
 gradio_client, as the page's first race runs: the preload reaches Ready, the page then starts
 its draft-list checks (``check_drafts``, as ``demo.load(...).then(check_drafts)`` does), and the
-first prompt is sent at once; then the same prompt again. Prints both races' tokens/s, TTFT and
-other processes' CPU share per lane, and the ratio of the two speedups; exits 1 when it is off by
-more than TOLERANCE (the issue's 15%), 3 when a race reports a busy machine (the app's own rule:
-such a speedup is not reliable). What is warmed before the clocks is tested in
-tests/test_warmup.py.
+first prompt is sent at once; then the same prompt again, ``--races - 1`` times. Prints every
+race's tokens/s, TTFT and other processes' CPU share per lane, the first speedup over the median
+of the later ones, and the later ones' own spread (the noise a single race has here); exits 1 when
+the first is off the later median by more than TOLERANCE (the issue's 15%) and outside the later
+races' own range (on this 2-core machine, quiet, one race's speedup of one prompt spans about
+0.83-1.23x: a 15% bound alone is inside that noise), 3 when a race reports a busy machine
+(the app's own rule: such a speedup is not reliable). What is warmed before the clocks is tested
+in tests/test_warmup.py.
 
-    python scripts/first_race.py [--max-new-tokens 64] [--json]
+    python scripts/first_race.py [--max-new-tokens 64] [--races 4] [--json]
 """
 
 import argparse
 import json
 import os
 import socket
+import statistics
 import sys
 import threading
 from pathlib import Path
@@ -37,6 +41,7 @@ def free_port() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--races", type=int, default=4, help="races of the prompt, first included (>= 2)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from gradio_client import Client
@@ -52,19 +57,29 @@ def main() -> int:
             return 2
         threading.Thread(target=ui.check_drafts, args=(preset, None), daemon=True).start()
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        first = client.predict(api_name="/race", prompt=PROMPT, max_new_tokens=args.max_new_tokens)
-        second = client.predict(api_name="/race", prompt=PROMPT, max_new_tokens=args.max_new_tokens)
+        races = [client.predict(api_name="/race", prompt=PROMPT, max_new_tokens=args.max_new_tokens)
+                 for _ in range(max(2, args.races))]
     finally:
         demo.close()
-    seen = {name: {lane: {k: r[lane][k] for k in ("tokens_per_s", "ttft_s", "other_cpu_share")}
-                   for lane in ("plain", "speculative")} | {"speedup": r["speedup"], "warnings": r["warnings"]}
-            for name, r in (("first", first), ("second", second))}
-    ratio = first["speedup"] / second["speedup"]
-    seen["first_over_second"] = ratio
+    seen = {"races": [{lane: {k: r[lane][k] for k in ("tokens_per_s", "ttft_s", "other_cpu_share")}
+                       for lane in ("plain", "speculative")}
+                      | {"speedup": r["speedup"], "warnings": r["warnings"]} for r in races]}
+    later = sorted(r["speedup"] for r in races[1:])
+    median = statistics.median(later)
+    ratio = races[0]["speedup"] / median
+    seen["first_over_later_median"] = ratio
+    seen["later_spread"] = later[-1] / later[0] - 1  # max/min - 1 among the later races
+    if not args.json:
+        for i, r in enumerate(races):
+            print(f"race {i + 1}: plain {r['plain']['tokens_per_s']:.2f} tok/s, speculative "
+                  f"{r['speculative']['tokens_per_s']:.2f} tok/s, speedup {r['speedup']:.3f}"
+                  + (f"  ({'; '.join(r['warnings'])})" if r["warnings"] else ""))
+        print(f"first / median of later = {ratio:.3f}; later races' spread {seen['later_spread']:.1%}")
     print(json.dumps(seen, indent=None if args.json else 1))
-    if first["warnings"] or second["warnings"]:
+    if any(r["warnings"] for r in races):
         return 3
-    return 0 if abs(ratio - 1) <= TOLERANCE else 1
+    inside = later[0] <= races[0]["speedup"] <= later[-1]
+    return 0 if abs(ratio - 1) <= TOLERANCE or inside else 1
 
 
 if __name__ == "__main__":
