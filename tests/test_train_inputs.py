@@ -87,3 +87,25 @@ def test_counts_below_one_are_refused_by_name(tmp_path, capsys, no_target_load, 
     assert exited.value.code == 2
     assert f"{flag} must be a whole number of at least 1, got '0'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_features_larger_than_the_disk_are_refused_and_larger_than_memory_only_noted(
+        tmp_path, monkeypatch, capsys):
+    """Training memory-maps the captured features (10x the data is ~8 GB of float16), so free
+    memory no longer caps the data; free disk does."""
+    import shutil
+    from collections import namedtuple
+
+    import psutil
+
+    from specdemo.interfaces import train_cli
+    usage = namedtuple("usage", "total used free")
+    memory = namedtuple("memory", "available")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**9))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory(10**9))
+    with pytest.raises(SystemExit, match=r"need ~2\.3 GB on disk but only 1\.0 GB are free"):
+        train_cli._check_space(1_000_000, 1152, tmp_path)  # 1M tokens x 1152 x 2 bytes
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**11))
+    train_cli._check_space(1_000_000, 1152, tmp_path)
+    assert "exceed the free memory (1.0 GB); training reads them from disk" in capsys.readouterr().err
+

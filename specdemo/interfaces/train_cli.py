@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -106,14 +107,24 @@ def _machine() -> dict:
             "memory_bytes": psutil.virtual_memory().total, "system": platform.platform()}
 
 
-def _check_memory(n_tokens: int, width: int) -> None:
-    """Refuse when the captured features would not fit comfortably in memory."""
+def _check_space(n_tokens: int, width: int, out: Path) -> None:
+    """Refuse when the captured features would not fit on the disk of ``out``; say so when they
+    will not fit in memory (training memory-maps them and reads each batch from the page cache,
+    slower when the disk has to serve it)."""
     import psutil
-    need = n_tokens * width * 2 * 2  # float16 on disk, about twice that while batching
-    free = psutil.virtual_memory().available
-    if need > 0.5 * free:
-        raise SystemExit(f"error: the features need ~{need / 1e9:.1f} GB but only "
-                         f"{free / 1e9:.1f} GB are free; use --max-prompts or --max-tokens")
+    need = n_tokens * width * 2  # float16 shards
+    shards = out / "features"
+    have = sum(f.stat().st_size for f in shards.glob("*.pt")) if shards.is_dir() else 0
+    free_disk = shutil.disk_usage(out).free
+    if need - have > 0.9 * free_disk:
+        raise SystemExit(f"error: the features need ~{need / 1e9:.1f} GB on disk but only "
+                         f"{free_disk / 1e9:.1f} GB are free under {out}; use --max-prompts or "
+                         "--max-tokens, or another --out")
+    free_memory = psutil.virtual_memory().available
+    if need > 0.8 * free_memory:
+        print(f"note: the features (~{need / 1e9:.1f} GB) exceed the free memory "
+              f"({free_memory / 1e9:.1f} GB); training reads them from disk, more slowly",
+              file=sys.stderr)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -226,7 +237,7 @@ def _train(args: argparse.Namespace) -> int:
     if not answers:
         fail(f"no answers to train on in {out / data.ANSWERS}")
     hidden = target.model.config.get_text_config().hidden_size
-    _check_memory(sum(len(a["ids"]) for a in answers), hidden * (len(recipe.feature_layers) + 1))
+    _check_space(sum(len(a["ids"]) for a in answers), hidden * (len(recipe.feature_layers) + 1), out)
     t0 = time.time()
     shards = data.capture_features(target, answers, recipe.feature_layers, out)
     timings["capture_s"] = time.time() - t0
@@ -234,7 +245,8 @@ def _train(args: argparse.Namespace) -> int:
         print(f"features are in {out / data.FEATURES}; run the same command with --resume to go on")
         return 0
     import torch
-    all_items = [x for s in shards for x in torch.load(s, weights_only=False)]
+    # memory-mapped: 1.2M answer tokens of EAGLE-3 features are ~8 GB; batches read what they use
+    all_items = [x for s in shards for x in torch.load(s, weights_only=False, mmap=True)]
     if args.kind == "dflash" and recipe.mask_token_id < 0:
         recipe.mask_token_id = dflash_train.pick_mask_token(
             train.token_counts(all_items, target.vocab_size), target.eos_token_ids)
