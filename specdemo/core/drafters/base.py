@@ -10,7 +10,7 @@ forward (:class:`FeatureDrafter`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -97,6 +97,29 @@ def param_bytes(model: torch.nn.Module) -> int:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
     return total
+
+
+@dataclass
+class LoadedModule:
+    """A loaded, checked drafter module, ready to make a fresh drafter per decode; the kinds
+    (``dflash.LoadedDFlash``, ``mtp.LoadedAssistant``) add ``new_drafter`` and ``summary``.
+
+    Attributes:
+        spec: as given.  model: the module, on the target's device.  info: what loading found
+            (its layout, and the kind's own entries).
+        warnings: checks that did not refuse it.  load_s: seconds loading took.
+    """
+
+    spec: str
+    model: torch.nn.Module
+    info: dict
+    warnings: list[str] = field(default_factory=list)
+    load_s: float = 0.0
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the module's parameters and buffers (:func:`param_bytes`)."""
+        return param_bytes(self.model)
 
 
 _EMPTY = torch.empty(0, dtype=torch.long)

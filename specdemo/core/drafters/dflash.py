@@ -21,7 +21,7 @@ weights ``fc``/``hidden_norm``/``layers.*``/``norm``), mapped onto the same clas
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,7 +31,7 @@ from ..errors import DrafterRefused
 from ..kv import cache_bytes
 from ..sampling import SamplingParams
 from . import folders
-from .base import DraftSampler, Proposal, fit_vocab, param_bytes
+from .base import DraftSampler, LoadedModule, Proposal, fit_vocab, param_bytes
 from .features import dflash_indices, num_layers
 
 FAMILY = "dflash"
@@ -328,14 +328,8 @@ class DFlashDrafter:
 
 
 @dataclass
-class LoadedDFlash:
+class LoadedDFlash(LoadedModule):
     """A loaded, checked DFlash assistant, ready to make a fresh drafter per decode."""
-
-    spec: str
-    model: nn.Module
-    info: dict
-    warnings: list[str] = field(default_factory=list)
-    load_s: float = 0.0
 
     def new_drafter(self, target: nn.Module, vocab_size: int, name: str) -> DFlashDrafter:
         raw = self.info["config"]
@@ -343,10 +337,6 @@ class LoadedDFlash:
                              float(_dflash_value(raw, "output_multiplier", 1.0)),
                              _dflash_value(raw, "final_logit_softcapping"),
                              float(_dflash_value(raw, "input_embedding_scale", 1.0)))
-
-    @property
-    def weight_bytes(self) -> int:
-        return param_bytes(self.model)
 
     @property
     def summary(self) -> str:

@@ -37,7 +37,7 @@ from torch import nn
 from ..errors import DrafterRefused
 from ..kv import cache_bytes
 from ..sampling import SamplingParams
-from .base import DraftSampler, Proposal, fit_vocab, param_bytes
+from .base import DraftSampler, LoadedModule, Proposal, fit_vocab, param_bytes
 from .features import num_layers
 
 ASSISTANT = "gemma4-assistant"
@@ -286,21 +286,11 @@ class NativeMtpDrafter:
 
 
 @dataclass
-class LoadedAssistant:
+class LoadedAssistant(LoadedModule):
     """A loaded, checked Gemma 4 assistant, ready to make a fresh drafter per decode."""
-
-    spec: str
-    model: nn.Module
-    info: dict
-    warnings: list[str] = field(default_factory=list)
-    load_s: float = 0.0
 
     def new_drafter(self, target: nn.Module, vocab_size: int, name: str) -> Gemma4AssistantDrafter:
         return Gemma4AssistantDrafter(self.model, target, vocab_size, name)
-
-    @property
-    def weight_bytes(self) -> int:
-        return param_bytes(self.model)
 
     @property
     def summary(self) -> str:

@@ -38,16 +38,14 @@ from __future__ import annotations
 import copy
 import json
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from ...core.drafters.features import dflash_indices
-from .train import CHECKPOINT, TrainState, _lr, batches, save_checkpoint
+from .train import StepLoss, TrainState, run_training
 
 ZLAB_DIR = "zlab"
 
@@ -219,7 +217,8 @@ def block_loss(model, embeddings: torch.nn.Module, head_weight: torch.Tensor, ba
 def train(model, target, items: list[dict], recipe: DFlashRecipe, out_dir: Path,
           resume: bool = False, max_steps: int | None = None) -> TrainState:
     """Train the DFlash ``model`` in place on feature ``items`` (``data.capture_features`` with
-    ``recipe.feature_layers``).
+    ``recipe.feature_layers``) with the block loss (:func:`block_loss`) in the shared loop
+    (``train.run_training``).
 
     Anchors are drawn from a generator seeded by (seed, step), so a resumed run draws the same
     blocks as an uninterrupted one.
@@ -232,62 +231,17 @@ def train(model, target, items: list[dict], recipe: DFlashRecipe, out_dir: Path,
     Raises:
         KeyboardInterrupt: after writing a checkpoint, when interrupted.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(recipe.seed)
-    params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=recipe.learning_rate, weight_decay=recipe.weight_decay)
-    state = TrainState()
-    ckpt = out_dir / CHECKPOINT
-    if resume and ckpt.exists():
-        saved = torch.load(ckpt, map_location="cpu", weights_only=False)
-        model.load_state_dict(saved["head"])
-        optimizer.load_state_dict(saved["optimizer"])
-        state = TrainState(**saved["state"])
-    embeddings = target.model.get_input_embeddings()
-    head_weight = target.model.get_output_embeddings().weight.detach().float()
-    per_epoch = len(batches(items, recipe.batch_tokens, recipe.seed))
-    planned = per_epoch * recipe.epochs
-    total = min(planned, max_steps or planned)
-    bar = tqdm(total=total, initial=state.step, desc="training (DFlash)", unit="step")
-    last_save = time.perf_counter()
-    model.train()
-    try:
-        while state.step < total:
-            order = batches(items, recipe.batch_tokens, recipe.seed + state.epoch)
-            for b in range(state.batch_in_epoch, len(order)):
-                if state.step >= total:
-                    break
-                start = time.perf_counter()
-                for group in optimizer.param_groups:
-                    group["lr"] = _lr(state.step, planned, recipe)
-                gen = torch.Generator().manual_seed(recipe.seed * 1_000_003 + state.step)
-                batch = collate([items[i] for i in order[b]], recipe, gen)
-                loss, agree = block_loss(model, embeddings, head_weight, batch, recipe)
-                optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                optimizer.step()
-                state.step += 1
-                state.batch_in_epoch = b + 1
-                state.losses.append(float(loss.detach()))
-                state.accuracy.append(agree)
-                state.seconds += time.perf_counter() - start
-                bar.update(1)
-                bar.set_postfix(loss=f"{state.losses[-1]:.3f}", top1=" ".join(f"{a:.2f}" for a in agree[:4]))
-                if time.perf_counter() - last_save > recipe.checkpoint_every_s:
-                    save_checkpoint(ckpt, model, optimizer, state, recipe)
-                    last_save = time.perf_counter()
-            else:
-                state.epoch += 1
-                state.batch_in_epoch = 0
-    except KeyboardInterrupt:
-        save_checkpoint(ckpt, model, optimizer, state, recipe)
-        bar.close()
-        raise
-    save_checkpoint(ckpt, model, optimizer, state, recipe)
-    bar.close()
-    model.eval()
-    return state
+    def make_step() -> StepLoss:
+        embeddings = target.model.get_input_embeddings()
+        head_weight = target.model.get_output_embeddings().weight.detach().float()
+
+        def step(batch_items: list[dict], n: int):
+            gen = torch.Generator().manual_seed(recipe.seed * 1_000_003 + n)  # n: the optimiser step
+            return block_loss(model, embeddings, head_weight, collate(batch_items, recipe, gen), recipe)
+        return step
+
+    return run_training(model, list(model.parameters()), items, recipe, out_dir, make_step,
+                        resume, max_steps, desc="training (DFlash)", shown=4)
 
 
 def save(model, folder: Path, target, dtype: torch.dtype = torch.bfloat16,

@@ -22,6 +22,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -248,36 +249,57 @@ def save_checkpoint(path: Path, head: Eagle3Head, optimizer, state: TrainState, 
     tmp.rename(path)  # never a half-written checkpoint
 
 
-def train(head: Eagle3Head, target, items: list[dict], recipe: Recipe, out_dir: Path,
-          resume: bool = False, max_steps: int | None = None) -> TrainState:
-    """Train ``head`` in place on feature ``items`` (see ``data.capture_features``).
+StepLoss = Callable[[list[dict], int], tuple[torch.Tensor, list[float]]]
+
+
+def run_training(model: torch.nn.Module, params: list[torch.nn.Parameter], items: list[dict],
+                 recipe, out_dir: Path, make_step: Callable[[], StepLoss], resume: bool = False,
+                 max_steps: int | None = None, desc: str = "training",
+                 shown: int | None = None) -> TrainState:
+    """The training loop every drafter kind shares: train ``params`` of ``model`` in place on
+    feature ``items`` with the loss ``make_step`` returns.
+
+    AdamW (``recipe.learning_rate``, ``recipe.weight_decay``) with linear warm-up over
+    ``recipe.warmup_steps`` and cosine decay to 0 over ``recipe.epochs`` epochs, gradients
+    clipped to norm 1; each epoch's batches of ~``recipe.batch_tokens`` padded tokens in an
+    order seeded by ``recipe.seed + epoch`` (:func:`batches`). A checkpoint (``model`` under
+    "head", optimiser, :class:`TrainState`, recipe) is written to ``out_dir/checkpoint.pt``
+    every ``recipe.checkpoint_every_s`` seconds, at the end and on Ctrl-C; ``resume`` loads it
+    and continues with the same batch order and schedule, so the loss curve is the one an
+    uninterrupted run draws.
 
     Args:
+        params: the parameters the optimiser updates (a subset of ``model``'s: frozen shared
+            tensors left out).
+        recipe: a dataclass with the fields above (:class:`Recipe`, ``DFlashRecipe``).
+        make_step: called once, after any checkpoint is loaded; returns ``step(batch_items,
+            n)`` -> (scalar loss tensor, [top-1 agreement per draft position]) for the items
+            of one batch at optimiser step ``n`` (0-based, counted across resumes).
         max_steps: stop after this many optimiser steps in total (for tests and smaller recipes).
-        resume: continue from ``out_dir/checkpoint.pt`` when it exists.
+        desc: the progress bar's label.  shown: how many agreements the progress bar shows
+            (None: all).
     Returns:
-        The final state (losses per step, agreement per step and TTT step).
+        The final state (losses per step, agreement per step and draft position).
     Raises:
         KeyboardInterrupt: after writing a checkpoint, when interrupted.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
-    params = [p for n, p in head.named_parameters() if not n.startswith("embed_tokens")]
     optimizer = torch.optim.AdamW(params, lr=recipe.learning_rate, weight_decay=recipe.weight_decay)
     state = TrainState()
     ckpt = out_dir / CHECKPOINT
     if resume and ckpt.exists():
         saved = torch.load(ckpt, map_location="cpu", weights_only=False)
-        head.load_state_dict(saved["head"])
+        model.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
         state = TrainState(**saved["state"])
-    target_head = target.model.get_output_embeddings().weight[head.draft_ids()].detach().float()
+    step_loss = make_step()
     per_epoch = len(batches(items, recipe.batch_tokens, recipe.seed))
     planned = per_epoch * recipe.epochs  # the learning-rate schedule's length
     total = min(planned, max_steps or planned)
-    bar = tqdm(total=total, initial=state.step, desc="training", unit="step")
+    bar = tqdm(total=total, initial=state.step, desc=desc, unit="step")
     last_save = time.perf_counter()
-    head.train()
+    model.train()
     try:
         while state.step < total:
             order = batches(items, recipe.batch_tokens, recipe.seed + state.epoch)
@@ -287,9 +309,7 @@ def train(head: Eagle3Head, target, items: list[dict], recipe: Recipe, out_dir: 
                 start = time.perf_counter()
                 for group in optimizer.param_groups:
                     group["lr"] = _lr(state.step, planned, recipe)
-                batch = to_device(collate([items[i] for i in order[b]], recipe.ttt_steps,
-                                          recipe.loss_on_prompt), target_head.device)
-                loss, agree = ttt_loss(head, target_head, batch, recipe)
+                loss, agree = step_loss([items[i] for i in order[b]], state.step)
                 optimizer.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -300,18 +320,45 @@ def train(head: Eagle3Head, target, items: list[dict], recipe: Recipe, out_dir: 
                 state.accuracy.append(agree)
                 state.seconds += time.perf_counter() - start
                 bar.update(1)
-                bar.set_postfix(loss=f"{state.losses[-1]:.3f}", top1=" ".join(f"{a:.2f}" for a in agree))
+                bar.set_postfix(loss=f"{state.losses[-1]:.3f}", top1=" ".join(f"{a:.2f}" for a in agree[:shown]))
                 if time.perf_counter() - last_save > recipe.checkpoint_every_s:
-                    save_checkpoint(ckpt, head, optimizer, state, recipe)
+                    save_checkpoint(ckpt, model, optimizer, state, recipe)
                     last_save = time.perf_counter()
             else:
                 state.epoch += 1
                 state.batch_in_epoch = 0
     except KeyboardInterrupt:
-        save_checkpoint(ckpt, head, optimizer, state, recipe)
+        save_checkpoint(ckpt, model, optimizer, state, recipe)
         bar.close()
         raise
-    save_checkpoint(ckpt, head, optimizer, state, recipe)
+    save_checkpoint(ckpt, model, optimizer, state, recipe)
     bar.close()
-    head.eval()
+    model.eval()
     return state
+
+
+def train(head: Eagle3Head, target, items: list[dict], recipe: Recipe, out_dir: Path,
+          resume: bool = False, max_steps: int | None = None) -> TrainState:
+    """Train ``head`` in place on feature ``items`` (see ``data.capture_features``) with the
+    training-time-test loss (:func:`ttt_loss`) in the shared loop (:func:`run_training`).
+
+    Args:
+        max_steps: stop after this many optimiser steps in total (for tests and smaller recipes).
+        resume: continue from ``out_dir/checkpoint.pt`` when it exists.
+    Returns:
+        The final state (losses per step, agreement per step and TTT step).
+    Raises:
+        KeyboardInterrupt: after writing a checkpoint, when interrupted.
+    """
+    params = [p for n, p in head.named_parameters() if not n.startswith("embed_tokens")]
+
+    def make_step() -> StepLoss:  # after resume: the loaded head's draft vocabulary
+        target_head = target.model.get_output_embeddings().weight[head.draft_ids()].detach().float()
+
+        def step(batch_items: list[dict], n: int):
+            batch = to_device(collate(batch_items, recipe.ttt_steps, recipe.loss_on_prompt),
+                              target_head.device)
+            return ttt_loss(head, target_head, batch, recipe)
+        return step
+
+    return run_training(head, params, items, recipe, out_dir, make_step, resume, max_steps)
