@@ -144,3 +144,46 @@ def test_combined_drafter_is_lossless_and_counts_per_source(target):
     s = spec.stats
     assert sum(s.drafted_by.values()) == s.drafted and sum(s.accepted_by.values()) == s.accepted
     assert set(s.drafted_by) <= {"ngram", "eagle3"} and "eagle3" in s.drafted_by
+
+
+class _Wrong:
+    """A learned drafter that always proposes token 0 (never what the target picks)."""
+
+    name = "wrong"
+    feature_layers = ()
+
+    def __init__(self):
+        self.calls = 0
+
+    def propose(self, context, k, params, generator):
+        from specdemo.core.drafters.base import Proposal
+        self.calls += 1
+        return Proposal([0] * k, source="wrong")
+
+    def feedback(self, n_accepted):
+        pass
+
+    extra_memory_bytes = 0
+
+
+def test_combined_drafter_lets_short_matches_through_once_the_learned_drafter_fails():
+    """Stacked over a learned drafter that accepts nothing (a small head on Chinese), prompt
+    lookup's two-token matches are used, not only the three-token ones."""
+    from specdemo.core.drafters.combined import CombinedDrafter
+    from specdemo.core.sampling import SamplingParams
+    learned = _Wrong()
+    drafter = CombinedDrafter(learned, min_match=3)
+    context = [5, 6, 7, 8, 9, 5, 6]  # the suffix [5, 6] occurred before: a 2-token match only
+    first = drafter.propose(context, 4, SamplingParams(), None)
+    assert first.source == "wrong" and learned.calls == 1  # the learned drafter is trusted first
+    sources = []
+    for _ in range(6):  # it fails: 0 accepted each round, until prompt lookup takes over
+        drafter.feedback(0)
+        later = drafter.propose(context, 4, SamplingParams(), None)
+        sources.append(later.source)
+        if later.source == "ngram":
+            break
+    # running acceptance 0.5 -> 0.4 -> 0.32 -> 0.256: the third failure leaves it under half of
+    # prompt lookup's 0.6, and the two-token match [5, 6] -> 7, 8, 9 is proposed
+    assert sources == ["wrong", "wrong", "ngram"]
+    assert later.ids[:3] == [7, 8, 9]
