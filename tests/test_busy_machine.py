@@ -134,6 +134,10 @@ def test_race_api_json_has_each_lanes_share_and_the_warnings(loaded, monkeypatch
     result = ui_race.race_api(PROMPT, max_new_tokens=8, draft_length="2")
     assert result["plain"]["other_cpu_share"] == 0.5
     assert result["speculative"]["other_cpu_share"] == 0.3
+    # the setting, beside each lane's last-round k (draft_length) and its mean over the rounds
+    spec = result["speculative"]
+    assert result["draft_length_setting"] == 2 and spec["rounds"] > 0
+    assert spec["mean_draft_length"] == spec["draft_length_sum"] / spec["rounds"]
     assert result["warnings"] == [
         "machine busy: other processes used 50% of the CPU during the plain run and 30% during "
         "the speculative run; the speedup is not reliable"]

@@ -47,6 +47,9 @@ def test_reachable_hub_keeps_download_presets_in_the_running(empty_hub_cache, mo
 
 
 def test_check_prints_target_then_draft(monkeypatch, capsys):
+    import specdemo.models.loading as models
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout_s=5.0: True)  # T/one, D/two
     monkeypatch.setattr(compat, "check_specs", lambda target, draft, **kw: compat.Verdict(
         "incompatible", [f"checked {target} with draft {draft}"]))
     assert main(["check", "--target", "T/one", "--draft", "D/two"]) == 2

@@ -67,9 +67,13 @@ def test_uncached_hub_target_offline_cannot_be_checked(monkeypatch, capsys):
     with pytest.raises(ModelLoadError, match=f"cannot check early-exit:4: the layer count of "
                                              f"{target} is unknown .*hub is not reachable"):
         compat.check_specs(target, "early-exit:4")
-    assert main(["check", "--target", target, "--draft", "early-exit:4"]) == 1
-    assert capsys.readouterr().out.startswith(f"error: cannot check early-exit:4: the layer count "
-                                              f"of {target} is unknown")
+    # the command refuses such a target at once, as run does (input, exit status 2), rather than
+    # "could not decide" (1)
+    assert main(["check", "--target", target, "--draft", "early-exit:4"]) == 2
+    assert capsys.readouterr().out == (f"error: target '{target}' is not in the local Hugging Face "
+                                       "cache and the model hub is not reachable (or "
+                                       "HF_HUB_OFFLINE=1): download it on a connected machine, or "
+                                       "give a local folder or file\n")
 
 
 def _write_gguf(path, block_count: int) -> None:

@@ -100,4 +100,250 @@ def test_check_refuses_a_missing_path_at_once_with_runs_words(capsys, monkeypatc
     field = flag.removeprefix("--")
     assert f"argument {flag}: {field} '{missing}': no such file or folder; valid forms: " in checked
     ran = cli_error(capsys, "run", "--prompt", "hi", flag, missing, other, spec)
-    assert checked.splitlines()[-1].split(": error: ")[1] == ran.splitlines()[-1].split(": error: ")[1]
+    assert checked.splitlines()[0] == ran.splitlines()[0]  # the same sentence, then each's --help
+
+
+# --- a tester's report: refusals with a usage block, typos that load the target first, exit 1
+# for bad input in check, a refusal whose speed depended on the order of the flags -------------
+
+def no_loading(monkeypatch):
+    """Make any model load fail the test (every refusal below must come before one)."""
+    import specdemo.models.loading as models
+    import specdemo.services.startup as startup
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was refused")
+    monkeypatch.setattr(models, "load_model", no_load)
+    monkeypatch.setattr(startup, "load_model", no_load)
+
+
+@pytest.fixture
+def offline_empty_cache(tmp_path, monkeypatch):
+    """No hub model in the Hugging Face cache, and the hub does not answer."""
+    import huggingface_hub.constants as constants
+
+    import specdemo.models.loading as models
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout_s=5.0: False)
+    return tmp_path / "empty-cache"
+
+
+FORMS = ("valid forms: none, ngram, self, early-exit:<layers>, builtin:<name> (gemma3-270m, "
+         "smollm2-135m), a local model folder, a .gguf file or a Hugging Face id like org/name; "
+         "a learned drafter (builtin:smollm2-135m-eagle3, an EAGLE-3/DFlash folder or hub id, "
+         "mtp), and a learned drafter with +ngram")
+NGRM = ("error: argument --draft: draft 'ngrm' is not a known name, a local file or folder, or a "
+        f"model in the local Hugging Face cache (did you mean ngram?); {FORMS}")
+
+
+@pytest.mark.parametrize("argv, first", [
+    (["compare", "--prompt", ""], "error: argument --prompt: the prompt is empty: type something "
+                                  "to send"),
+    (["compare", "--prompt", "hi", "--max-new-tokens", "0"],
+     "error: argument --max-new-tokens: max new tokens must be a whole number of at least 1, "
+     "got '0'"),
+    (["compare", "--prompt", "hi", "--draft-length", "0"],
+     "error: argument --draft-length: draft length must be 'auto' or a whole number from 1 to 64, "
+     "got '0'"),
+    (["compare"], "error: the following arguments are required: --prompt"),
+    (["run", "--prompt", "hi", "--target", "./missing.gguf"],
+     "error: argument --target: target './missing.gguf': no such file or folder; valid forms: "
+     "builtin:<name> (gemma3-270m, smollm2-135m), a local model folder, a .gguf file or a Hugging "
+     "Face id like org/name"),
+    (["compare", "--prompt", "hi", "--draft", "ngrm"], NGRM),
+    (["run", "--prompt", "hi", "--draft", "ngrm"], NGRM),
+    (["bench", "--draft", "ngrm", "--out", "unused"], NGRM),
+    (["check", "--target", "builtin:smollm2-135m", "--draft", "ngrm"], NGRM),
+    (["compare", "--prompt", "hi", "--draft", "no-such-draft"],
+     "error: argument --draft: draft 'no-such-draft' is not a known name, a local file or folder, "
+     f"or a model in the local Hugging Face cache; {FORMS}"),
+    (["run", "--prompt", "hi", "--draft", "early_exit:4"],
+     "error: argument --draft: draft 'early_exit:4' is not a known name, a local file or folder, "
+     f"or a model in the local Hugging Face cache (did you mean early-exit:4?); {FORMS}"),
+    (["run", "--prompt", "hi", "--target", "smollm2-135m"],
+     "error: argument --target: target 'smollm2-135m' is not a known name, a local file or folder, "
+     "or a model in the local Hugging Face cache (did you mean builtin:smollm2-135m?); valid "
+     "forms: builtin:<name> (gemma3-270m, smollm2-135m), a local model folder, a .gguf file or a "
+     "Hugging Face id like org/name"),
+    (["compare", "--prompt", "hi", "--dtype", "float8"],
+     "error: argument --dtype: invalid choice: 'float8' (choose from auto, float32, bfloat16, "
+     "float16)"),
+])
+def test_a_refusal_is_one_sentence_and_where_the_help_is(capsys, monkeypatch, offline_empty_cache,
+                                                         argv, first):
+    """No usage block: the sentence, then ``(python -m specdemo <command> --help)``; exit 2;
+    nothing loaded."""
+    no_loading(monkeypatch)
+    err = cli_error(capsys, *argv)
+    assert err.splitlines() == [first.replace("'float8' (choose from auto, float32, bfloat16, "
+                                              "float16)", _dtype_choice_text()),
+                                f"(python -m specdemo {argv[0]} --help)"]
+
+
+def _dtype_choice_text() -> str:
+    """argparse's own words for an invalid choice (its quoting changed across Python versions)."""
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    try:
+        parser._get_values(parser._actions[-1], ["float8"])  # noqa: SLF001 (argparse's message)
+    except argparse.ArgumentError as exc:
+        return str(exc).split("invalid choice: ", 1)[1]
+    raise AssertionError("argparse accepted float8")
+
+
+def test_the_top_level_parser_refuses_the_same_way(capsys):
+    err = cli_error(capsys, "nosuchcommand")
+    assert err.splitlines()[0].startswith("error: argument command: invalid choice: ")
+    assert err.splitlines()[1:] == ["(python -m specdemo --help)"]
+
+
+def test_did_you_mean_only_for_a_close_name():
+    for typo, meant in [("ngrm", "ngram"), ("nram", "ngram"), ("slef", "self"), ("Ngram", "ngram"),
+                        ("early-exti:8", "early-exit:8"), ("builtin:smolm2-135m-eagle3",
+                                                           "builtin:smollm2-135m-eagle3")]:
+        with pytest.raises(inputs.InputError, match=f"did you mean {meant}\\?"):
+            inputs.draft("draft", typo)
+    with pytest.raises(inputs.InputError) as refused:
+        inputs.draft("draft", "no-such-draft")
+    assert "did you mean" not in str(refused.value)
+
+
+def test_known_forms_pass_the_text_check(tmp_path, offline_empty_cache):
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    for spec in ("none", "ngram", "self", "mtp", "mtp+ngram", "early-exit:3",
+                 "builtin:smollm2-135m", "builtin:smollm2-135m-eagle3",
+                 "builtin:smollm2-135m-eagle3+ngram", "org/model", "org/model+ngram", str(folder),
+                 str(folder) + "+ngram"):
+        assert inputs.draft("draft", spec) == spec
+
+
+def _cache_model(cache, repo: str) -> None:
+    """A Hugging Face cache entry for ``repo`` holding a config.json (the layout huggingface_hub
+    reads: refs/main names the snapshot)."""
+    entry = cache / ("models--" + repo.replace("/", "--"))
+    (entry / "refs").mkdir(parents=True)
+    (entry / "refs" / "main").write_text("0" * 40)
+    snapshot = entry / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+
+
+def test_a_hub_model_in_the_local_cache_passes_offline(offline_empty_cache):
+    """A bare legacy hub name (``gpt2``) is accepted when it is cached, refused when not; an
+    ``org/name`` id not cached while the hub does not answer is refused, cached it passes."""
+    with pytest.raises(inputs.InputError, match="'gpt2' is not a known name"):
+        inputs.draft("draft", "gpt2")
+    with pytest.raises(inputs.InputError, match="draft 'org/model' is not in the local Hugging Face "
+                                                "cache and the model hub is not reachable"):
+        inputs.obtainable("draft", "org/model")
+    _cache_model(offline_empty_cache, "gpt2")
+    _cache_model(offline_empty_cache, "org/model")
+    assert inputs.draft("draft", "gpt2") == "gpt2"
+    assert inputs.target("target", "gpt2") == "gpt2"
+    assert inputs.obtainable("draft", "org/model+ngram") == "org/model+ngram"
+
+
+def test_an_uncached_hub_id_is_obtainable_when_the_hub_answers(offline_empty_cache, monkeypatch):
+    import specdemo.models.loading as models
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout_s=5.0: True)
+    assert inputs.obtainable("draft", "org/model") == "org/model"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(inputs.InputError, match="not in the local Hugging Face cache"):
+        inputs.obtainable("draft", "org/model")
+
+
+UNREACHABLE = ("draft 'org/not-cached' is not in the local Hugging Face cache and the model hub is "
+               "not reachable (or HF_HUB_OFFLINE=1): download it on a connected machine, or give a "
+               "local folder or file")
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--prompt", "hi", "--draft", "org/not-cached"],
+    ["run", "--prompt", "hi", "--draft", "org/not-cached"],
+    ["bench", "--target", "builtin:smollm2-135m", "--draft", "org/not-cached", "--out", "unused",
+     "--tasks", "chat"],
+])
+def test_an_unobtainable_hub_draft_is_refused_before_the_target_loads(capsys, monkeypatch,
+                                                                     offline_empty_cache, argv):
+    no_loading(monkeypatch)
+    assert cli_error(capsys, *argv).splitlines() == ["error: " + UNREACHABLE,
+                                                     f"(python -m specdemo {argv[0]} --help)"]
+
+
+def test_check_refuses_an_unobtainable_hub_id_with_exit_status_2(capsys, monkeypatch,
+                                                                 offline_empty_cache):
+    """Exit status 1 in ``check`` means "could not decide" (a tokenizer or config that cannot
+    be read); input that can be refused at once is status 2, as everywhere."""
+    no_loading(monkeypatch)
+    assert main(["check", "--target", "builtin:smollm2-135m", "--draft", "org/not-cached"]) == 2
+    assert capsys.readouterr().out.splitlines() == ["error: " + UNREACHABLE]
+
+
+@pytest.fixture
+def four_layer_target(tmp_path):
+    """A target folder holding only a 4-layer config (no weights, no tokenizer)."""
+    from transformers import LlamaConfig
+    folder = tmp_path / "target"
+    LlamaConfig(num_hidden_layers=4, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=32).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_early_exit_beyond_the_target_is_refused_before_it_loads(capsys, monkeypatch,
+                                                                 four_layer_target, command):
+    no_loading(monkeypatch)
+    err = cli_error(capsys, command, "--prompt", "hi", "--target", four_layer_target,
+                    "--draft", "early-exit:99")
+    assert err.splitlines() == [f"error: draft 'early-exit:99' does not fit target "
+                                f"{four_layer_target}: early-exit layers must be in 1..3, got 99",
+                                f"(python -m specdemo {command} --help)"]
+
+
+def test_the_race_api_refuses_with_the_command_lines_sentences(capsys, monkeypatch,
+                                                              offline_empty_cache,
+                                                              four_layer_target):
+    import gradio as gr
+
+    from specdemo.interfaces import ui_race
+    no_loading(monkeypatch)
+    with pytest.raises(gr.Error) as refused:
+        ui_race.race_api("hi", draft="ngrm", max_new_tokens=4)
+    assert "error: " + refused.value.message == NGRM.replace("argument --draft: ", "")
+    with pytest.raises(gr.Error) as refused:
+        ui_race.race_api("hi", draft="org/not-cached", max_new_tokens=4)
+    assert refused.value.message == UNREACHABLE
+    real_pairing = ui_race._pairing
+    monkeypatch.setattr(ui_race, "_pairing", lambda name: {**real_pairing(name),
+                                                           "target": four_layer_target})
+    with pytest.raises(gr.Error) as refused:
+        ui_race.race_api("hi", draft="early-exit:99", max_new_tokens=4)
+    assert refused.value.message == (f"draft 'early-exit:99' does not fit target "
+                                     f"{four_layer_target}: early-exit layers must be in 1..3, "
+                                     "got 99")
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--draft", "builtin:smollm2-135m-eagle3", "--prompt", ""],
+    ["compare", "--draft", "ngram", "--prompt", ""],
+    ["compare", "--prompt", "", "--draft", "ngram"],
+    ["compare", "--draft", "ngrm", "--prompt", "hi"],
+    ["compare"],  # the default --draft is checked before "required: --prompt"
+])
+def test_flag_checks_import_no_torch_whatever_their_order(argv):
+    """The tester's ``compare --draft ngram --prompt ""`` took 12.5 s, the other order 0.6 s: the
+    draft check imported torch to name the built-in drafters. Every flag's check is text and
+    disk only, so a refusal comes before any heavy import in any order."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import sys\nfrom specdemo.interfaces.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit as exc:\n    print(exc.code, 'torch' in sys.modules, "
+            "'transformers' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert done.stdout.split() == ["2", "False", "False"], done.stderr

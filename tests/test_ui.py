@@ -167,7 +167,16 @@ def test_race_api_refuses_a_lone_surrogate_with_the_field_named():
 
 
 @pytest.mark.slow
-def test_missing_draft_is_found_before_the_plain_run(client):
+def test_missing_draft_is_found_before_the_plain_run(client, monkeypatch):
+    """Not cached and the hub does not answer: refused at once, as the command line refuses it;
+    when the hub answers the load finds it missing before the plain run (the pane's error)."""
+    import specdemo.models.loading as models
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout_s=5.0: False)
+    with pytest.raises(AppError) as caught:
+        race(client, draft="someone/no-such-model", max_new_tokens=8)
+    assert ("draft 'someone/no-such-model' is not in the local Hugging Face cache and the model "
+            "hub is not reachable") in str(caught.value)
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout_s=5.0: True)
     result = race(client, draft="someone/no-such-model", max_new_tokens=8)
     assert result["speculative"]["status"] == "error"
     assert "someone/no-such-model" in result["speculative"]["error"]

@@ -313,13 +313,40 @@ def learned_verdict(target_spec: str, draft_spec: str, load_target: Callable | N
         else Verdict(COMPATIBLE, [summary])
 
 
+def before_load(target_spec: str, draft_spec: str, *, trust_remote_code: bool = False) -> None:
+    """The input checks that need more than the text, run after every flag's own check and
+    before anything loads (``run``, ``compare``, ``bench`` and the app's ``/race`` share them):
+    a hub id of either spec that cannot be obtained (:func:`inputs.obtainable`), and an
+    ``early-exit:N`` whose N does not fit the target's layer count, read from its config or
+    GGUF metadata without weights (:func:`early_exit_verdict`; a target whose config cannot be
+    read is left to the load, which says why).
+
+    Raises:
+        inputs.InputError: the reason, in the words the command line and the page show.
+    """
+    inputs.obtainable("target", target_spec)
+    if is_early_exit(draft_spec):
+        try:
+            verdict = early_exit_verdict(target_spec, draft_spec,
+                                         trust_remote_code=trust_remote_code)
+        except models.ModelLoadError:
+            return
+        if not verdict.ok:
+            raise inputs.InputError(f"draft {draft_spec!r} does not fit target {target_spec}: "
+                                    + "; ".join(verdict.reasons))
+    elif draft_spec not in NON_MODEL_DRAFTS:
+        inputs.obtainable("draft", draft_spec)
+
+
 # --- command line -----------------------------------------------------------------------------
 
 def register(sub) -> None:
     """Add ``check --target T --draft D [--json]``: exit status 0 / 0 / 2 for the verdicts; 2 also
-    for a spec refused at once (``specdemo.checks.inputs``, the same words as run and the /race API) and
+    for a spec refused at once (``specdemo.checks.inputs``, the same words as run and the /race
+    API: an unknown name, a missing path, a hub id not cached while the hub is unreachable) and
     for a local spec that is not a model (``models.check_local``: run's words and status);
-    1 when a tokenizer or the target's config cannot be read."""
+    1 when a tokenizer or the target's config cannot be read (a damaged cached model, a hub
+    repository that is not a model): not checked, which is neither a yes nor a no."""
     parser = sub.add_parser("check", help="can this draft serve this target? (exit 0 / 0 / 2)")
     parser.add_argument("--target", required=True, type=inputs.checked(inputs.target, "target"),
                         help="HF id, local dir, .gguf file or builtin:<name>")
@@ -340,7 +367,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         for spec in local:  # what run refuses before loading: the same words, status 2
             check_local(spec)
-    except ModelLoadError as exc:
+        inputs.obtainable("target", args.target)
+        if is_model_draft(args.draft):
+            inputs.obtainable("draft", args.draft)
+    except (ModelLoadError, inputs.InputError) as exc:
         print(json.dumps({"target": args.target, "draft": args.draft, "error": str(exc)})
               if args.json else f"error: {exc}")
         return 2

@@ -9,13 +9,18 @@ an argparse error (exit status 2), the API and the page into ``gr.Error``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
+import re
 from pathlib import Path
 
 from ..models import loading as models
+from ..models.builtin import BUILTIN_DRAFTERS
 
 DRAFT_LENGTH_MAX = 64  # the engine's limit (policy.make_policy)
 NON_MODEL_DRAFT_FORMS = ("none", "ngram", "self", "early-exit:<layers>")
+COMBINE = "+ngram"  # models.learned.COMBINE (that module imports torch)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 
 
 class InputError(ValueError):
@@ -126,55 +131,104 @@ def _looks_like_path(spec: str) -> bool:
             or spec.lower().endswith(".gguf"))
 
 
+def _is_hub_id(spec: str) -> bool:
+    """``org/name`` (one slash, hub characters only), not a local path."""
+    return (spec.count("/") == 1 and not _looks_like_path(spec)
+            and HUB_ID.fullmatch(spec) is not None)
+
+
 def _model_forms() -> str:
     return ("builtin:<name> (" + ", ".join(models.builtin_names()) + "), a local model folder, a .gguf "
             "file or a Hugging Face id like org/name")
 
 
 def _drafter_forms() -> str:
-    """The learned-drafter forms a draft spec may also take."""
-    from ..models.learned import BUILTIN_DRAFTERS  # deferred: imports torch
+    """The learned-drafter forms a draft spec may also take (no torch imported)."""
     shipped = ", ".join(f"builtin:{n}" for n in BUILTIN_DRAFTERS)
     return (f"a learned drafter ({shipped}, an EAGLE-3/DFlash folder or hub id, mtp), and a "
             "learned drafter with +ngram")
 
 
+def _draft_forms() -> str:
+    return ", ".join(NON_MODEL_DRAFT_FORMS) + ", " + _model_forms() + "; " + _drafter_forms()
+
+
 def _missing_path(field: str, spec: str, forms: str) -> None:
     """Refuse a spec that looks like a local path (``<path>+ngram`` included) but names nothing."""
-    if _looks_like_path(spec) and not Path(spec.removesuffix("+ngram")).expanduser().exists():
+    if _looks_like_path(spec) and not Path(spec.removesuffix(COMBINE)).expanduser().exists():
         raise InputError(f"{field} {spec!r}: no such file or folder; valid forms: {forms}")
 
 
+def hub_cached(spec: str) -> bool:
+    """Whether the Hugging Face cache on this machine holds ``spec``'s ``config.json`` (no
+    network, no torch)."""
+    from huggingface_hub import try_to_load_from_cache
+    try:
+        return isinstance(try_to_load_from_cache(spec, "config.json"), str)
+    except Exception:  # not a valid repo id for huggingface_hub
+        return False
+
+
+def _did_you_mean(spec: str, names: list[str]) -> str:
+    """``" (did you mean ngram?)"`` when ``spec`` is close to one of ``names`` (difflib), else ""."""
+    close = []
+    if ":" in spec and not spec.startswith("builtin:"):  # early_exit:4 -> early-exit:4
+        head, _, tail = spec.partition(":")
+        close = [f"{c}:{tail}" for c in difflib.get_close_matches(head.lower(), [
+            n.partition(":")[0] for n in names if ":" in n], n=1, cutoff=0.6)]
+    close = close or difflib.get_close_matches(spec.lower(), names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _unknown_name(field: str, spec: str, names: list[str], forms: str) -> None:
+    """Refuse a word that is none of ``names``, not a local file or folder and not a model in
+    the local Hugging Face cache (a typo, not a model to download: hub ids are ``org/name``)."""
+    if spec in names or "/" in spec or Path(spec).expanduser().exists() or hub_cached(spec):
+        return
+    raise InputError(f"{field} {spec!r} is not a known name, a local file or folder, or a model "
+                     f"in the local Hugging Face cache{_did_you_mean(spec, names)}; valid forms: "
+                     f"{forms}")
+
+
 def target(field: str, spec) -> str:
-    """A target model spec: ``builtin:<name>``, a local folder or ``.gguf`` file that exists, or
-    a hub id (checked when it is loaded).
+    """A target model spec: ``builtin:<name>``, a local folder or ``.gguf`` file that exists, a
+    hub id ``org/name`` (whether it can be obtained: :func:`obtainable`), or a bare hub name
+    already in the local Hugging Face cache. No network, no torch.
 
     Raises:
-        InputError: empty text, a path that does not exist, or an unknown built-in name (the
-            message lists the forms and the built-in names).
+        InputError: empty text, a path that does not exist, an unknown built-in name or an
+            unknown word (the message lists the forms and the built-in names, and suggests a
+            close one).
     """
     spec = text(field, spec).strip()
     forms = _model_forms()
     _missing_path(field, spec, forms)
-    if spec.startswith("builtin:") and spec.split(":", 1)[1] not in models.builtin_names():
-        raise InputError(f"{field} {spec!r} is not a built-in model; valid forms: {forms}")
+    names = [f"builtin:{n}" for n in models.builtin_names()]
+    if spec.startswith("builtin:") and spec not in names:
+        raise InputError(f"{field} {spec!r} is not a built-in model{_did_you_mean(spec, names)}; "
+                         f"valid forms: {forms}")
+    _unknown_name(field, spec, names, forms)
     return spec
 
 
 def draft(field: str, spec) -> str:
-    """A draft spec in one of the accepted forms (README, "Command line").
+    """A draft spec in one of the accepted forms (README, "Command line"), checked from its text
+    and the local disk only: no network, no torch, so every flag is checked at once whatever
+    its order.
 
     Names that are not models are checked here (``early-exit:`` needs a layer count >= 1,
-    ``builtin:`` a built-in name), and a local path must exist; the rest of a model spec is
-    checked when it is loaded, which a race does for both lanes before either runs. Whether an
-    early-exit layer count fits the target is ``compat.check_specs``' question (it needs the
-    target's config).
+    ``builtin:`` a built-in name), a local path must exist, and a word that is none of the
+    names, not a local file or folder and not in the local Hugging Face cache is refused (with
+    the closest name, e.g. "did you mean ngram?"). Whether a hub id ``org/name`` can be
+    obtained is :func:`obtainable`'s question (it may ask the network), whether an early-exit
+    layer count fits the target ``compat.before_load``'s (it reads the target's config).
 
     Raises:
-        InputError: a malformed spec (the message lists the forms and the built-in names).
+        InputError: a malformed or unknown spec (the message lists the forms and the built-in
+            names).
     """
     spec = text(field, spec).strip()
-    forms = ", ".join(NON_MODEL_DRAFT_FORMS) + ", " + _model_forms() + "; " + _drafter_forms()
+    forms = _draft_forms()
     if spec.startswith("early-exit"):
         _, _, layers = spec.partition(":")
         if not layers.isdigit() or int(layers) < 1:
@@ -182,10 +236,32 @@ def draft(field: str, spec) -> str:
                              f"e.g. early-exit:8; valid forms: {forms}")
         return spec
     _missing_path(field, spec, forms)
-    if spec.startswith("builtin:") and spec.split(":", 1)[1] not in models.builtin_names():
-        from ..models.learned import BUILTIN_DRAFTERS, COMBINE  # deferred: imports torch
-        if spec.split(":", 1)[1].removesuffix(COMBINE) not in BUILTIN_DRAFTERS:
-            raise InputError(f"{field} {spec!r} is not a built-in model or drafter; valid forms: "
-                             f"{forms}; built-in drafters: "
-                             + ", ".join(f"builtin:{n}" for n in BUILTIN_DRAFTERS))
+    shipped = [f"builtin:{n}" for n in BUILTIN_DRAFTERS]
+    builtins = [f"builtin:{n}" for n in models.builtin_names()] + shipped
+    if spec.startswith("builtin:") and spec not in builtins and spec.removesuffix(COMBINE) not in shipped:
+        raise InputError(f"{field} {spec!r} is not a built-in model or drafter"
+                         f"{_did_you_mean(spec, builtins)}; valid forms: {forms}; built-in "
+                         "drafters: " + ", ".join(shipped))
+    names = ["none", "ngram", "self", "mtp", "mtp" + COMBINE, "early-exit:8"] + builtins
+    _unknown_name(field, spec.removesuffix(COMBINE) if spec.endswith(COMBINE) else spec,
+                  names, forms)
+    return spec
+
+
+def obtainable(field: str, spec: str) -> str:
+    """``spec`` unless it is a hub id (``org/name``, ``+ngram`` aside) that is not in the local
+    Hugging Face cache while the hub is off limits (``HF_HUB_OFFLINE=1``) or does not answer:
+    then it could only fail after everything before it loaded. One quick request at most
+    (``models._hub_reachable``), no torch.
+
+    Raises:
+        InputError: such a hub id, saying so and what to do.
+    """
+    name = spec.removesuffix(COMBINE)
+    if not _is_hub_id(name) or Path(name).expanduser().exists() or hub_cached(name):
+        return spec
+    if models._hub_offline() or not models._hub_reachable():
+        raise InputError(f"{field} {spec!r} is not in the local Hugging Face cache and the model "
+                         "hub is not reachable (or HF_HUB_OFFLINE=1): download it on a connected "
+                         "machine, or give a local folder or file")
     return spec

@@ -50,7 +50,9 @@ class DecodeStats:
         prefill_s: seconds spent in the prefill forward.
         position_drafted: ``position_drafted[i]`` = rounds in which draft position i+1 was verified.
         position_accepted: ``position_accepted[i]`` = rounds in which draft position i+1 was accepted.
-        draft_length: draft length used in the latest round (0 for plain decoding).
+        draft_length: draft tokens verified in the latest round only (0 for plain decoding,
+            and with ``auto`` 0 in a round that drafted nothing); not the setting, and not a
+            summary of the run: see ``mean_draft_length`` and ``draft_length_min``/``_max``.
         drafted_by, accepted_by: drafted / accepted tokens per drafter that proposed them (a
             combined drafter has several; keys are the proposals' sources).
         rounds: verification rounds (target forwards after prefill) recorded so far.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..checks.inputs import checked, draft, target  # the same rule as run, compare and /race
 from ..services.prompts import TASKS, load_prompts
 from ..services.bench import __doc__ as _PACKAGE_DOC
 from ..services.bench.config import BenchConfig, parse_draft_lengths, parse_ints, parse_tasks
@@ -14,8 +15,10 @@ def register(sub) -> None:
                            description=_PACKAGE_DOC.split("\n\n")[0])
     bench.add_argument("--preset", default=None, help="a preset name (python -m specdemo presets); "
                        "sets target, draft and dtype")
-    bench.add_argument("--target", default=None, help="as for run (default: the default preset's)")
-    bench.add_argument("--draft", default=None, help="ngram, self, early-exit:N or a draft model")
+    bench.add_argument("--target", default=None, type=checked(target, "target"),
+                       help="as for run (default: the default preset's)")
+    bench.add_argument("--draft", default=None, type=checked(draft, "draft"),
+                       help="ngram, self, early-exit:N or a draft model")
     bench.add_argument("--tasks", default=",".join(TASKS), help="comma-separated (default %(default)s)")
     bench.add_argument("--draft-lengths", default="1,2,4,8,auto", help="(default %(default)s)")
     bench.add_argument("--max-new-tokens", type=int, default=128)

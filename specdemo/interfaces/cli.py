@@ -23,8 +23,23 @@ COMMAND_MODULES = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose refusals are one line, ``error: <why>``, then where the help is
+    (``(python -m specdemo compare --help)``), exit status 2: no usage block. Subcommand parsers
+    are of this class too (``add_subparsers`` uses the parent's class)."""
+
+    def error(self, message: str):
+        refuse(message, self.prog)
+
+
+def refuse(message: str, prog: str = "python -m specdemo"):
+    """Print ``error: message`` and the help pointer for ``prog`` on stderr; exit status 2."""
+    print(f"error: {message}\n({prog} --help)", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m specdemo",
+    parser = Parser(prog="python -m specdemo",
                                      description="Plain vs speculative decoding, measured honestly.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:

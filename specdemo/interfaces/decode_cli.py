@@ -97,8 +97,15 @@ def pipeline_from_args(args):
     printed to stderr as they start and end, as the page shows them.
 
     Raises:
-        SystemExit(2) with the reason printed, for load failures and incompatible drafts.
+        SystemExit(2) with the reason printed, for a spec refused before loading
+        (``compat.before_load``: a hub id that cannot be obtained, an early-exit layer count
+        beyond the target's), load failures and incompatible drafts.
     """
+    try:  # after every flag's own check, before anything loads (the /race API runs it too)
+        compat.before_load(args.target, args.draft, trust_remote_code=args.trust_remote_code)
+    except inputs.InputError as exc:  # refused like a flag: the sentence and where --help is
+        from .cli import refuse
+        refuse(str(exc), f"python -m specdemo {getattr(args, 'command', None) or 'run'}")
     with startup.printed():
         pipe = _load_pipeline(args)
         if args.draft != "none" and getattr(args, "draft_length", None) == "auto":  # bench: none

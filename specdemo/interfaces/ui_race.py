@@ -14,7 +14,7 @@ import threading
 
 import gradio as gr
 
-from ..checks import inputs
+from ..checks import compat, inputs
 from ..services import race as racing
 from ..services.race import DONE, PLAIN, SPECULATIVE, STOPPED, PaneView, Race, RaceSnapshot
 from ..services.startup import STEPS
@@ -121,6 +121,7 @@ def _check_prompt(prompt: str | None, system: str | None = None) -> str:
 def _new_race(prompt, system, preset_name, draft, settings, conv, request) -> Race:
     pairing = _pairing(preset_name)
     draft = _valid(inputs.draft, "draft", draft or pairing["draft"])
+    _valid(compat.before_load, pairing["target"], draft)  # the CLI's check, before any load
     histories = {name: model_messages(conv[name]) for name in PANES}
     lanes = racing.race_lanes(CACHE, pairing["target"], draft, histories,
                               prompt, pairing["dtype"], pairing["quantization"])
@@ -166,6 +167,10 @@ def _endpoint_race(prompt, system, preset_name, draft, settings, conv, request,
     (the preset's target; the speculative lane with ``draft``)."""
     pairing = _pairing(preset_name)
     draft = _valid(inputs.draft, "draft", draft or pairing["draft"])
+    if endpoints.get(SPECULATIVE) is None:  # our engine drafts: the CLI's check, before any load
+        _valid(compat.before_load, pairing["target"], draft)
+    elif endpoints.get(PLAIN) is None:  # our engine decodes plainly: only the target matters
+        _valid(inputs.obtainable, "target", pairing["target"])
     histories = {name: model_messages(conv[name]) for name in PANES}
     ours = {lane.name: lane for lane in racing.race_lanes(
         CACHE, pairing["target"], draft, histories, prompt, pairing["dtype"],
@@ -306,15 +311,20 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     Returns:
         {"plain": {...}, "speculative": {...}, "speedup": x, "speedup_note": None,
         "identical": bool, "first_divergence": i, "warnings": [...], "lossless_expected": bool or
-        None, "lossless_note": why greedy outputs may differ in the target's precision or None}
-        with DESIGN.md metric names; when a run was stopped or failed, ``speedup`` is None and
+        None, "lossless_note": why greedy outputs may differ in the target's precision or None,
+        "draft_length_setting": "auto" or k (the policy; a pane's ``draft_length`` is the k of
+        its last round only, ``mean_draft_length`` and ``draft_length_min``/``_max`` cover every
+        round)} with DESIGN.md metric names; when a run was stopped or failed, ``speedup`` is None and
         ``speedup_note`` says "not compared" and why (each pane's
         ``other_cpu_share``; ``warnings`` says when other processes used so much of the CPU
         during a run that the speedup is not reliable); a pane that failed has "error"
         (a draft that cannot be loaded fails before either pane runs: the other is "skipped").
     Raises:
-        gr.Error: an empty or invalid prompt, an unknown preset, a malformed draft, or a value
-            out of range; the message names the field and the valid values.
+        gr.Error: an empty or invalid prompt, an unknown preset, a malformed or unknown draft
+            (a typo gets "did you mean ...?"), a hub id not cached while the hub is unreachable,
+            an early-exit layer count beyond the target's, or a value out of range; the message
+            names the field and the valid values, in the command line's words, before anything
+            loads.
     """
     _check_prompt(prompt)
     presets, _ = _presets()
@@ -325,6 +335,8 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     k = draft_length if draft_length not in (None, "") else pairing["draft_length"]
     settings = _settings(temperature, 1.0, max_new_tokens, -1, k,
                          names={"max_new_tokens": "max_new_tokens", "draft_length": "draft_length"})
+    if draft not in (None, ""):  # text checks first, as the command line's flags
+        _valid(inputs.draft, "draft", draft)
     endpoints = _lane_endpoints(None, plain_endpoint, spec_endpoint, endpoint_model,
                                 endpoint_key_env, allow_remote_endpoint, preset)
     engine_imports()
@@ -343,4 +355,4 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
             "warnings": list(snap.warnings),
             "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,
             "preset": preset,
-            "draft": draft or pairing["draft"]}
+            "draft": draft or pairing["draft"], "draft_length_setting": settings.draft_length}

@@ -82,6 +82,12 @@ BUILTINS: dict[str, Builtin] = {b.name: b for b in (
 )}
 
 
+#: shipped learned drafters (``builtin:<name>`` as a draft): name -> the built-in target it was
+#: trained for. Here, not in ``learned`` (which imports torch), so that a draft name is checked
+#: without torch.
+BUILTIN_DRAFTERS = {"smollm2-135m-eagle3": "builtin:smollm2-135m"}
+
+
 def builtin_names() -> list[str]:
     """Names usable as ``builtin:<name>``, sorted."""
     return sorted(BUILTINS)

@@ -29,8 +29,7 @@ from ..core.drafters.features import index_problems, num_layers
 from ..core.drafters.vocab import map_problems
 
 BUILTIN_DIR = PACKAGE_DIR / "builtin_drafters"
-#: name -> the built-in target it was trained for
-BUILTIN_DRAFTERS = {"smollm2-135m-eagle3": "builtin:smollm2-135m"}
+from .builtin import BUILTIN_DRAFTERS  # noqa: E402,F401  (kept in builtin: no torch to name them)
 
 
 def _family(config: dict) -> str | None:
