@@ -270,15 +270,16 @@ def test_sweep_refuses_plain_only(target):
         run_sweep(Pipeline(target, "none"), PROMPTS, BenchConfig(tasks=("chat",)), show_bar=False)
 
 
-def test_cli_parser_and_preset_conflict():
+def test_cli_parser_and_preset_conflict(tmp_path):
     from specdemo.interfaces.bench_cli import resolve_models
     from specdemo.interfaces.cli import build_parser
-    args = build_parser().parse_args(["bench", "--preset", "p", "--target", "t", "--out", "x"])
+    t = str(tmp_path)  # a local folder: passes the flag's check; nothing is loaded here
+    args = build_parser().parse_args(["bench", "--preset", "p", "--target", t, "--out", "x"])
     with pytest.raises(ValueError, match="either --preset or --target"):
         resolve_models(args)
-    args = build_parser().parse_args(["bench", "--target", "t", "--draft", "self", "--out", "x",
+    args = build_parser().parse_args(["bench", "--target", t, "--draft", "self", "--out", "x",
                                       "--draft-lengths", "2,auto", "--concurrency", "1,4"])
-    assert resolve_models(args) == ("t", "self", "auto", None)
+    assert resolve_models(args) == (t, "self", "auto", None)
     assert args.draft_lengths == "2,auto" and args.concurrency == "1,4"
 
 

@@ -60,12 +60,12 @@ def test_a_decode_too_short_to_measure_reports_null(monkeypatch):
     assert result.stats.other_cpu_share is None
 
 
-def test_compare_warns_when_a_run_shared_the_machine(shares, loaded, monkeypatch, capsys):
+def test_compare_warns_when_a_run_shared_the_machine(shares, loaded, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(startup, "load_model", lambda spec, *a, **k: loaded)
     # compare's untimed warm-ups decode too (tests/test_warmup.py); only the timed runs count here
     monkeypatch.setattr(startup, "prepare_timed", lambda *args, **kwargs: None)
-    command = ["compare", "--target", "t", "--draft", "self", "--prompt", PROMPT,
-               "--max-new-tokens", "12", "--draft-length", "3"]
+    command = ["compare", "--target", str(tmp_path), "--draft", "self", "--prompt", PROMPT,
+               "--max-new-tokens", "12", "--draft-length", "3"]  # a folder passes --target's check
     shares += [0.43, 0.02]  # plain runs first
     assert main(command + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -83,7 +83,7 @@ def test_prompt_lookup_on_a_copy_prompt_gets_none(loaded):
 def test_compare_cli_says_it_in_text_and_json(loaded, tmp_path, monkeypatch, capsys):
     folder = dflash.save_assistant(tiny_dflash(loaded.model, seed=3), tmp_path / "random-dflash")
     monkeypatch.setattr(startup, "load_model", lambda spec, *a, **k: loaded)
-    command = ["compare", "--target", "t", "--draft", str(folder), "--prompt", PROMPT,
+    command = ["compare", "--target", str(tmp_path), "--draft", str(folder), "--prompt", PROMPT,
                "--max-new-tokens", "60", "--draft-length", "4"]
     assert main(command + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
