@@ -1,0 +1,428 @@
+"""The ``int8`` target backend: our own forward of a Llama-architecture target with int8 weights
+and a static KV cache, for CPUs (issue 18's second candidate, after gpt-fast's ``model.py``).
+
+What it does differently from the transformers path:
+
+* **int8 weights, int8 dot products.** Every linear of the decoder and the output head keeps its
+  weight as int8 with one float32 scale per output channel (symmetric, ``scale = max|w| / 127``),
+  a quarter of the float32 bytes. Each *row* of the activations is quantised to int8 with its own
+  scale (``max|x| / 127``) and multiplied by ``torch._int_mm`` (int32 accumulation, exact), then
+  scaled back: ``y[i, o] = (xq[i] . wq[o]) * sx[i] * sw[o]``. Because the integer sums are exact
+  and every scale belongs to one row, a row's result does not depend on the other rows of the
+  batch: a forward over [last token, d1..dk] gives each position the logits one-token forwards
+  would give it, up to the float attention's summation order. (gpt-fast's int8 is weight-only,
+  ``F.linear(x, w.to(x.dtype)) * scales``; on this CPU that, and ``aten._weight_int8pack_mm``,
+  ran 10-90x slower than ``_int_mm`` per linear, see docs/cpu-backends.md.) The fused matrices
+  are [q; k; v] and [gate; up], so a layer runs 4 multiplies.
+* **a static KV cache**: one preallocated float32 tensor per layer for keys and one for values,
+  (kv_heads, capacity, head_dim), written at the fed positions; rollback sets ``length`` (gpt-fast's
+  position-indexed cache). Capacity grows by doubling when a forward would pass it.
+* **rotary tables precomputed** once for the cache's capacity by the model's own rotary module
+  (so every rope scaling transformers implements is honoured).
+* optionally ``torch.compile`` of the per-layer step (:data:`COMPILE_ENV`), with inductor's FX
+  graph cache in ``models.cache_dir()/inductor`` (``TORCHINDUCTOR_CACHE_DIR``), so a second start
+  reads compiled code from disk.
+
+The embeddings stay the transformers model's float32 tensor (shared, no copy); the transformers
+model's forward is never called. Logits differ from the float32 reference by the int8 rounding of
+weights and activations: the transformers float32 path stays the reference for losslessness
+tests, and speculative output on this backend is compared with plain output *of this backend*.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from ..core.errors import ModelLoadError
+from ..core.kv import PREFILL_CHUNK, _check_stop, _chunks
+
+log = logging.getLogger(__name__)
+
+NAME = "int8"
+ARCHITECTURES = ("llama",)  # transformers model_type values whose forward this module mirrors
+MIN_CAPACITY = 512  # cache positions allocated at first; doubled when a forward passes them
+COMPILE_ENV = "SPECDEMO_INT8_COMPILE"  # "1": torch.compile the layer step (see compile_layer)
+
+
+class Int8Error(ModelLoadError):
+    """The int8 backend cannot serve this target (a ``ModelLoadError``: the CLI, the page and
+    ``/race`` show its one sentence)."""
+
+
+# ----------------------------------------------------------------------------- int8 linear
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: (N, K) float -> ((N, K) int8, (N,) float32 scales) with
+    ``w ~= q * scale[:, None]``; an all-zero row gets scale 1 (its q is 0)."""
+    w = w.detach().float()
+    scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    scale = torch.where(w.abs().amax(dim=1) > 0, scale, torch.ones_like(scale))
+    return q, scale
+
+
+def int8_linear(x: torch.Tensor, wq_t: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """``x @ W^T`` with W int8 per output channel and x quantised per row.
+
+    Args:
+        x: (M, K) float32 activations.
+        wq_t: (K, N) int8, the quantised weight transposed (``_int_mm``'s layout).
+        w_scale: (N,) float32 scales of the weight's output channels.
+    Returns:
+        (M, N) float32.
+    """
+    x_scale = (x.abs().amax(dim=-1, keepdim=True) / 127).clamp_min(1e-12)  # (M, 1)
+    xq = torch.round(x / x_scale).clamp_(-127, 127).to(torch.int8)
+    return torch._int_mm(xq, wq_t).float() * (x_scale * w_scale)
+
+
+class Int8Linear:
+    """One quantised matrix: ``__call__(x (M, K)) -> (M, N)`` float32 (:func:`int8_linear`).
+
+    Args:
+        weights: float (N_i, K) matrices stacked along the output dimension (a fused [q; k; v]).
+    """
+
+    def __init__(self, *weights: torch.Tensor) -> None:
+        q, self.scale = quantize_rows(torch.cat([w.detach() for w in weights], dim=0))
+        self.wq_t = q.t().contiguous()  # (K, N)
+        self.out_features = q.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.wq_t.numel() + self.scale.numel() * 4
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_linear(x, self.wq_t, self.scale)
+
+
+# ----------------------------------------------------------------------------- the model
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why the int8 backend cannot compute ``model``'s forward (None when it can): a Llama
+    (``model_type`` in :data:`ARCHITECTURES`) with SiLU MLPs, no biases, no sliding window, on
+    the CPU in float32."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in ARCHITECTURES:
+        return f"the int8 backend computes Llama-architecture targets; this one is {kind!r}"
+    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+        return "the int8 backend computes Llama targets without biases; this one has biases"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"the int8 backend computes SiLU MLPs; this target uses {cfg.hidden_act}"
+    if getattr(cfg, "sliding_window", None):
+        return "the int8 backend has no sliding-window attention"
+    p = next(model.parameters())
+    if p.device.type != "cpu":
+        return f"the int8 backend runs on the CPU; this target is on {p.device.type}"
+    if p.dtype != torch.float32:
+        return f"the int8 backend quantises float32 weights; this target is {p.dtype}"
+    return None
+
+
+class Int8Model:
+    """The quantised weights of one transformers Llama, built once and shared by its caches.
+
+    Args:
+        model: a transformers ``LlamaForCausalLM`` on the CPU in float32.
+    Raises:
+        Int8Error: :func:`unsupported_reason`.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        reason = unsupported_reason(model)
+        if reason:
+            raise Int8Error(reason)
+        cfg = model.config
+        self.model = model
+        self.n_layer = cfg.num_hidden_layers
+        self.hidden = cfg.hidden_size
+        self.n_head = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_head
+        self.head_dim = getattr(cfg, "head_dim", None) or self.hidden // self.n_head
+        self.eps = float(cfg.rms_norm_eps)
+        base = model.model
+        self.embed = base.embed_tokens.weight  # (V, H) float32, shared with transformers
+        self.vocab = self.embed.shape[0]
+        with torch.no_grad():
+            self.layers = []
+            for layer in base.layers:
+                a, m = layer.self_attn, layer.mlp
+                self.layers.append({
+                    "qkv": Int8Linear(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                    "o": Int8Linear(a.o_proj.weight),
+                    "gate_up": Int8Linear(m.gate_proj.weight, m.up_proj.weight),
+                    "down": Int8Linear(m.down_proj.weight),
+                    "norm1": layer.input_layernorm.weight.detach(),
+                    "norm2": layer.post_attention_layernorm.weight.detach(),
+                })
+            self.norm = base.norm.weight.detach()
+            self.head = Int8Linear(model.get_output_embeddings().weight)
+        self.rotary = base.rotary_emb
+        self.scaling = getattr(model.model.layers[0].self_attn, "scaling", self.head_dim ** -0.5)
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one forward reads: the int8 matrices and their scales, the norms
+        (the embedding rows read are not counted, as in ``costs.weight_bytes_per_forward``)."""
+        total = self.head.nbytes + self.norm.numel() * 4
+        for lay in self.layers:
+            total += sum(lay[k].nbytes for k in ("qkv", "o", "gate_up", "down"))
+            total += (lay["norm1"].numel() + lay["norm2"].numel()) * 4
+        return total
+
+    def rope(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(capacity, head_dim) cos and sin tables for positions 0..capacity-1, from the
+        model's own rotary module (its scaling type and attention factor included)."""
+        if self._rope is None or self._rope[0].shape[0] < capacity:
+            with torch.no_grad():
+                pos = torch.arange(capacity)[None]
+                cos, sin = self.rotary(self.embed[:1][None], pos)
+            self._rope = (cos[0].float().contiguous(), sin[0].float().contiguous())
+        return self._rope
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm: ``weight * x / sqrt(mean(x^2) + eps)`` over the last dimension."""
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (transformers' ``apply_rotary_pos_emb``, halves layout).
+    x: (heads, S, D); cos, sin: (S, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def layer_step(x, lay, k_cache, v_cache, cos, sin, start: int, mask, n_head: int, n_kv: int,
+               head_dim: int, eps: float, scaling: float):
+    """One decoder layer over S new positions; writes their keys/values into the cache.
+
+    Args:
+        x: (S, H) float32 input of the layer.
+        lay: the layer's weights (:class:`Int8Model` ``layers[i]``).
+        k_cache, v_cache: (n_kv, capacity, head_dim), positions < start already filled.
+        cos, sin: (S, head_dim) rotary tables of positions start..start+S-1.
+        mask: (S, start+S) bool, True where a query may attend (None for S = 1).
+    Returns:
+        (S, H) float32 output of the layer.
+    """
+    s = x.shape[0]
+    h = rms_norm(x, lay["norm1"], eps)
+    qkv = lay["qkv"](h)  # (S, (n_head + 2 n_kv) D)
+    q, k, v = qkv.split([n_head * head_dim, n_kv * head_dim, n_kv * head_dim], dim=-1)
+    q = rotate(q.view(s, n_head, head_dim).transpose(0, 1), cos, sin)  # (n_head, S, D)
+    k = rotate(k.view(s, n_kv, head_dim).transpose(0, 1), cos, sin)  # (n_kv, S, D)
+    k_cache[:, start:start + s] = k
+    v_cache[:, start:start + s] = v.view(s, n_kv, head_dim).transpose(0, 1)
+    keys, values = k_cache[:, :start + s], v_cache[:, :start + s]  # (n_kv, T, D)
+    att = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
+                                         scale=scaling, enable_gqa=n_kv != n_head)  # (1, nh, S, D)
+    x = x + lay["o"](att[0].transpose(0, 1).reshape(s, n_head * head_dim))
+    h = rms_norm(x, lay["norm2"], eps)
+    gate, up = lay["gate_up"](h).chunk(2, dim=-1)
+    return x + lay["down"](F.silu(gate) * up)
+
+
+class Int8KV:
+    """:class:`specdemo.core.kv.KVModel`'s interface over an :class:`Int8Model`: a static KV
+    cache of one sequence, rollback by length.
+
+    Args:
+        qmodel: the quantised weights.
+        capacity: cache positions allocated at first (grows by doubling).
+    """
+
+    backend = NAME
+
+    def __init__(self, qmodel: Int8Model, capacity: int = MIN_CAPACITY) -> None:
+        self.qmodel = qmodel
+        self.model = qmodel.model  # what callers read: config, input embeddings
+        self.device = torch.device("cpu")
+        self.capacity = 0
+        self.k_cache: list[torch.Tensor] = []
+        self.v_cache: list[torch.Tensor] = []
+        self._grow(capacity)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (length 0; the allocation stays)."""
+        self.length = 0
+        self.ids: list[int] = []
+
+    def _grow(self, needed: int) -> None:
+        capacity = max(self.capacity, MIN_CAPACITY)
+        while capacity < needed:
+            capacity *= 2
+        if capacity == self.capacity:
+            return
+        m = self.qmodel
+        new_k = [torch.zeros(m.n_kv, capacity, m.head_dim) for _ in range(m.n_layer)]
+        new_v = [torch.zeros(m.n_kv, capacity, m.head_dim) for _ in range(m.n_layer)]
+        for old, new in zip(self.k_cache + self.v_cache, new_k + new_v):
+            new[:, :self.capacity] = old
+        self.k_cache, self.v_cache, self.capacity = new_k, new_v, capacity
+        m.rope(capacity)
+
+    def forward(self, ids, logits_to_keep: int = 1) -> torch.Tensor:
+        """Feed ``ids`` after the cached tokens; return the logits of the last positions.
+
+        Args:
+            ids: the S new token ids (S >= 1), or an (S,) long tensor; fed in chunks of
+                ``kv.PREFILL_CHUNK``.
+            logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
+        Returns:
+            (logits_to_keep, V) float32 logits; row j predicts the token after ids[S - n + j].
+        Raises:
+            Cancelled: inside ``kv.stop_on``, when its event is set between two chunks.
+            ValueError: ids empty or logits_to_keep outside 1..S.
+        """
+        return self._feed(ids, logits_to_keep, ())[0]
+
+    def forward_features(self, ids, logits_to_keep: int,
+                         layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` that also returns hidden states from the same forward.
+
+        Args:
+            ids, logits_to_keep: as :meth:`forward`.
+            layers: transformers ``hidden_states`` indices (0 = embeddings, k = input of layer k,
+                L = final output after the norm).
+        Returns:
+            ((logits_to_keep, V) logits, (S, len(layers) * H) float32 features of every fed
+            position, the layers concatenated in the order given).
+        Raises:
+            ValueError: an index outside 0..L.
+        """
+        layers = tuple(int(i) for i in layers)
+        bad = [i for i in layers if not 0 <= i <= self.qmodel.n_layer]
+        if bad:
+            raise ValueError(f"hidden state(s) {bad} do not exist: the target has "
+                             f"{self.qmodel.n_layer} layers (hidden states 0..{self.qmodel.n_layer})")
+        return self._feed(ids, logits_to_keep, layers)
+
+    def rollback(self, length: int) -> None:
+        """Drop cached tokens beyond ``length`` (a length change; nothing to drop: no-op)."""
+        if length < self.length:
+            self.length, self.ids = length, self.ids[:length]
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the float32 keys and values of the cached tokens (``capacity`` of them are
+        allocated)."""
+        m = self.qmodel
+        return 2 * 4 * m.n_layer * m.n_kv * m.head_dim * self.length
+
+    # ------------------------------------------------------------------ internals
+
+    def _feed(self, ids, keep: int, layers: tuple[int, ...]):
+        if isinstance(ids, torch.Tensor):
+            ids = [int(i) for i in ids.view(-1).tolist()]
+        if len(ids) == 0:
+            raise ValueError("nothing to feed: ids is empty")
+        if not 1 <= keep <= len(ids):
+            raise ValueError(f"logits_to_keep must be in 1..{len(ids)}, got {keep}")
+        pieces = _chunks(len(ids), keep, PREFILL_CHUNK)
+        features, logits = [], None
+        for n, (start, end) in enumerate(pieces):
+            if n:
+                _check_stop()
+            last = n == len(pieces) - 1
+            logits, feats = self._run(list(ids[start:end]), keep if last else 1, layers)
+            features.append(feats)
+        return logits, (torch.cat(features) if layers else None)
+
+    @torch.inference_mode()
+    def _run(self, ids: list[int], keep: int, layers: tuple[int, ...]):
+        m = self.qmodel
+        s, start = len(ids), self.length
+        self._grow(start + s)
+        cos_all, sin_all = m.rope(self.capacity)
+        cos, sin = cos_all[start:start + s], sin_all[start:start + s]
+        mask = None
+        if s > 1:  # query i (position start+i) sees keys 0..start+i
+            mask = (torch.arange(start + s)[None, :] <= torch.arange(start, start + s)[:, None])
+        x = m.embed[torch.tensor(ids)]  # (S, H)
+        wanted = set(layers)
+        saved = {}
+        step = _layer_fn()
+        for i, lay in enumerate(m.layers):
+            if i in wanted:
+                saved[i] = x
+            x = step(x, lay, self.k_cache[i], self.v_cache[i], cos, sin, start, mask,
+                     m.n_head, m.n_kv, m.head_dim, m.eps, m.scaling)
+        x = rms_norm(x, m.norm, m.eps)
+        if m.n_layer in wanted:
+            saved[m.n_layer] = x
+        logits = m.head(x[s - keep:])
+        self.length += s
+        self.ids += ids
+        if not layers:
+            return logits, None
+        return logits, torch.cat([saved[i] for i in layers], dim=-1)
+
+
+# ----------------------------------------------------------------------------- compile
+
+_COMPILED = None
+_COMPILE_LOCK = threading.Lock()
+
+
+def _layer_fn():
+    """:func:`layer_step`, compiled when ``SPECDEMO_INT8_COMPILE=1`` (see :func:`compile_layer`)."""
+    if os.environ.get(COMPILE_ENV, "").strip() not in ("1", "true", "yes"):
+        return layer_step
+    return compile_layer()
+
+
+def compile_layer():
+    """``torch.compile(layer_step)`` (inductor), with its FX graph cache on disk under
+    ``models.cache_dir()/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` is set, so that a second
+    start loads the compiled code instead of compiling again. One graph per width S and cache
+    position bucket, as dynamo's guards decide."""
+    global _COMPILED
+    with _COMPILE_LOCK:
+        if _COMPILED is None:
+            from .builtin import cache_dir
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+            import torch._inductor.config as inductor_config
+            inductor_config.fx_graph_cache = True
+            _COMPILED = torch.compile(layer_step, dynamic=None)
+        return _COMPILED
+
+
+# ----------------------------------------------------------------------------- attaching
+
+_ATTR = "_specdemo_int8"  # the Int8Model, kept on the transformers model it quantises
+_ATTACH_LOCK = threading.Lock()
+
+
+def unavailable_reason(loaded) -> str | None:
+    """Why ``loaded`` (a ``models.LoadedModel``) cannot run on the int8 backend; None when it can."""
+    if getattr(loaded, "quantization", None):
+        return (f"--quantization {loaded.quantization} is a transformers path; the int8 backend "
+                "quantises the float32 weights itself")
+    return unsupported_reason(loaded.model)
+
+
+def int8_model(loaded) -> Int8Model:
+    """The :class:`Int8Model` of ``loaded``, built once per transformers model (~1 s for 135M).
+
+    Raises:
+        Int8Error: :func:`unavailable_reason`.
+    """
+    with _ATTACH_LOCK:
+        qmodel = getattr(loaded.model, _ATTR, None)
+        if qmodel is None:
+            reason = unavailable_reason(loaded)
+            if reason:
+                raise Int8Error(reason)
+            qmodel = Int8Model(loaded.model)
+            setattr(loaded.model, _ATTR, qmodel)
+        return qmodel
