@@ -37,6 +37,7 @@ def test_weight_bytes_skip_the_input_embedding_unless_it_is_the_head():
 
 def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))  # auto stores its choice there
+    monkeypatch.setenv("SPECDEMO_INT8_COMPILE", "0")  # auto measures the int8 backend: eager here
     model = tiny_llama(seed=0, layers=2)
     monkeypatch.setattr(models, "load_model", lambda *a, **k: _loaded(model))
     monkeypatch.setattr(costs, "measure_bandwidth_GBps", lambda *a, **k: 8.0)

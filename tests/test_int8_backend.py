@@ -18,6 +18,13 @@ from specdemo.models import ggml_backend as gb
 from tiny import CharTokenizer, tiny_llama
 
 
+@pytest.fixture(autouse=True)
+def eager(monkeypatch):
+    """Eager layer steps (compiling takes 10-20 s per graph here); the compiled step has its
+    own slow tests."""
+    monkeypatch.setenv(cb.COMPILE_ENV, "0")
+
+
 class _Loaded:
     """What the backends read of a models.LoadedModel."""
 
@@ -54,16 +61,24 @@ def test_quantize_rows_known_values():
     assert scale.tolist() == pytest.approx([2 / 127, 1.0])
 
 
-def test_int8_linear_is_the_integer_product_and_rows_do_not_depend_on_the_batch():
+@pytest.mark.parametrize("kernel", ["int_mm", "fbgemm"])
+def test_int8_linear_is_the_integer_product_and_rows_do_not_depend_on_the_batch(kernel):
+    if kernel == "fbgemm" and "fbgemm" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch build has no fbgemm")
     torch.manual_seed(0)
     w, x = torch.randn(48, 40), torch.randn(5, 40)
-    lin = cb.Int8Linear(w[:16], w[16:])  # two matrices fused along the output dimension
+    x[:, 3] *= 20  # an outlier channel: the pinned range must still be each row's own
+    lin = cb.Int8Linear(w[:16], w[16:], kernel=kernel)  # two matrices fused along the outputs
     y = lin(x)
     q, sw = cb.quantize_rows(w)
     sx = x.abs().amax(-1, keepdim=True) / 127
     xq = torch.round(x / sx).clamp(-127, 127)
     expected = (xq.double() @ q.double().t()) * sx.double() * sw.double()
-    torch.testing.assert_close(y.double(), expected, rtol=1e-6, atol=1e-6)
+    if kernel == "int_mm":
+        torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+    else:  # uint8 codes with a zero point over [-127, 127]: steps of 254/255, not 1
+        torch.testing.assert_close(y.double(), expected, rtol=0,
+                                   atol=0.02 * expected.abs().max().item())
     for i in range(5):
         assert torch.equal(lin(x[i:i + 1])[0], y[i])  # exact: integer sums, per-row scales
     assert lin.nbytes == 48 * 40 + 48 * 4
@@ -108,8 +123,12 @@ def test_incremental_forwards_match_one_forward(tiny):
     kv = cb.Int8KV(q)
     parts = [kv.forward(IDS[:6], logits_to_keep=6), kv.forward(IDS[6:7]),
              kv.forward(IDS[7:], logits_to_keep=len(IDS) - 7)]
-    # the same products per row; only attention sums over a different number of keys
-    torch.testing.assert_close(torch.cat(parts), once, atol=1e-4, rtol=0)
+    # Attention sums over other key counts, and fbgemm's float epilogue differs in the last bits
+    # between batch sizes (measured 1.9e-6 on a 128-wide linear); such a difference can move one
+    # activation across a rounding boundary of the next layer's int8 quantisation, which moves
+    # the logits by a quantisation step: measured up to 0.0053 here (logits up to 0.41)
+    torch.testing.assert_close(torch.cat(parts), once, atol=0.02, rtol=0)
+    assert torch.equal(torch.cat(parts).argmax(-1), once.argmax(-1))
 
 
 def test_rollback_then_refeed_equals_feeding_once(tiny):
@@ -136,7 +155,7 @@ def test_the_cache_grows_past_its_first_capacity(tiny, monkeypatch):
     last = kv.forward(ids[30:], logits_to_keep=10)  # 32 -> 64
     assert kv.capacity == 64 and kv.length == 40
     fresh = cb.Int8KV(q, capacity=64).forward(ids, logits_to_keep=10)
-    torch.testing.assert_close(last, fresh, atol=1e-4, rtol=0)
+    torch.testing.assert_close(last, fresh, atol=0.02, rtol=0)  # as in the test above
 
 
 def test_hidden_states_have_the_right_shape_and_match_transformers(tiny):
@@ -217,6 +236,30 @@ def test_costs_on_the_int8_backend_report_its_bytes(tiny, monkeypatch):
         assert list(report.forward_s) == [1, 2, 3] and report.forward_ratio[1] == 1.0
     finally:
         delattr(model, cb._ATTR)
+
+
+@pytest.mark.slow
+def test_the_compiled_step_equals_the_eager_one_and_decodes_the_same(tiny, monkeypatch):
+    from specdemo.core.drafters import NgramDrafter
+    from specdemo.core.engine import generate
+    from specdemo.core.policy import FixedDraftLength
+    model, _ = tiny
+    monkeypatch.setenv(cb.KERNEL_ENV, "int_mm")
+    q = cb.Int8Model(model)
+    eager = cb.Int8KV(q)
+    eager.forward(IDS[:6])
+    expected = eager.forward(IDS[6:10], logits_to_keep=4)
+    monkeypatch.setenv(cb.COMPILE_ENV, "1")
+    kv = cb.Int8KV(q)
+    kv.forward(IDS[:6])  # 6 <= COMPILE_MAX_WIDTH: compiled
+    torch.testing.assert_close(kv.forward(IDS[6:10], logits_to_keep=4), expected,
+                               atol=1e-4, rtol=0)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+    tok = CharTokenizer()
+    plain = generate(cb.Int8KV(q), prompt, tok, max_new_tokens=30)
+    spec = generate(cb.Int8KV(q), prompt, tok, drafter=NgramDrafter(),
+                    policy=FixedDraftLength(4), max_new_tokens=30)
+    assert spec.stats.drafted > 0 and spec.token_ids == plain.token_ids
 
 
 @pytest.mark.slow

@@ -7,21 +7,25 @@ What it does differently from the transformers path:
   weight as int8 with one float32 scale per output channel (symmetric, ``scale = max|w| / 127``),
   a quarter of the float32 bytes. Each *row* of the activations is quantised to int8 with its own
   scale (``max|x| / 127``) and multiplied by ``torch._int_mm`` (int32 accumulation, exact), then
-  scaled back: ``y[i, o] = (xq[i] . wq[o]) * sx[i] * sw[o]``. Because the integer sums are exact
-  and every scale belongs to one row, a row's result does not depend on the other rows of the
-  batch: a forward over [last token, d1..dk] gives each position the logits one-token forwards
-  would give it, up to the float attention's summation order. (gpt-fast's int8 is weight-only,
-  ``F.linear(x, w.to(x.dtype)) * scales``; on this CPU that, and ``aten._weight_int8pack_mm``,
-  ran 10-90x slower than ``_int_mm`` per linear, see docs/cpu-backends.md.) The fused matrices
-  are [q; k; v] and [gate; up], so a layer runs 4 multiplies.
+  scaled back: ``y[i, o] = (xq[i] . wq[o]) * sx[i] * sw[o]``, by fbgemm's prepacked int8 kernel
+  (:func:`fbgemm_linear`, the default on x86) or ``torch._int_mm`` (:func:`int8_linear`).
+  Because the integer sums are exact and every scale belongs to one row, a row's result does
+  not depend on the other rows of the batch: a forward over [last token, d1..dk] gives each
+  position the logits one-token forwards would give it, up to the float attention's summation
+  order (which can still move a rounding, see docs/cpu-backends.md). This is W8A8 with dynamic
+  per-token activation scales (as in LLM.int8() without its outlier columns, or SmoothQuant
+  without smoothing), not gpt-fast's weight-only int8 ``F.linear(x, w.to(x.dtype)) * scales``:
+  on this CPU that (compiled) and ``aten._weight_int8pack_mm`` ran 6-60x slower per linear
+  than ``_int_mm``. The fused matrices are [q; k; v] and [gate; up]: a layer runs 4 multiplies.
 * **a static KV cache**: one preallocated float32 tensor per layer for keys and one for values,
   (kv_heads, capacity, head_dim), written at the fed positions; rollback sets ``length`` (gpt-fast's
   position-indexed cache). Capacity grows by doubling when a forward would pass it.
 * **rotary tables precomputed** once for the cache's capacity by the model's own rotary module
   (so every rope scaling transformers implements is honoured).
-* optionally ``torch.compile`` of the per-layer step (:data:`COMPILE_ENV`), with inductor's FX
-  graph cache in ``models.cache_dir()/inductor`` (``TORCHINDUCTOR_CACHE_DIR``), so a second start
-  reads compiled code from disk.
+* optionally (``SPECDEMO_INT8_COMPILE=1``, :func:`compile_enabled` says why not by default)
+  ``torch.compile`` of the per-layer step for forwards of up to :data:`COMPILE_MAX_WIDTH`
+  tokens, with inductor's FX graph cache in ``models.cache_dir()/inductor``
+  (``TORCHINDUCTOR_CACHE_DIR``), so a second start reads compiled code from disk.
 
 The embeddings stay the transformers model's float32 tensor (shared, no copy); the transformers
 model's forward is never called. Logits differ from the float32 reference by the int8 rounding of
@@ -47,6 +51,7 @@ NAME = "int8"
 ARCHITECTURES = ("llama",)  # transformers model_type values whose forward this module mirrors
 MIN_CAPACITY = 512  # cache positions allocated at first; doubled when a forward passes them
 COMPILE_ENV = "SPECDEMO_INT8_COMPILE"  # "1": torch.compile the layer step (see compile_layer)
+COMPILE_MAX_WIDTH = 16  # forwards over more tokens (prefill chunks) run eager: no compile per length
 
 
 class Int8Error(ModelLoadError):
@@ -81,23 +86,77 @@ def int8_linear(x: torch.Tensor, wq_t: torch.Tensor, w_scale: torch.Tensor) -> t
     return torch._int_mm(xq, wq_t).float() * (x_scale * w_scale)
 
 
+def _fbgemm_pack(q: torch.Tensor, scale: torch.Tensor):
+    """fbgemm's prepacked form of an (N, K) int8 weight with per-row scales (zero points 0)."""
+    import warnings
+    with warnings.catch_warnings():  # torch.ao's quantized-tensor constructors are deprecated
+        warnings.simplefilter("ignore")
+        qw = torch._make_per_channel_quantized_tensor(q, scale.double(),
+                                                      torch.zeros(q.shape[0], dtype=torch.long), 0)
+        return torch.ops.quantized.linear_prepack(qw, None)
+
+
+def fbgemm_linear(x: torch.Tensor, packed, w_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`int8_linear`'s product through fbgemm's prepacked int8 kernel
+    (``quantized::linear_dynamic``, AVX2/AVX-512 VNNI).
+
+    fbgemm quantises its whole input with one range, so each row is first divided by its own
+    ``max|x| / 127`` and a row holding -127 and +127 is appended: the range is then [-127, 127]
+    whatever the batch holds, and every row is quantised (uint8, zero point 127/128) and summed
+    in integers exactly as it would be alone. The result is multiplied back by the row scales.
+
+    Args:
+        x: (M, K) float32; packed: from :func:`_fbgemm_pack` (the weight scales are inside).
+    Returns:
+        (M, N) float32.
+    """
+    x_scale = (x.abs().amax(dim=-1, keepdim=True) / 127).clamp_min(1e-12)  # (M, 1)
+    pin = x.new_zeros(1, x.shape[1])
+    pin[0, 0], pin[0, -1] = -127.0, 127.0
+    y = torch.ops.quantized.linear_dynamic(torch.cat([x / x_scale, pin]), packed, False)
+    return y[:-1] * x_scale
+
+
+KERNEL_ENV = "SPECDEMO_INT8_KERNEL"  # "int_mm" or "fbgemm" (see default_kernel)
+
+
+def default_kernel() -> str:
+    """``int_mm`` when the layer step is compiled (fbgemm's op is opaque to dynamo: 24 graphs
+    instead of 2), else ``fbgemm`` when this torch has it (x86 builds); ``SPECDEMO_INT8_KERNEL``
+    overrides."""
+    asked = os.environ.get(KERNEL_ENV, "").strip().lower()
+    if asked in ("int_mm", "fbgemm"):
+        return asked
+    if compile_enabled() or "fbgemm" not in torch.backends.quantized.supported_engines:
+        return "int_mm"
+    return "fbgemm"
+
+
 class Int8Linear:
-    """One quantised matrix: ``__call__(x (M, K)) -> (M, N)`` float32 (:func:`int8_linear`).
+    """One quantised matrix: ``__call__(x (M, K)) -> (M, N)`` float32, by :func:`int8_linear`
+    (``int_mm``) or :func:`fbgemm_linear` (``fbgemm``); the same integer products either way.
 
     Args:
         weights: float (N_i, K) matrices stacked along the output dimension (a fused [q; k; v]).
+        kernel: ``int_mm`` or ``fbgemm`` (default :func:`default_kernel`).
     """
 
-    def __init__(self, *weights: torch.Tensor) -> None:
+    def __init__(self, *weights: torch.Tensor, kernel: str | None = None) -> None:
         q, self.scale = quantize_rows(torch.cat([w.detach() for w in weights], dim=0))
-        self.wq_t = q.t().contiguous()  # (K, N)
-        self.out_features = q.shape[0]
+        self.kernel = kernel or default_kernel()
+        self.out_features, self.in_features = q.shape
+        if self.kernel == "fbgemm":
+            self.packed = _fbgemm_pack(q, self.scale)
+        else:
+            self.wq_t = q.t().contiguous()  # (K, N)
 
     @property
     def nbytes(self) -> int:
-        return self.wq_t.numel() + self.scale.numel() * 4
+        return self.out_features * self.in_features + self.scale.numel() * 4
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "fbgemm":
+            return fbgemm_linear(x, self.packed)
         return int8_linear(x, self.wq_t, self.scale)
 
 
@@ -351,7 +410,7 @@ class Int8KV:
         x = m.embed[torch.tensor(ids)]  # (S, H)
         wanted = set(layers)
         saved = {}
-        step = _layer_fn()
+        step = _layer_fn() if s <= COMPILE_MAX_WIDTH else layer_step
         for i, lay in enumerate(m.layers):
             if i in wanted:
                 saved[i] = x
@@ -374,23 +433,33 @@ _COMPILED = None
 _COMPILE_LOCK = threading.Lock()
 
 
+def compile_enabled() -> bool:
+    """Whether the layer step is compiled: only with ``SPECDEMO_INT8_COMPILE=1``. Measured on a
+    2-core AMD EPYC (docs/cpu-backends.md): compiled with ``int_mm`` 28.2 ms a one-token
+    forward against 23.4 ms eager with ``fbgemm`` (one thread, CPU clock), after 67 s of
+    compiling on the first start and 16 s of loading compiled code on the next."""
+    return os.environ.get(COMPILE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
 def _layer_fn():
-    """:func:`layer_step`, compiled when ``SPECDEMO_INT8_COMPILE=1`` (see :func:`compile_layer`)."""
-    if os.environ.get(COMPILE_ENV, "").strip() not in ("1", "true", "yes"):
-        return layer_step
-    return compile_layer()
+    """:func:`layer_step`, compiled with ``SPECDEMO_INT8_COMPILE=1`` (:func:`compile_layer`)."""
+    return compile_layer() if compile_enabled() else layer_step
 
 
 def compile_layer():
-    """``torch.compile(layer_step)`` (inductor), with its FX graph cache on disk under
-    ``models.cache_dir()/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` is set, so that a second
-    start loads the compiled code instead of compiling again. One graph per width S and cache
-    position bucket, as dynamo's guards decide."""
+    """``torch.compile(layer_step)`` (inductor defaults), with its FX graph cache on disk under
+    ``models.cache_dir()/inductor`` (unless ``TORCHINDUCTOR_CACHE_DIR`` names another folder
+    than inductor's default), so that a second start loads the compiled code instead of
+    compiling again. Dynamo's automatic dynamic shapes make the cache position and then the
+    width symbolic after their first change: one decode and one verification graph in all
+    (measured: 2 graphs for plain and speculative decoding of SmolLM2-135M)."""
     global _COMPILED
     with _COMPILE_LOCK:
         if _COMPILED is None:
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
             from .builtin import cache_dir
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+            if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
             import torch._inductor.config as inductor_config
             inductor_config.fx_graph_cache = True
             _COMPILED = torch.compile(layer_step, dynamic=None)
