@@ -117,6 +117,20 @@ def test_without_rounding_the_forward_is_transformers_own(tiny, monkeypatch):
     torch.testing.assert_close(ours, _hf(model, IDS)[4:], atol=1e-5, rtol=1e-5)
 
 
+def test_a_verification_forward_equals_one_token_steps_bit_for_bit(tiny):
+    """With the default int_mm kernel every row's products are exact integers and attention is
+    computed per query: a forward over k + 1 tokens gives each position exactly the logits
+    one-token steps give it (what makes speculative output equal plain output here)."""
+    model, q = tiny
+    assert q.head.kernel == "int_mm"
+    kv = cb.Int8KV(q)
+    kv.forward(IDS[:5])
+    batch = kv.forward(IDS[5:], logits_to_keep=len(IDS) - 5)
+    kv.rollback(5)
+    steps = torch.cat([kv.forward([i]) for i in IDS[5:]])
+    assert torch.equal(batch, steps)
+
+
 def test_incremental_forwards_match_one_forward(tiny):
     model, q = tiny
     once = cb.Int8KV(q).forward(IDS, logits_to_keep=len(IDS))

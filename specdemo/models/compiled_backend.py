@@ -7,12 +7,16 @@ What it does differently from the transformers path:
   weight as int8 with one float32 scale per output channel (symmetric, ``scale = max|w| / 127``),
   a quarter of the float32 bytes. Each *row* of the activations is quantised to int8 with its own
   scale (``max|x| / 127``) and multiplied by ``torch._int_mm`` (int32 accumulation, exact), then
-  scaled back: ``y[i, o] = (xq[i] . wq[o]) * sx[i] * sw[o]``, by fbgemm's prepacked int8 kernel
-  (:func:`fbgemm_linear`, the default on x86) or ``torch._int_mm`` (:func:`int8_linear`).
-  Because the integer sums are exact and every scale belongs to one row, a row's result does
-  not depend on the other rows of the batch: a forward over [last token, d1..dk] gives each
-  position the logits one-token forwards would give it, up to the float attention's summation
-  order (which can still move a rounding, see docs/cpu-backends.md). This is W8A8 with dynamic
+  scaled back: ``y[i, o] = (xq[i] . wq[o]) * sx[i] * sw[o]``, by ``torch._int_mm``
+  (:func:`int8_linear`, the default) or fbgemm's prepacked int8 kernel (:func:`fbgemm_linear`,
+  faster, not exact across batch sizes: :func:`default_kernel`). With ``int_mm`` the integer
+  sums are exact and every scale belongs to one row, so a row's result does not depend on the
+  other rows of the batch; attention in a forward of up to :data:`EXACT_WIDTH` tokens is
+  computed per query over the keys up to its position, as a one-token step computes it. So a
+  forward over [last token, d1..dk] gives each position the logits one-token forwards give it,
+  bit for bit, and greedy speculative output equals plain output on this backend (an exact
+  rounding model matters here: a last-bit difference can move one activation across an int8
+  rounding boundary, and that moves the logits by a quantisation step). This is W8A8 with dynamic
   per-token activation scales (as in LLM.int8() without its outlier columns, or SmoothQuant
   without smoothing), not gpt-fast's weight-only int8 ``F.linear(x, w.to(x.dtype)) * scales``:
   on this CPU that (compiled) and ``aten._weight_int8pack_mm`` ran 6-60x slower per linear
@@ -51,6 +55,7 @@ NAME = "int8"
 ARCHITECTURES = ("llama",)  # transformers model_type values whose forward this module mirrors
 MIN_CAPACITY = 512  # cache positions allocated at first; doubled when a forward passes them
 COMPILE_ENV = "SPECDEMO_INT8_COMPILE"  # "1": torch.compile the layer step (see compile_layer)
+EXACT_WIDTH = 16  # forwards up to this many tokens compute each position as a one-token step
 COMPILE_MAX_WIDTH = 16  # forwards over more tokens (prefill chunks) run eager: no compile per length
 
 
@@ -111,25 +116,41 @@ def fbgemm_linear(x: torch.Tensor, packed, w_scale: torch.Tensor | None = None) 
         (M, N) float32.
     """
     x_scale = (x.abs().amax(dim=-1, keepdim=True) / 127).clamp_min(1e-12)  # (M, 1)
-    pin = x.new_zeros(1, x.shape[1])
-    pin[0, 0], pin[0, -1] = -127.0, 127.0
-    y = torch.ops.quantized.linear_dynamic(torch.cat([x / x_scale, pin]), packed, False)
+    y = torch.ops.quantized.linear_dynamic(torch.cat([x / x_scale, _pin(x.shape[1])]), packed,
+                                           False)
     return y[:-1] * x_scale
 
 
-KERNEL_ENV = "SPECDEMO_INT8_KERNEL"  # "int_mm" or "fbgemm" (see default_kernel)
+_PINS: dict[int, torch.Tensor] = {}
+
+
+def _pin(width: int) -> torch.Tensor:
+    """(1, width) float32 row [-127, 0, ..., 0, 127] (made once per width)."""
+    pin = _PINS.get(width)
+    if pin is None:
+        pin = torch.zeros(1, width)
+        pin[0, 0], pin[0, -1] = -127.0, 127.0
+        _PINS[width] = pin
+    return pin
+
+
+KERNEL_ENV = "SPECDEMO_INT8_KERNEL"  # "fbgemm": the faster, not batch-exact kernel (default_kernel)
 
 
 def default_kernel() -> str:
-    """``int_mm`` when the layer step is compiled (fbgemm's op is opaque to dynamo: 24 graphs
-    instead of 2), else ``fbgemm`` when this torch has it (x86 builds); ``SPECDEMO_INT8_KERNEL``
-    overrides."""
+    """``int_mm`` unless ``SPECDEMO_INT8_KERNEL=fbgemm``.
+
+    ``int_mm`` is exact per row (integer sums, elementwise float scaling), so with per-query
+    attention a verification forward's logits equal one-token steps' bit for bit, and greedy
+    speculative output equals plain output on this backend. fbgemm was faster here (20.7
+    against 33.8 ms a one-token forward, one thread) but its float epilogue differs in the last
+    bits between batch sizes, and the next layer's int8 rounding amplifies that: greedy
+    speculative output differed from plain on 11 (n-gram) and 16 (EAGLE-3) of 20 prompts
+    (docs/cpu-backends.md)."""
     asked = os.environ.get(KERNEL_ENV, "").strip().lower()
-    if asked in ("int_mm", "fbgemm"):
-        return asked
-    if compile_enabled() or "fbgemm" not in torch.backends.quantized.supported_engines:
-        return "int_mm"
-    return "fbgemm"
+    if asked == "fbgemm" and "fbgemm" in torch.backends.quantized.supported_engines:
+        return "fbgemm"
+    return "int_mm"
 
 
 class Int8Linear:
@@ -260,6 +281,28 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+              mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """Grouped-query attention of a few queries over the cache, as two batched products (for
+    1-16 queries this is cheaper on a CPU than ``F.scaled_dot_product_attention``'s flash kernel:
+    ~200 us a call for one query over 128 keys here).
+
+    Args:
+        q: (n_head, S, D); keys, values: (n_kv, T, D) with n_head a multiple of n_kv (query
+            head h reads key/value head h // (n_head / n_kv), as transformers' ``repeat_kv``).
+        mask: (S, T) bool, True where a query may attend; None: every key.
+    Returns:
+        (n_head, S, D).
+    """
+    n_head, s, d = q.shape
+    n_kv = keys.shape[0]
+    g = n_head // n_kv
+    scores = q.reshape(n_kv, g * s, d) @ keys.transpose(1, 2) * scaling  # (n_kv, g*S, T)
+    if mask is not None:
+        scores = scores.view(n_kv, g, s, -1).masked_fill(~mask, float("-inf")).view(n_kv, g * s, -1)
+    return (torch.softmax(scores, dim=-1) @ values).view(n_head, s, d)
+
+
 def layer_step(x, lay, k_cache, v_cache, cos, sin, start: int, mask, n_head: int, n_kv: int,
                head_dim: int, eps: float, scaling: float):
     """One decoder layer over S new positions; writes their keys/values into the cache.
@@ -269,7 +312,9 @@ def layer_step(x, lay, k_cache, v_cache, cos, sin, start: int, mask, n_head: int
         lay: the layer's weights (:class:`Int8Model` ``layers[i]``).
         k_cache, v_cache: (n_kv, capacity, head_dim), positions < start already filled.
         cos, sin: (S, head_dim) rotary tables of positions start..start+S-1.
-        mask: (S, start+S) bool, True where a query may attend (None for S = 1).
+        mask: None: every query is computed on its own, exactly as a one-token step at its
+            position computes it (a verification forward); else (S, start+S) bool, True where a
+            query may attend (a prefill chunk, one batched product).
     Returns:
         (S, H) float32 output of the layer.
     """
@@ -281,10 +326,13 @@ def layer_step(x, lay, k_cache, v_cache, cos, sin, start: int, mask, n_head: int
     k = rotate(k.view(s, n_kv, head_dim).transpose(0, 1), cos, sin)  # (n_kv, S, D)
     k_cache[:, start:start + s] = k
     v_cache[:, start:start + s] = v.view(s, n_kv, head_dim).transpose(0, 1)
-    keys, values = k_cache[:, :start + s], v_cache[:, :start + s]  # (n_kv, T, D)
-    att = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
-                                         scale=scaling, enable_gqa=n_kv != n_head)  # (1, nh, S, D)
-    x = x + lay["o"](att[0].transpose(0, 1).reshape(s, n_head * head_dim))
+    if mask is None:  # each query position i attends to keys 0..start+i, computed as alone
+        att = torch.cat([attention(q[:, i:i + 1], k_cache[:, :start + i + 1],
+                                   v_cache[:, :start + i + 1], None, scaling)
+                         for i in range(s)], dim=1)  # (n_head, S, D)
+    else:
+        att = attention(q, k_cache[:, :start + s], v_cache[:, :start + s], mask, scaling)
+    x = x + lay["o"](att.transpose(0, 1).reshape(s, n_head * head_dim))
     h = rms_norm(x, lay["norm2"], eps)
     gate, up = lay["gate_up"](h).chunk(2, dim=-1)
     return x + lay["down"](F.silu(gate) * up)
@@ -404,8 +452,8 @@ class Int8KV:
         self._grow(start + s)
         cos_all, sin_all = m.rope(self.capacity)
         cos, sin = cos_all[start:start + s], sin_all[start:start + s]
-        mask = None
-        if s > 1:  # query i (position start+i) sees keys 0..start+i
+        mask = None  # up to EXACT_WIDTH tokens: attention per query, as one-token steps do
+        if s > EXACT_WIDTH:  # query i (position start+i) sees keys 0..start+i
             mask = (torch.arange(start + s)[None, :] <= torch.arange(start, start + s)[:, None])
         x = m.embed[torch.tensor(ids)]  # (S, H)
         wanted = set(layers)
@@ -435,9 +483,10 @@ _COMPILE_LOCK = threading.Lock()
 
 def compile_enabled() -> bool:
     """Whether the layer step is compiled: only with ``SPECDEMO_INT8_COMPILE=1``. Measured on a
-    2-core AMD EPYC (docs/cpu-backends.md): compiled with ``int_mm`` 28.2 ms a one-token
-    forward against 23.4 ms eager with ``fbgemm`` (one thread, CPU clock), after 67 s of
-    compiling on the first start and 16 s of loading compiled code on the next."""
+    2-core AMD EPYC (docs/cpu-backends.md, one thread, CPU clock): a one-token forward took
+    28.2 ms compiled against 33.0 ms eager with ``int_mm`` (and 23.4 ms eager with ``fbgemm``),
+    after 67 s of compiling on the first start and 16 s of loading compiled code on the next;
+    not worth an app's start."""
     return os.environ.get(COMPILE_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
