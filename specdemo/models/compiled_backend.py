@@ -21,6 +21,11 @@ What it does differently from the transformers path:
   without smoothing), not gpt-fast's weight-only int8 ``F.linear(x, w.to(x.dtype)) * scales``:
   on this CPU that (compiled) and ``aten._weight_int8pack_mm`` ran 6-60x slower per linear
   than ``_int_mm``. The fused matrices are [q; k; v] and [gate; up]: a layer runs 4 multiplies.
+* **SmoothQuant smoothing** (Xiao et al. 2023) before quantising: per input channel of the
+  [q; k; v], [gate; up] and down multiplies, ``s = sqrt(max|x| / max|w|)`` measured on one
+  float32 forward of fixed token ids (:func:`input_amax`), folded into the RMSNorm weights (and
+  the up rows for down): the same function, with the activations' outlier channels moved into
+  the weights. On SmolLM2-135M it halved the mean logit difference to float32 (0.99 -> 0.46).
 * **a static KV cache**: one preallocated float32 tensor per layer for keys and one for values,
   (kv_heads, capacity, head_dim), written at the fed positions; rollback sets ``length`` (gpt-fast's
   position-indexed cache). Capacity grows by doubling when a forward would pass it.
@@ -210,11 +215,13 @@ class Int8Model:
 
     Args:
         model: a transformers ``LlamaForCausalLM`` on the CPU in float32.
+        smooth: migrate activation outliers into the weights first (:func:`smoothing`) for the
+            [q; k; v], [gate; up] and down multiplies (the same function, other rounding).
     Raises:
         Int8Error: :func:`unsupported_reason`.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, smooth: bool = True) -> None:
         reason = unsupported_reason(model)
         if reason:
             raise Int8Error(reason)
@@ -229,17 +236,30 @@ class Int8Model:
         base = model.model
         self.embed = base.embed_tokens.weight  # (V, H) float32, shared with transformers
         self.vocab = self.embed.shape[0]
+        amax = input_amax(model) if smooth else None
         with torch.no_grad():
             self.layers = []
-            for layer in base.layers:
+            for i, layer in enumerate(base.layers):
                 a, m = layer.self_attn, layer.mlp
+                qkv = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+                gate_up = [m.gate_proj.weight, m.up_proj.weight]
+                down = m.down_proj.weight
+                norm1 = layer.input_layernorm.weight.detach()
+                norm2 = layer.post_attention_layernorm.weight.detach()
+                if amax is not None:  # SmoothQuant: x / s and W * s, s folded into what feeds x
+                    s1 = smoothing(amax[i]["qkv"], torch.cat(qkv))
+                    qkv, norm1 = [w * s1 for w in qkv], norm1 / s1
+                    s2 = smoothing(amax[i]["gate_up"], torch.cat(gate_up))
+                    gate_up, norm2 = [w * s2 for w in gate_up], norm2 / s2
+                    s3 = smoothing(amax[i]["down"], down)
+                    gate_up[1], down = gate_up[1] / s3[:, None], down * s3
                 self.layers.append({
-                    "qkv": Int8Linear(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                    "qkv": Int8Linear(*qkv),
                     "o": Int8Linear(a.o_proj.weight),
-                    "gate_up": Int8Linear(m.gate_proj.weight, m.up_proj.weight),
-                    "down": Int8Linear(m.down_proj.weight),
-                    "norm1": layer.input_layernorm.weight.detach(),
-                    "norm2": layer.post_attention_layernorm.weight.detach(),
+                    "gate_up": Int8Linear(*gate_up),
+                    "down": Int8Linear(down),
+                    "norm1": norm1,
+                    "norm2": norm2,
                 })
             self.norm = base.norm.weight.detach()
             self.head = Int8Linear(model.get_output_embeddings().weight)
@@ -266,6 +286,50 @@ class Int8Model:
                 cos, sin = self.rotary(self.embed[:1][None], pos)
             self._rope = (cos[0].float().contiguous(), sin[0].float().contiguous())
         return self._rope
+
+
+SMOOTH_ALPHA = 0.5  # SmoothQuant's migration strength (Xiao et al. 2023, sec. 4)
+CALIBRATION_IDS = 256  # token ids 100..355 fed once to measure the activations' channel maxima
+
+
+@torch.no_grad()
+def input_amax(model: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
+    """Per layer, the (K,) maximum |activation| of each input channel of the [q; k; v], [gate;
+    up] and down multiplies, over one float32 forward of :data:`CALIBRATION_IDS` fixed token
+    ids (outlier channels of LLM activations are the same channels whatever the text; Dettmers
+    et al. 2022, Xiao et al. 2023)."""
+    out: list[dict[str, torch.Tensor]] = []
+    hooks = []
+
+    def keep(store, key):
+        def hook(module, args):
+            x = args[0].detach().reshape(-1, args[0].shape[-1]).abs().amax(0)
+            store[key] = torch.maximum(store[key], x) if key in store else x
+        return hook
+
+    for layer in model.model.layers:
+        store: dict[str, torch.Tensor] = {}
+        out.append(store)
+        hooks += [layer.self_attn.q_proj.register_forward_pre_hook(keep(store, "qkv")),
+                  layer.mlp.gate_proj.register_forward_pre_hook(keep(store, "gate_up")),
+                  layer.mlp.down_proj.register_forward_pre_hook(keep(store, "down"))]
+    try:
+        vocab = model.get_input_embeddings().num_embeddings
+        ids = torch.tensor([[(100 + i) % vocab for i in range(CALIBRATION_IDS)]])
+        model(input_ids=ids, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out
+
+
+def smoothing(x_amax: torch.Tensor, w: torch.Tensor, alpha: float = SMOOTH_ALPHA) -> torch.Tensor:
+    """SmoothQuant's per-input-channel factors ``s_j = max|x_j|^a / max|W_:,j|^(1-a)`` (Xiao et
+    al. 2023, eq. 4): ``(x / s) @ (W * s)^T == x @ W^T`` with both factors equally hard to
+    quantise. x_amax: (K,); w: (N, K). Returns (K,) float32, 1 where a channel is all zero."""
+    w_amax = w.detach().float().abs().amax(0)
+    s = x_amax.float().clamp_min(1e-5).pow(alpha) / w_amax.clamp_min(1e-5).pow(1 - alpha)
+    return torch.where((x_amax > 0) & (w_amax > 0), s, torch.ones_like(s))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
