@@ -206,7 +206,8 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     if p.device.type != "cpu":
         return f"the int8 backend runs on the CPU; this target is on {p.device.type}"
     if p.dtype != torch.float32:
-        return f"the int8 backend quantises float32 weights; this target is {p.dtype}"
+        return (f"the int8 backend quantises float32 weights; this target is {p.dtype} "
+                "(load it with --dtype float32)")
     return None
 
 
