@@ -70,10 +70,12 @@ def test_smoothing_factors_known_values():
     torch.testing.assert_close((x / s) @ (w * s).t(), x @ w.t())
 
 
-@pytest.mark.parametrize("kernel", ["int_mm", "fbgemm"])
+@pytest.mark.parametrize("kernel", ["int_mm", "onednn", "fbgemm"])
 def test_int8_linear_is_the_integer_product_and_rows_do_not_depend_on_the_batch(kernel):
     if kernel == "fbgemm" and "fbgemm" not in torch.backends.quantized.supported_engines:
         pytest.skip("this torch build has no fbgemm")
+    if kernel == "onednn" and not cb.onednn_available():
+        pytest.skip("this torch build has no oneDNN int8 linear")
     torch.manual_seed(0)
     w, x = torch.randn(48, 40), torch.randn(5, 40)
     x[:, 3] *= 20  # an outlier channel: the pinned range must still be each row's own
@@ -83,7 +85,7 @@ def test_int8_linear_is_the_integer_product_and_rows_do_not_depend_on_the_batch(
     sx = x.abs().amax(-1, keepdim=True) / 127
     xq = torch.round(x / sx).clamp(-127, 127)
     expected = (xq.double() @ q.double().t()) * sx.double() * sw.double()
-    if kernel == "int_mm":
+    if kernel != "fbgemm":
         torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
     else:  # uint8 codes with a zero point over [-127, 127]: steps of 254/255, not 1
         torch.testing.assert_close(y.double(), expected, rtol=0,
@@ -128,12 +130,17 @@ def test_without_rounding_the_forward_is_transformers_own(tiny, monkeypatch):
     torch.testing.assert_close(ours, _hf(model, IDS)[4:], atol=1e-5, rtol=1e-5)
 
 
-def test_a_verification_forward_equals_one_token_steps_bit_for_bit(tiny):
-    """With the default int_mm kernel every row's products are exact integers and attention is
-    computed per query: a forward over k + 1 tokens gives each position exactly the logits
-    one-token steps give it (what makes speculative output equal plain output here)."""
-    model, q = tiny
-    assert q.head.kernel == "int_mm"
+@pytest.mark.parametrize("kernel", ["int_mm", "onednn"])
+def test_a_verification_forward_equals_one_token_steps_bit_for_bit(tiny, kernel, monkeypatch):
+    """With the int_mm and oneDNN kernels every row's products are exact integers scaled
+    elementwise, and attention is computed per query: a forward over k + 1 tokens gives each
+    position exactly the logits one-token steps give it (what makes speculative output equal
+    plain output here)."""
+    if kernel == "onednn" and not cb.onednn_available():
+        pytest.skip("this torch build has no oneDNN int8 linear")
+    monkeypatch.setenv(cb.KERNEL_ENV, kernel)
+    q = cb.Int8Model(tiny[0])
+    assert q.head.kernel == kernel
     kv = cb.Int8KV(q)
     kv.forward(IDS[:5])
     batch = kv.forward(IDS[5:], logits_to_keep=len(IDS) - 5)

@@ -7,11 +7,11 @@ What it does differently from the transformers path:
   weight as int8 with one float32 scale per output channel (symmetric, ``scale = max|w| / 127``),
   a quarter of the float32 bytes. Each *row* of the activations is quantised to int8 with its own
   scale (``max|x| / 127``) and multiplied by ``torch._int_mm`` (int32 accumulation, exact), then
-  scaled back: ``y[i, o] = (xq[i] . wq[o]) * sx[i] * sw[o]``, by ``torch._int_mm``
-  (:func:`int8_linear`, the default) or fbgemm's prepacked int8 kernel (:func:`fbgemm_linear`,
-  faster, not exact across batch sizes: :func:`default_kernel`). With ``int_mm`` the integer
-  sums are exact and every scale belongs to one row, so a row's result does not depend on the
-  other rows of the batch; attention in a forward of up to :data:`EXACT_WIDTH` tokens is
+  scaled back: ``y[i, o] = (xq[i] . wq[o]) * sx[i] * sw[o]``, by oneDNN's prepacked int8
+  kernel (:func:`onednn_linear`, the default on x86), ``torch._int_mm`` (:func:`int8_linear`)
+  or fbgemm's (:func:`fbgemm_linear`, not exact across batch sizes): :func:`default_kernel`.
+  The integer sums are exact and every scale belongs to one row, so a row's result does not
+  depend on the other rows of the batch; attention in a forward of up to :data:`EXACT_WIDTH` tokens is
   computed per query over the keys up to its position, as a one-token step computes it. So a
   forward over [last token, d1..dk] gives each position the logits one-token forwards give it,
   bit for bit, and greedy speculative output equals plain output on this backend (an exact
@@ -139,23 +139,66 @@ def _pin(width: int) -> torch.Tensor:
     return pin
 
 
-KERNEL_ENV = "SPECDEMO_INT8_KERNEL"  # "fbgemm": the faster, not batch-exact kernel (default_kernel)
+def onednn_linear(x: torch.Tensor, packed, w_scale: torch.Tensor) -> torch.Tensor:
+    """:func:`int8_linear`'s product through oneDNN's prepacked int8 kernel
+    (``onednn::qlinear_pointwise``, what inductor's x86 int8 lowering calls): each row
+    quantised with its own scale, passed as uint8 with zero point 128 and input scale 1, so the
+    kernel's integer sums are ``xq . wq`` and its float output ``(xq . wq) * w_scale``.
+
+    Args:
+        x: (M, K) float32; packed: ``onednn::qlinear_prepack`` of the (N, K) int8 weight;
+        w_scale: (N,) float32.
+    Returns:
+        (M, N) float32.
+    """
+    x_scale = (x.abs().amax(dim=-1, keepdim=True) / 127).clamp_min(1e-12)  # (M, 1)
+    xu = (torch.round(x / x_scale).clamp_(-127, 127) + 128).to(torch.uint8)
+    y = torch.ops.onednn.qlinear_pointwise(xu, 1.0, 128, packed, w_scale, _zeros(w_scale.shape[0]),
+                                           None, 1.0, 0, torch.float32, "none", [], "")
+    return y * x_scale
+
+
+_ZEROS: dict[int, torch.Tensor] = {}
+
+
+def _zeros(n: int) -> torch.Tensor:
+    z = _ZEROS.get(n)
+    if z is None:
+        z = _ZEROS[n] = torch.zeros(n, dtype=torch.long)
+    return z
+
+
+def onednn_available() -> bool:
+    """Whether this torch has oneDNN's int8 linear (x86 builds with mkldnn)."""
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+KERNEL_ENV = "SPECDEMO_INT8_KERNEL"  # onednn | int_mm | fbgemm (see default_kernel)
 
 
 def default_kernel() -> str:
-    """``int_mm`` unless ``SPECDEMO_INT8_KERNEL=fbgemm``.
+    """``onednn`` where this torch has it, else ``int_mm``; ``SPECDEMO_INT8_KERNEL`` chooses
+    (``onednn``, ``int_mm`` or ``fbgemm``).
 
-    ``int_mm`` is exact per row (integer sums, elementwise float scaling), so with per-query
-    attention a verification forward's logits equal one-token steps' bit for bit, and greedy
-    speculative output equals plain output on this backend. fbgemm was faster here (20.7
-    against 33.8 ms a one-token forward, one thread) but its float epilogue differs in the last
-    bits between batch sizes, and the next layer's int8 rounding amplifies that: greedy
-    speculative output differed from plain on 11 (n-gram) and 16 (EAGLE-3) of 20 prompts
-    (docs/cpu-backends.md)."""
+    ``int_mm`` is exact per row (integer sums, elementwise float scaling); oneDNN's prepacked
+    kernel gave bit-identical rows for every batch size 1-17 on every matrix shape of
+    SmolLM2-135M and of the tiny test models (its float epilogue is one elementwise multiply)
+    and streams the weights 2.5x faster (5.0 against 12.7 ms for 30 3072x576 matrices, one
+    thread). With either, and per-query attention, a verification forward's logits equal
+    one-token steps' bit for bit, and greedy speculative output equals plain output on this
+    backend. fbgemm was fastest here (20.7 ms a one-token forward, one thread) but its float
+    epilogue differs in the last bits between batch sizes, and the next layer's int8 rounding
+    amplifies that: greedy speculative output differed from plain on 11 (n-gram) and 16
+    (EAGLE-3) of 20 prompts (docs/cpu-backends.md)."""
     asked = os.environ.get(KERNEL_ENV, "").strip().lower()
     if asked == "fbgemm" and "fbgemm" in torch.backends.quantized.supported_engines:
         return "fbgemm"
-    return "int_mm"
+    if asked == "int_mm" or not onednn_available():
+        return "int_mm"
+    return "onednn"
 
 
 class Int8Linear:
@@ -173,6 +216,8 @@ class Int8Linear:
         self.out_features, self.in_features = q.shape
         if self.kernel == "fbgemm":
             self.packed = _fbgemm_pack(q, self.scale)
+        elif self.kernel == "onednn":
+            self.packed = torch.ops.onednn.qlinear_prepack(q, None)
         else:
             self.wq_t = q.t().contiguous()  # (K, N)
 
@@ -183,6 +228,8 @@ class Int8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "fbgemm":
             return fbgemm_linear(x, self.packed)
+        if self.kernel == "onednn":
+            return onednn_linear(x, self.packed, self.scale)
         return int8_linear(x, self.wq_t, self.scale)
 
 
