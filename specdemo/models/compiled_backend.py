@@ -6,8 +6,7 @@ What it does differently from the transformers path:
 * **int8 weights, int8 dot products.** Every linear of the decoder and the output head keeps its
   weight as int8 with one float32 scale per output channel (symmetric, ``scale = max|w| / 127``),
   a quarter of the float32 bytes. Each *row* of the activations is quantised to int8 with its own
-  scale (``max|x| / 127``) and multiplied by ``torch._int_mm`` (int32 accumulation, exact), then
-  scaled back: ``y[i, o] = (xq[i] . wq[o]) * sx[i] * sw[o]``, by oneDNN's prepacked int8
+  scale (``max|x| / 127``), multiplied in integers (int32 accumulation, exact) and scaled back: ``y[i, o] = (xq[i] . wq[o]) * sx[i] * sw[o]``, by oneDNN's prepacked int8
   kernel (:func:`onednn_linear`, the default on x86), ``torch._int_mm`` (:func:`int8_linear`)
   or fbgemm's (:func:`fbgemm_linear`, not exact across batch sizes): :func:`default_kernel`.
   The integer sums are exact and every scale belongs to one row, so a row's result does not
@@ -202,12 +201,13 @@ def default_kernel() -> str:
 
 
 class Int8Linear:
-    """One quantised matrix: ``__call__(x (M, K)) -> (M, N)`` float32, by :func:`int8_linear`
-    (``int_mm``) or :func:`fbgemm_linear` (``fbgemm``); the same integer products either way.
+    """One quantised matrix: ``__call__(x (M, K)) -> (M, N)`` float32, by :func:`onednn_linear`
+    (``onednn``), :func:`int8_linear` (``int_mm``) or :func:`fbgemm_linear` (``fbgemm``); the
+    same integer products each way (fbgemm's: up to one uint8 step per element).
 
     Args:
         weights: float (N_i, K) matrices stacked along the output dimension (a fused [q; k; v]).
-        kernel: ``int_mm`` or ``fbgemm`` (default :func:`default_kernel`).
+        kernel: ``onednn``, ``int_mm`` or ``fbgemm`` (default :func:`default_kernel`).
     """
 
     def __init__(self, *weights: torch.Tensor, kernel: str | None = None) -> None:
