@@ -61,6 +61,16 @@ def test_quantize_rows_known_values():
     assert scale.tolist() == pytest.approx([2 / 127, 1.0])
 
 
+def test_compiling_uses_a_kernel_inductor_can_compile(monkeypatch):
+    monkeypatch.setenv(cb.COMPILE_ENV, "1")
+    monkeypatch.delenv(cb.KERNEL_ENV, raising=False)
+    assert cb.default_kernel() == "int_mm"
+    monkeypatch.setenv(cb.KERNEL_ENV, "onednn")  # refused: inductor needs frozen weights for it
+    assert cb.default_kernel() == "int_mm"
+    monkeypatch.setenv(cb.COMPILE_ENV, "0")
+    assert cb.default_kernel() == ("onednn" if cb.onednn_available() else "int_mm")
+
+
 def test_smoothing_factors_known_values():
     x_amax = torch.tensor([4.0, 1.0, 0.0])
     w = torch.tensor([[1.0, -4.0, 2.0], [0.5, 1.0, 1.0]])  # column maxima 1, 4, 2

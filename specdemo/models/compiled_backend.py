@@ -180,7 +180,9 @@ KERNEL_ENV = "SPECDEMO_INT8_KERNEL"  # onednn | int_mm | fbgemm (see default_ker
 
 def default_kernel() -> str:
     """``onednn`` where this torch has it, else ``int_mm``; ``SPECDEMO_INT8_KERNEL`` chooses
-    (``onednn``, ``int_mm`` or ``fbgemm``).
+    (``onednn``, ``int_mm`` or ``fbgemm``). With ``SPECDEMO_INT8_COMPILE=1``: ``int_mm`` (inductor
+    refuses ``onednn::qlinear_pointwise`` with an unfrozen packed weight: "packed_weight must be
+    a graph constant"), or ``fbgemm`` if asked (it compiles with graph breaks).
 
     ``int_mm`` is exact per row (integer sums, elementwise float scaling); oneDNN's prepacked
     kernel gave bit-identical rows for every batch size 1-17 on every matrix shape of
@@ -196,6 +198,11 @@ def default_kernel() -> str:
     if asked == "fbgemm" and "fbgemm" in torch.backends.quantized.supported_engines:
         return "fbgemm"
     if asked == "int_mm" or not onednn_available():
+        return "int_mm"
+    if compile_enabled():  # inductor lowers onednn::qlinear_pointwise only for frozen weights
+        if asked == "onednn":
+            log.warning("%s=1 compiles with the int_mm kernel: inductor cannot compile oneDNN's "
+                        "int8 linear without freezing the weights", COMPILE_ENV)
         return "int_mm"
     return "onednn"
 
