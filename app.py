@@ -42,9 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="preset to start with (default: the default preset)")
     parser.add_argument("--share", action="store_true",
                         help="also publish a public gradio.live link (off by default)")
-    parser.add_argument("--backend", default="transformers", choices=["auto", "transformers", "ggml"],
+    parser.add_argument("--backend", default="transformers",
+                        choices=["auto", "transformers", "ggml", "int8"],
                         help="target forward for both lanes: transformers, ggml (llama.cpp over "
-                             "a GGUF/built-in target) or auto (measured on this CPU) "
+                             "a GGUF/built-in target), int8 (int8 Llama forward) or auto (measured on this CPU) "
                              "(default %(default)s)")
     return parser.parse_args(argv)
 

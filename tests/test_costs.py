@@ -35,7 +35,9 @@ def test_weight_bytes_skip_the_input_embedding_unless_it_is_the_head():
     assert costs.weight_bytes_per_forward(model) == 4 * sum(p.numel() for p in params)
 
 
-def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys):
+def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))  # auto stores its choice there
+    monkeypatch.setenv("SPECDEMO_INT8_COMPILE", "0")  # auto measures the int8 backend: eager here
     model = tiny_llama(seed=0, layers=2)
     monkeypatch.setattr(models, "load_model", lambda *a, **k: _loaded(model))
     monkeypatch.setattr(costs, "measure_bandwidth_GBps", lambda *a, **k: 8.0)
@@ -47,7 +49,9 @@ def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys):
     assert all(s > 0 for s in out["forward_s"].values())
     assert out["forward_ratio"]["1"] == 1.0
     assert out["forward_ratio"]["3"] == pytest.approx(out["forward_s"]["3"] / out["forward_s"]["1"])
-    assert out["weight_bytes"] == _untied_bytes(model)
+    assert out["backends"]["transformers"]["weight_bytes"] == _untied_bytes(model)
+    assert out["backends"]["int8"]["weight_bytes"] == model._specdemo_int8.weight_bytes
+    assert out["weight_bytes"] == out["backends"][out["backend"]]["weight_bytes"]
     assert out["bandwidth_GBps"] == 8.0
     assert out["bound_tokens_per_s"] == pytest.approx(8e9 / out["weight_bytes"])
     assert out["plain_vs_bound"] == pytest.approx(out["plain_tokens_per_s"] / out["bound_tokens_per_s"])
@@ -55,11 +59,13 @@ def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys):
     assert out["threads"] == torch.get_num_threads()
     assert out["fast_path"] is None  # not loaded through load_model: nothing was patched
     assert out["stock_forward_s"] is None and out["stock_forward_ratio"] is None
-    # auto: a target without a GGUF file has only the transformers backend, measured once
-    assert out["backend"] == "transformers" and list(out["backends"]) == ["transformers"]
-    assert out["backends"]["transformers"]["forward_s"] == out["forward_s"]
-    assert out["backend_choice"]["backend"] == "transformers"
-    assert out["backend_choice"]["reason"].startswith("ggml not available: ")
+    # auto: a float32 Llama without a GGUF file has the transformers and int8 backends, each
+    # measured once; the report is the one auto chose
+    assert out["backend"] in ("transformers", "int8")
+    assert sorted(out["backends"]) == ["int8", "transformers"]
+    assert out["backends"][out["backend"]]["forward_s"] == out["forward_s"]
+    assert out["backend_choice"]["backend"] == out["backend"]
+    assert out["backend_choice"]["reason"].startswith("measured: ")
     assert out["llama_bench"] is None
 
 

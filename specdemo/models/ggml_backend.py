@@ -43,7 +43,7 @@ from ..core.kv import PREFILL_CHUNK, _check_stop, _chunks
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "transformers", "ggml")
+BACKENDS = ("auto", "transformers", "ggml", "int8")  # int8: compiled_backend.py
 MAX_CONTEXT = 8192  # tokens of KV cache a context allocates at most (f16: 190 MB for 135M)
 BATCH = 512  # llama.cpp's n_batch/n_ubatch: more than PREFILL_CHUNK, so one chunk is one decode
 # architectures whose llama.cpp graph (pinned source, src/models/*.cpp) records layer inputs
@@ -419,9 +419,13 @@ def ggml_model(loaded, threads: int | None = None) -> GgmlModel:
 
 def target_kv(loaded):
     """A KV-cached target for the engine on ``loaded``'s backend: a :class:`GgmlKV` when
-    ``loaded.backend`` is ``ggml``, else transformers' :class:`specdemo.core.kv.KVModel`."""
+    ``loaded.backend`` is ``ggml``, a ``compiled_backend.Int8KV`` when it is ``int8``, else
+    transformers' :class:`specdemo.core.kv.KVModel`."""
     if getattr(loaded, "backend", "transformers") == "ggml":
         return GgmlKV(ggml_model(loaded), loaded.model)
+    if getattr(loaded, "backend", "transformers") == "int8":
+        from .compiled_backend import Int8KV, int8_model
+        return Int8KV(int8_model(loaded))
     from ..core.kv import KVModel
     return KVModel(loaded.model)
 
@@ -436,7 +440,7 @@ class BackendChoice:
     """What :func:`choose_backend` decided.
 
     Attributes:
-        backend: ``transformers`` or ``ggml``.
+        backend: ``transformers``, ``ggml`` or ``int8``.
         reason: why (the measured costs, or why ggml was not a candidate).
         cost_s: backend -> seconds of one plain step plus one 5-token verification forward.
         cached: True when the measurement came from an earlier one on this machine.
@@ -459,11 +463,14 @@ CHOICE_WIDTHS = (1, 5)  # a plain step and a verification of 4 drafted tokens
 CHOICE_ENV = "SPECDEMO_BACKEND"  # "recalibrate" measures again
 
 
-def _choice_key(loaded, gguf: Path) -> str:
+def _choice_key(loaded, gguf: Path | None, candidates: tuple[str, ...]) -> str:
     from .hardware import _cpu_name
-    st = gguf.stat()
+    st = gguf.stat() if gguf is not None else None
     parts = [_cpu_name(), torch.__version__, torch.get_num_threads(), default_threads(),
-             loaded.spec, str(loaded.dtype), st.st_size, int(st.st_mtime), CHOICE_WIDTHS]
+             loaded.spec, str(loaded.dtype), st.st_size if st else None,
+             int(st.st_mtime) if st else None, CHOICE_WIDTHS]
+    if candidates != ("transformers", "ggml"):  # keys stored before the int8 backend stay valid
+        parts.append(list(candidates))
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 
@@ -479,21 +486,43 @@ def _score(kv) -> float:
     return sum(table[n] for n in CHOICE_WIDTHS)
 
 
+def _candidates(loaded) -> tuple[tuple[str, ...], list[str]]:
+    """(backends ``auto`` measures for ``loaded``, why each other one is not a candidate)."""
+    from .compiled_backend import unavailable_reason as int8_reason
+    names, why = ["transformers"], []
+    reason = unavailable_reason(loaded)
+    if reason is None:
+        try:
+            ggml_model(loaded)
+            names.append("ggml")
+        except GgmlError as exc:
+            why.append(f"ggml not available: {exc}")
+    else:
+        why.append(f"ggml not available: {reason}")
+    reason = int8_reason(loaded) if loaded.device.type == "cpu" else "not on the CPU"
+    if reason is None:
+        names.append("int8")
+    else:
+        why.append(f"int8 not available: {reason}")
+    return tuple(names), why
+
+
 def choose_backend(loaded) -> BackendChoice:
     """``auto``: the backend whose forward is cheaper on this machine for this target.
 
-    On a CPU, with the ggml backend available for the target, both backends time a one-token
-    forward and a five-token forward (a plain step and a verification of 4 drafted tokens)
-    after 128 tokens; the cheaper sum wins. The result is stored per machine and target in
+    On a CPU, every backend available for the target (transformers; ggml for a GGUF target;
+    int8 for a float32 Llama, ``compiled_backend.py``) times a one-token forward and a
+    five-token forward (a plain step and a verification of 4 drafted tokens) after 128 tokens;
+    the cheapest sum wins. The result is stored per machine, target and candidate set in
     ``models.cache_dir()/backend-choice.json`` (``SPECDEMO_BACKEND=recalibrate`` measures
     again), unless other processes used more than ``machine.BUSY_SHARE`` of the CPU meanwhile.
     """
-    reason = unavailable_reason(loaded)
-    if reason:
-        return BackendChoice("transformers", f"ggml not available: {reason}")
+    names, why = _candidates(loaded)
+    if len(names) == 1:
+        return BackendChoice("transformers", "; ".join(why))
     from ..core.machine import BUSY_SHARE, OtherCpuUse
-    gguf = gguf_path(loaded.spec)
-    key = _choice_key(loaded, gguf)
+    gguf = gguf_path(loaded.spec) if "ggml" in names else None
+    key = _choice_key(loaded, gguf, names)
     path = _choice_path()
     if os.environ.get(CHOICE_ENV, "").strip().lower() != "recalibrate":
         try:
@@ -501,13 +530,8 @@ def choose_backend(loaded) -> BackendChoice:
             return BackendChoice(entry["backend"], entry["reason"], entry["cost_s"], cached=True)
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    try:
-        ggml_model(loaded)
-    except GgmlError as exc:
-        return BackendChoice("transformers", f"ggml not available: {exc}")
     others = OtherCpuUse()
-    costs = {"transformers": _score(target_kv(replace_backend(loaded, "transformers"))),
-             "ggml": _score(target_kv(replace_backend(loaded, "ggml")))}
+    costs = {name: _score(target_kv(replace_backend(loaded, name))) for name in names}
     share = others.share()
     best = min(costs, key=costs.get)
     choice = BackendChoice(best, "measured: " + ", ".join(
@@ -539,11 +563,12 @@ def with_backend(loaded, backend: str = "auto"):
     Args:
         loaded: a ``models.LoadedModel``.
         backend: ``auto`` (:func:`choose_backend` on a CPU; transformers elsewhere),
-            ``transformers`` or ``ggml``.
+            ``transformers``, ``ggml`` or ``int8`` (``compiled_backend.py``).
     Returns:
         (a LoadedModel with ``backend`` set, the :class:`BackendChoice`).
     Raises:
         GgmlError: ``ggml`` was asked for and cannot serve this target (the reason).
+        compiled_backend.Int8Error: ``int8`` was asked for and cannot serve this target.
         ValueError: an unknown backend name.
     """
     name = (backend or "auto").strip().lower()
@@ -554,8 +579,12 @@ def with_backend(loaded, backend: str = "auto"):
     if name == "ggml":
         ggml_model(loaded)  # raises with the reason
         return replace_backend(loaded, name), BackendChoice(name, "asked for")
+    if name == "int8":
+        from .compiled_backend import int8_model
+        int8_model(loaded)  # raises with the reason
+        return replace_backend(loaded, name), BackendChoice(name, "asked for")
     if loaded.device.type != "cpu":
         return replace_backend(loaded, "transformers"), BackendChoice(
-            "transformers", f"auto on {loaded.device.type}: the ggml backend runs on the CPU")
+            "transformers", f"auto on {loaded.device.type}: the ggml and int8 backends run on the CPU")
     choice = choose_backend(loaded)
     return replace_backend(loaded, choice.backend), choice

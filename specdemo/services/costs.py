@@ -227,8 +227,12 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         forward_s = measure_forward_s(kv, max_n, context=context, repeats=repeats, clock=tick)
     bandwidth = measure_bandwidth_GBps(loaded.device, clock=tick)
     plain = measure_plain_tokens_per_s(loaded, plain_tokens, context, clock=tick)
-    nbytes = (weight_bytes_per_forward(loaded.model) if backend == "transformers"
-              else ggml_model(loaded).size_bytes)
+    if backend == "int8":
+        from ..models.compiled_backend import int8_model
+        nbytes = int8_model(loaded).weight_bytes
+    else:
+        nbytes = (weight_bytes_per_forward(loaded.model) if backend == "transformers"
+                  else ggml_model(loaded).size_bytes)
     bound = ratio(bandwidth * 1e9, nbytes)
     info = fastpath_info(loaded.model) if backend == "transformers" else None
     loads = [x for x in (load_before, _load_average()) if x is not None]
@@ -351,9 +355,9 @@ def register(sub) -> None:
                    help="also time transformers' own kernels, alternating with the fast path "
                         "ROUNDS times in this process (stock_forward_s in the output)")
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--backend", default="auto", choices=["auto", "transformers", "ggml"],
+    p.add_argument("--backend", default="auto", choices=["auto", "transformers", "ggml", "int8"],
                    help="auto (default): measure every backend available for the target and "
-                        "report the one auto chooses first; or only transformers / ggml")
+                        "report the one auto chooses first; or only transformers / ggml / int8")
     p.add_argument("--llama-bench", action="store_true",
                    help="also run llama.cpp's llama-bench (tg 64, same threads) on the GGUF")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -374,16 +378,16 @@ def cmd_costs(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from ..models.ggml_backend import GgmlError, ggml_model, gguf_path, unavailable_reason, with_backend
+    from ..models.ggml_backend import _candidates, ggml_model, gguf_path, with_backend
     try:
         chosen, choice = with_backend(loaded, args.backend)
         names = [chosen.backend]
-        if args.backend == "auto" and unavailable_reason(loaded) is None:
-            names += [b for b in ("transformers", "ggml") if b != chosen.backend]
+        if args.backend == "auto" and loaded.device.type == "cpu":
+            names += [b for b in _candidates(loaded)[0] if b != chosen.backend]
         reports = measure_backends(loaded, names, max_n=args.max_n, context=args.context,
                                    repeats=args.repeats, clock=args.clock,
                                    before_after_rounds=args.before_after)
-    except (ValueError, GgmlError) as exc:
+    except (ValueError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     report = reports[chosen.backend]
@@ -397,6 +401,9 @@ def cmd_costs(args: argparse.Namespace) -> int:
             ours = reports.get("ggml", report).plain_tokens_per_s
             lb["ours_over_llama_bench"] = (ours / lb["tg_tokens_per_s"]
                                            if ours and lb["tg_tokens_per_s"] else None)
+            lb["by_backend"] = {b: (r.plain_tokens_per_s / lb["tg_tokens_per_s"]
+                                    if r.plain_tokens_per_s and lb["tg_tokens_per_s"] else None)
+                                for b, r in reports.items()}
         except (OSError, RuntimeError, ValueError, TypeError) as exc:
             lb = {"error": str(exc)}
         report.llama_bench = lb

@@ -1,0 +1,105 @@
+"""Greedy output of a target backend against the float32 reference, and its speculative output
+against its own plain output.
+
+    python scripts/backend_divergence.py [--target builtin:smollm2-135m] [--backend int8]
+        [--drafts ngram,builtin:smollm2-135m-eagle3] [--draft-length 4] [--max-new-tokens 32]
+        [--json OUT.json]
+
+For every bench task prompt (``assets/prompts``) it runs plain greedy decoding on the
+transformers float32 target (the reference) and on ``--backend``, and greedy speculative
+decoding with each draft and a fixed draft length on ``--backend``; it compares token ids with
+``pipeline.first_divergence``. "vs reference" counts prompts where the backend's plain output
+differs from float32's (the backend's weights differ, so this is expected); "spec vs plain"
+counts prompts where speculative output differs from plain output on the same backend (the
+engine's losslessness on that backend; docs/losslessness.md explains why reduced precision can
+flip a near-tie).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _row(name: str, pairs: list[tuple[str, list[int], list[int]]]) -> dict:
+    from specdemo.services.pipeline import first_divergence
+    per = [{"task": t, "first_divergence": first_divergence(a, b)} for t, a, b in pairs]
+    firsts = [p["first_divergence"] for p in per if p["first_divergence"] is not None]
+    return {"comparison": name, "prompts": len(pairs), "diverged": len(firsts),
+            "first_divergences": firsts,
+            "tokens": sum(min(len(a), len(b)) for _, a, b in pairs), "per_prompt": per}
+
+
+def measure(target: str, backend: str, drafts: list[str], k: int, max_new_tokens: int) -> list[dict]:
+    from specdemo.models.ggml_backend import with_backend
+    from specdemo.models.learned import is_learned, load_learned
+    from specdemo.models.loading import load_model
+    from specdemo.services.pipeline import DecodeSettings, Pipeline
+    from specdemo.services.prompts import load_prompts
+
+    prompts = [(task, p) for task, ps in load_prompts().items() for p in ps]
+    settings = DecodeSettings(max_new_tokens=max_new_tokens, temperature=0.0, draft_length=k)
+    loaded = load_model(target, "cpu", "float32")
+    ref_pipe = Pipeline(with_backend(loaded, "transformers")[0], "none")
+    ours = with_backend(loaded, backend)[0]
+    pipe = Pipeline(ours, "none")
+    ref, plain = {}, {}
+    for i, (task, prompt) in enumerate(prompts):
+        ids = ref_pipe.prompt_ids(prompt)
+        ref[i] = ref_pipe.run(ids, settings, False).token_ids
+        plain[i] = pipe.run(ids, settings, False).token_ids
+    rows = [_row(f"{backend} plain vs transformers float32 plain",
+                 [(t, ref[i], plain[i]) for i, (t, _) in enumerate(prompts)])]
+    print(rows[-1]["comparison"], rows[-1]["diverged"], file=sys.stderr, flush=True)
+    for draft in drafts:
+        source = load_learned(draft, ours) if is_learned(draft) else None
+        spec_pipe = Pipeline(ours, draft, source)
+        spec = {i: spec_pipe.run(spec_pipe.prompt_ids(p), settings, True).token_ids
+                for i, (_, p) in enumerate(prompts)}
+        rows.append(_row(f"{backend} {draft} speculative vs {backend} plain",
+                         [(t, plain[i], spec[i]) for i, (t, _) in enumerate(prompts)]))
+        print(rows[-1]["comparison"], rows[-1]["diverged"], file=sys.stderr, flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| comparison | prompts whose output differs | first divergence at token | "
+             "tokens compared |", "|---|---|---|---|"]
+    for r in rows:
+        firsts = ", ".join(str(f) for f in sorted(r["first_divergences"])) or "none"
+        lines.append(f"| {r['comparison']} | {r['diverged']} of {r['prompts']} | {firsts} | "
+                     f"{r['tokens']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="builtin:smollm2-135m")
+    parser.add_argument("--backend", default="int8")
+    parser.add_argument("--drafts", default="ngram,builtin:smollm2-135m-eagle3")
+    parser.add_argument("--draft-length", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--json", default=None, help="write the per-prompt data here")
+    args = parser.parse_args(argv)
+    start = time.time()
+    rows = measure(args.target, args.backend, [d for d in args.drafts.split(",") if d],
+                   args.draft_length, args.max_new_tokens)
+    header = (f"{datetime.date.today().isoformat()}, {args.target}, backend {args.backend}, "
+              f"greedy, k = {args.draft_length}, {args.max_new_tokens} new tokens, "
+              f"{time.time() - start:.0f} s")
+    print(header)
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
