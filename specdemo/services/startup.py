@@ -344,7 +344,7 @@ def measure_forward_costs(pipe: Pipeline) -> None:
         return
     with STEPS.step(f"forward costs {pipe.target.spec}",
                     f"measuring what a forward over n tokens costs {pipe.target.spec} here "
-                    "(once, for draft length auto)", GUESS_S["forward costs"]):
+                    "(once per start, for draft length auto)", GUESS_S["forward costs"]):
         pipe.forward_costs()
 
 
