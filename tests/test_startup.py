@@ -88,7 +88,7 @@ def test_every_lane_is_prepared_as_steps_before_the_first_lane_is_timed(cache):
         startup.STEPS = original
     assert final.panes[PLAIN].status == final.panes[SPECULATIVE].status == "done"
     assert seen == ["warming up tiny", "warming up tiny with draft ngram",
-                    "measuring what a forward over n tokens costs tiny here (once, for draft "
+                    "measuring what a forward over n tokens costs tiny here (once per start, for draft "
                     "length auto)"]
     assert race.records[PLAIN].steps[-1].stats.new_tokens == 8
 

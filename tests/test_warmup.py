@@ -201,7 +201,7 @@ def test_auto_costs_and_all_warm_ups_run_before_the_plain_lane(monkeypatch, tmp_
         final = list(race_of(Loaded(target), "ngram", "auto").run(min_interval_s=0.0))[-1]
     assert final.panes[SPECULATIVE].status == "done"
     assert order == ["warming up tiny", "warming up tiny with draft ngram",
-                     "measuring what a forward over n tokens costs tiny here (once, for draft "
+                     "measuring what a forward over n tokens costs tiny here (once per start, for draft "
                      "length auto)", "plain", "speculative"]
 
 
