@@ -486,7 +486,7 @@ def _score(kv) -> float:
     return sum(table[n] for n in CHOICE_WIDTHS)
 
 
-def _candidates(loaded) -> tuple[tuple[str, ...], list[str]]:
+def candidate_backends(loaded) -> tuple[tuple[str, ...], list[str]]:
     """(backends ``auto`` measures for ``loaded``, why each other one is not a candidate)."""
     from .compiled_backend import unavailable_reason as int8_reason
     names, why = ["transformers"], []
@@ -517,7 +517,7 @@ def choose_backend(loaded) -> BackendChoice:
     ``models.cache_dir()/backend-choice.json`` (``SPECDEMO_BACKEND=recalibrate`` measures
     again), unless other processes used more than ``machine.BUSY_SHARE`` of the CPU meanwhile.
     """
-    names, why = _candidates(loaded)
+    names, why = candidate_backends(loaded)
     if len(names) == 1:
         return BackendChoice("transformers", "; ".join(why))
     from ..core.machine import BUSY_SHARE, OtherCpuUse

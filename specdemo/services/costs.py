@@ -378,12 +378,12 @@ def cmd_costs(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from ..models.ggml_backend import _candidates, ggml_model, gguf_path, with_backend
+    from ..models.ggml_backend import candidate_backends, ggml_model, gguf_path, with_backend
     try:
         chosen, choice = with_backend(loaded, args.backend)
         names = [chosen.backend]
         if args.backend == "auto" and loaded.device.type == "cpu":
-            names += [b for b in _candidates(loaded)[0] if b != chosen.backend]
+            names += [b for b in candidate_backends(loaded)[0] if b != chosen.backend]
         reports = measure_backends(loaded, names, max_n=args.max_n, context=args.context,
                                    repeats=args.repeats, clock=args.clock,
                                    before_after_rounds=args.before_after)
