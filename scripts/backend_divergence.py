@@ -28,13 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _row(name: str, pairs: list[tuple[str, list[int], list[int]]]) -> dict:
-    from specdemo.services.pipeline import first_divergence
-    per = [{"task": t, "first_divergence": first_divergence(a, b)} for t, a, b in pairs]
-    firsts = [p["first_divergence"] for p in per if p["first_divergence"] is not None]
-    return {"comparison": name, "prompts": len(pairs), "diverged": len(firsts),
-            "first_divergences": firsts,
-            "tokens": sum(min(len(a), len(b)) for _, a, b in pairs), "per_prompt": per}
+def _row(name: str, pairs: list[tuple[str, str, list[int], list[int]]]) -> dict:
+    from lossless_dtypes import divergences  # this folder: the same per-prompt comparison
+    return {"comparison": name, **divergences(pairs)}
 
 
 def measure(target: str, backend: str, drafts: list[str], k: int, max_new_tokens: int) -> list[dict]:
@@ -56,7 +52,7 @@ def measure(target: str, backend: str, drafts: list[str], k: int, max_new_tokens
         ref[i] = ref_pipe.run(ids, settings, False).token_ids
         plain[i] = pipe.run(ids, settings, False).token_ids
     rows = [_row(f"{backend} plain vs transformers float32 plain",
-                 [(t, ref[i], plain[i]) for i, (t, _) in enumerate(prompts)])]
+                 [(t, p, ref[i], plain[i]) for i, (t, p) in enumerate(prompts)])]
     print(rows[-1]["comparison"], rows[-1]["diverged"], file=sys.stderr, flush=True)
     for draft in drafts:
         source = load_learned(draft, ours) if is_learned(draft) else None
@@ -64,19 +60,14 @@ def measure(target: str, backend: str, drafts: list[str], k: int, max_new_tokens
         spec = {i: spec_pipe.run(spec_pipe.prompt_ids(p), settings, True).token_ids
                 for i, (_, p) in enumerate(prompts)}
         rows.append(_row(f"{backend} {draft} speculative vs {backend} plain",
-                         [(t, plain[i], spec[i]) for i, (t, _) in enumerate(prompts)]))
+                         [(t, p, plain[i], spec[i]) for i, (t, p) in enumerate(prompts)]))
         print(rows[-1]["comparison"], rows[-1]["diverged"], file=sys.stderr, flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| comparison | prompts whose output differs | first divergence at token | "
-             "tokens compared |", "|---|---|---|---|"]
-    for r in rows:
-        firsts = ", ".join(str(f) for f in sorted(r["first_divergences"])) or "none"
-        lines.append(f"| {r['comparison']} | {r['diverged']} of {r['prompts']} | {firsts} | "
-                     f"{r['tokens']} |")
-    return "\n".join(lines)
+    from lossless_dtypes import table as divergence_table
+    return divergence_table(rows, keys=("comparison",))
 
 
 def main(argv: list[str] | None = None) -> int:

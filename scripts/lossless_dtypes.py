@@ -42,13 +42,25 @@ def _runs_here(loaded) -> str | None:
     return None
 
 
+def divergences(pairs: list[tuple[str, str, list[int], list[int]]]) -> dict:
+    """Where each (task, prompt, reference ids, other ids) pair first differs
+    (``pipeline.first_divergence``): {prompts, diverged, first_divergences, tokens (compared),
+    per_prompt: [{task, prompt, first_divergence}]}. Also used by backend_divergence.py."""
+    from specdemo.services.pipeline import first_divergence
+    per_prompt = [{"task": t, "prompt": p, "first_divergence": first_divergence(a, b)}
+                  for t, p, a, b in pairs]
+    firsts = [x["first_divergence"] for x in per_prompt if x["first_divergence"] is not None]
+    return {"prompts": len(pairs), "diverged": len(firsts), "first_divergences": firsts,
+            "tokens": sum(min(len(a), len(b)) for _, _, a, b in pairs), "per_prompt": per_prompt}
+
+
 def measure(target: str, drafts: list[str], dtypes: list[str], k: int, max_new_tokens: int,
             device: str = "cpu", on_row=None) -> list[dict]:
     """One row per (dtype, draft): {dtype, draft, prompts, diverged, first_divergences, tokens,
     note, per_prompt: [{task, prompt, first_divergence}]}."""
     from specdemo.models.learned import is_learned, load_learned
     from specdemo.models.loading import load_model
-    from specdemo.services.pipeline import DecodeSettings, Pipeline, first_divergence
+    from specdemo.services.pipeline import DecodeSettings, Pipeline
     from specdemo.services.prompts import load_prompts
 
     prompts = [(task, p) for task, ps in load_prompts().items() for p in ps]
@@ -71,34 +83,29 @@ def measure(target: str, drafts: list[str], dtypes: list[str], k: int, max_new_t
         for draft in drafts:
             source = load_learned(draft, loaded) if is_learned(draft) else None
             pipe = Pipeline(loaded, draft, source)
-            per_prompt, tokens = [], 0
-            for i, (task, prompt) in enumerate(prompts):
-                spec = pipe.run(pipe.prompt_ids(prompt), settings, True).token_ids
-                tokens += min(len(spec), len(plain[i]))
-                per_prompt.append({"task": task, "prompt": prompt,
-                                   "first_divergence": first_divergence(plain[i], spec)})
-            firsts = [p["first_divergence"] for p in per_prompt if p["first_divergence"] is not None]
-            rows.append({"dtype": dtype, "draft": draft, "prompts": len(prompts),
-                         "diverged": len(firsts), "first_divergences": firsts, "tokens": tokens,
-                         "note": "", "per_prompt": per_prompt})
-            print(f"{dtype} {draft}: {len(firsts)} of {len(prompts)} differ {firsts}",
-                  file=sys.stderr, flush=True)
+            pairs = [(task, prompt, plain[i], pipe.run(pipe.prompt_ids(prompt), settings, True).token_ids)
+                     for i, (task, prompt) in enumerate(prompts)]
+            row = {"dtype": dtype, "draft": draft, **divergences(pairs), "note": ""}
+            rows.append(row)
+            print(f"{dtype} {draft}: {row['diverged']} of {row['prompts']} differ "
+                  f"{row['first_divergences']}", file=sys.stderr, flush=True)
             if on_row is not None:
                 on_row(rows)
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    """The rows as a markdown table."""
-    lines = ["| dtype | draft | prompts whose output differs | first divergence at token | "
-             "tokens compared |", "|---|---|---|---|---|"]
+def table(rows: list[dict], keys: tuple[str, ...] = ("dtype", "draft")) -> str:
+    """The rows as a markdown table: the ``keys`` columns, then the divergence columns (a row
+    whose ``diverged`` is None shows its ``note``). Also used by backend_divergence.py."""
+    lines = ["| " + " | ".join(keys) + " | prompts whose output differs | first divergence at "
+             "token | tokens compared |", "|---" * (len(keys) + 3) + "|"]
     for r in rows:
+        label = " | ".join(str(r[k]) for k in keys)
         if r["diverged"] is None:
-            lines.append(f"| {r['dtype']} | {r['draft']} | {r['note']} | | |")
+            lines.append(f"| {label} | {r['note']} | | |")
             continue
         firsts = ", ".join(str(f) for f in sorted(r["first_divergences"])) or "none"
-        lines.append(f"| {r['dtype']} | {r['draft']} | {r['diverged']} of {r['prompts']} | "
-                     f"{firsts} | {r['tokens']} |")
+        lines.append(f"| {label} | {r['diverged']} of {r['prompts']} | {firsts} | {r['tokens']} |")
     return "\n".join(lines)
 
 
