@@ -3,12 +3,12 @@
 import os as _os
 from pathlib import Path as _Path
 
-# OpenMP threads that spin while they wait turn a forward 10-30x slower as soon as another
-# process wants the same cores (SmolLM2-135M, 2 threads on a 2-core VM shared with one more
-# busy process: 0.17-1.9 s per forward spinning, 0.06-0.08 s waiting passively). Set before
-# torch loads its OpenMP runtime; a value the user set wins. See the README's "Performance on a
-# CPU" for what it costs on a quiet machine.
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# How OpenMP threads wait (torch's and llama.cpp's), chosen before either runtime loads: spinning
+# unless other processes want the cores our threads need (specdemo/_omp.py has the measurements).
+# A value the user set wins. What was chosen and why: OMP_WAIT.
+from . import _omp
+
+OMP_WAIT = _omp.apply()
 
 __version__ = "0.1.0"
 

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+import specdemo
 from specdemo.services import costs
 from specdemo.models import loading as models
 from specdemo.interfaces.cli import main
@@ -14,7 +15,7 @@ from tiny import CharTokenizer, tiny_llama
 KEYS = {"target", "device", "dtype", "quantization", "threads", "clock", "context", "forward_s",
         "forward_ratio", "weight_bytes", "bandwidth_GBps", "bound_tokens_per_s",
         "plain_tokens_per_s", "plain_vs_bound", "load_average", "fast_path", "stock_forward_s",
-        "stock_forward_ratio", "notes", "backend", "backend_choice", "backends", "llama_bench"}
+        "stock_forward_ratio", "notes", "backend", "backend_choice", "backends", "llama_bench", "omp_wait"}
 
 
 def _loaded(model) -> LoadedModel:
@@ -57,6 +58,7 @@ def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys, tmp_path):
     assert out["plain_vs_bound"] == pytest.approx(out["plain_tokens_per_s"] / out["bound_tokens_per_s"])
     assert (out["context"], out["dtype"], out["quantization"]) == (8, "float32", None)
     assert out["threads"] == torch.get_num_threads()
+    assert out["omp_wait"] == specdemo.OMP_WAIT  # how this process's OpenMP threads wait, and why
     assert out["fast_path"] is None  # not loaded through load_model: nothing was patched
     assert out["stock_forward_s"] is None and out["stock_forward_ratio"] is None
     # auto: a float32 Llama without a GGUF file has the transformers and int8 backends, each

@@ -471,6 +471,8 @@ def _choice_key(loaded, gguf: Path | None, candidates: tuple[str, ...]) -> str:
              int(st.st_mtime) if st else None, CHOICE_WIDTHS]
     if candidates != ("transformers", "ggml"):  # keys stored before the int8 backend stay valid
         parts.append(list(candidates))
+    # how OpenMP threads wait changes every backend's costs (2.5-3.3x for ggml: specdemo/_omp.py)
+    parts.append([os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")])
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 

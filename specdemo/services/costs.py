@@ -31,6 +31,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from .. import OMP_WAIT
+from .._omp import describe as describe_omp
+
 COPY_BYTES = 256 << 20  # 256 MiB: larger than the caches of desktop CPUs
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}  # cpu: this thread's CPU time
 
@@ -62,6 +65,8 @@ class CostReport:
     backend_choice: dict | None = None
     backends: dict[str, dict] | None = None
     llama_bench: dict | None = None
+    #: how OpenMP threads waited in this process, and why (specdemo/_omp.py; llama-bench inherits it)
+    omp_wait: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -247,7 +252,7 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         load_average=max(loads) if loads else None,
         fast_path=info.as_dict() if info else None, stock_forward_s=stock,
         stock_forward_ratio={n: ratio(s, stock[1]) for n, s in stock.items()} if stock else None,
-        backend=backend)
+        backend=backend, omp_wait=OMP_WAIT)
 
 
 SUMMARY_KEYS = ("forward_s", "forward_ratio", "weight_bytes", "bound_tokens_per_s",
@@ -295,7 +300,8 @@ def format_report(r: CostReport) -> str:
              + (f", {r.quantization}" if r.quantization else "")
              + f", backend {r.backend}"
              + f", {r.threads} threads, {r.clock} clock, context {r.context}, "
-             f"load average {f(r.load_average)}",
+             f"load average {f(r.load_average)}"
+             + (f"; {describe_omp(r.omp_wait)}" if r.omp_wait else ""),
              f"weight_bytes {r.weight_bytes:,}  bandwidth_GBps {r.bandwidth_GBps:.1f}  "
              f"bound_tokens_per_s {f(r.bound_tokens_per_s, '.1f')}  "
              f"plain_tokens_per_s {f(r.plain_tokens_per_s, '.1f')}  "

@@ -144,8 +144,9 @@ def figure(rows: list[dict]):
 
 def machine() -> dict:
     import os
+    from .. import OMP_WAIT
     from ..models.hardware import _cpu_name
-    return {"cpu_model": _cpu_name(), "cpu_cores_logical": os.cpu_count(),
+    return {"cpu_model": _cpu_name(), "cpu_cores_logical": os.cpu_count(), "omp_wait": OMP_WAIT,
             "platform": platform.platform(), "python": platform.python_version()}
 
 

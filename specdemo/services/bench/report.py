@@ -8,6 +8,7 @@ import csv
 import json
 from pathlib import Path
 
+from ..._omp import describe as describe_omp
 from .aggregate import best_draft_lengths
 from .run import Sweep
 
@@ -250,7 +251,8 @@ def report_markdown(sweep: Sweep, files: dict[str, str]) -> str:
         f"Machine: {device}, {m['dtype']}; CPU {m['cpu_model']}, "
         f"{m['cpu_cores_physical']} cores / {m['cpu_cores_logical']} threads, "
         f"{m['memory_total_bytes'] / 1e9:.1f} GB RAM; torch {m['torch']}, "
-        f"transformers {m['transformers']}.",
+        f"transformers {m['transformers']}."
+        + (f" {describe_omp(m['omp_wait'])}." if m.get("omp_wait") else ""),
         f"Settings: tasks {', '.join(c.tasks)}; draft lengths {', '.join(map(str, c.draft_lengths))}; "
         f"{c.max_new_tokens} new tokens; temperature {c.temperature}; {c.repeats} repeat(s); "
         f"prompts per task: {c.prompts_per_task or 'all'}. Took {sweep.seconds:.0f} s.",

@@ -283,7 +283,7 @@ def machine_info(target) -> dict:
     import psutil
     import torch
     import transformers
-    from ... import __version__
+    from ... import OMP_WAIT, __version__
     from ...models import hardware
     device = torch.device(target.device)
     cpu_name = getattr(hardware, "_cpu_name", platform.processor)()
@@ -296,6 +296,7 @@ def machine_info(target) -> dict:
         "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "platform": platform.platform(), "specdemo": __version__,
         "backend": getattr(target, "backend", "transformers"),
+        "omp_wait": OMP_WAIT,
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
