@@ -43,9 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--share", action="store_true",
                         help="also publish a public gradio.live link (off by default)")
     parser.add_argument("--backend", default="transformers",
-                        choices=["auto", "transformers", "ggml", "int8"],
+                        choices=["auto", "transformers", "ggml", "ggml-bf16", "int8"],
                         help="target forward for both lanes: transformers, ggml (llama.cpp over "
-                             "a GGUF/built-in target), int8 (int8 Llama forward) or auto (measured on this CPU) "
+                             "a GGUF/built-in target), ggml-bf16 (its BF16 copy), int8 (int8 Llama forward) or auto (measured on this CPU) "
                              "(default %(default)s)")
     return parser.parse_args(argv)
 

@@ -15,7 +15,10 @@ So the choice is measured: the runnable tasks of other processes (``procs_runnin
 Spinning stays (libgomp's default) when our threads fit beside them, else ``PASSIVE``.
 A value the user set (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``) always wins; where
 ``/proc/stat`` cannot be read (macOS, Windows) threads wait passively, as before this measurement.
-The process's child processes (llama-server, llama-bench) inherit the same choice.
+llama.cpp's own programs that specdemo starts (llama-server, llama-bench) get :func:`child_env`:
+the environment without the setting made here, so they wait as they do when a user runs them
+(a choice made while other processes started at the same moment would otherwise stay with a
+server for its whole life).
 
 Only the standard library: this runs when ``specdemo`` is imported.
 """
@@ -39,7 +42,7 @@ def usable_cores() -> int:
 
 def others_running(stat_path: str = "/proc/stat", samples: int = SAMPLES,
                    interval_s: float = INTERVAL_S) -> int | None:
-    """Runnable tasks of other processes right now: the median over ``samples`` reads of
+    """Runnable tasks of other processes right now: the fewest over ``samples`` reads of
     ``procs_running`` (which counts this process's running thread too, so one is taken off).
 
     Returns None when the file cannot be read or has no such line (not Linux)."""
@@ -55,8 +58,8 @@ def others_running(stat_path: str = "/proc/stat", samples: int = SAMPLES,
         counts.append(int(line.split()[1]))
         if i + 1 < samples:
             time.sleep(interval_s)
-    counts.sort()
-    return max(0, counts[len(counts) // 2] - 1)
+    # the fewest: a task that stays runnable is in every sample; one starting up or waking briefly is not
+    return max(0, min(counts) - 1)
 
 
 def choose(others: int | None, cores: int) -> str:
@@ -86,6 +89,17 @@ def apply(environ=os.environ, stat_path: str = "/proc/stat") -> dict:
         environ["OMP_WAIT_POLICY"] = "PASSIVE"
     return {"policy": policy, "others_running": others, "cores": cores,
             "setting": {"OMP_WAIT_POLICY": "PASSIVE"} if policy == "passive" else {}}
+
+
+def child_env(decision: dict | None = None, environ=os.environ) -> dict:
+    """The environment for a llama.cpp program specdemo starts: ``environ`` without the
+    ``OMP_WAIT_POLICY`` that :func:`apply` set (a value the user set stays)."""
+    if decision is None:
+        from . import OMP_WAIT as decision
+    env = dict(environ)
+    if decision["policy"] == "passive" and env.get("OMP_WAIT_POLICY") == "PASSIVE":
+        env.pop("OMP_WAIT_POLICY")
+    return env
 
 
 def describe(decision: dict) -> str:

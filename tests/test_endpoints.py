@@ -212,6 +212,9 @@ def test_serve_draft_flags(tmp_path):
     from specdemo.services import serve
     assert serve.draft_flags("none") == []
     assert serve.draft_flags("ngram", 8) == ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"]
+    assert serve.draft_flags("ngram-mod") == ["--spec-type", "ngram-mod"]  # llama.cpp's own names
+    with pytest.raises(serve.ServeError, match="no n-gram draft 'ngram-big'.*ngram-map-k"):
+        serve.draft_flags("ngram-big")
     gguf = tmp_path / "d.gguf"
     gguf.write_bytes(b"GGUF")
     assert serve.draft_flags(str(gguf)) == ["--spec-type", "draft-simple", "--spec-draft-model",

@@ -206,6 +206,66 @@ def test_ggml_model_loads_a_gguf_target_and_checks_its_vocabulary(tiny, tmp_path
             delattr(model, gb._GGML_ATTR)
 
 
+def test_ggml_bf16_converts_the_gguf_once_with_llama_quantize(tiny, tmp_path, monkeypatch):
+    from specdemo.core.drafters import NgramDrafter
+    from specdemo.core.engine import generate
+    from specdemo.core.policy import FixedDraftLength
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path / "cache"))
+    model, _ = tiny
+    path = write_tiny_gguf(model, tmp_path / "t.gguf")
+    loaded = _Loaded(model, str(path))
+    try:
+        chosen, choice = gb.with_backend(loaded, "ggml-bf16")
+        assert chosen.backend == "ggml-bf16" and choice.reason == "asked for"
+        g16 = gb.ggml_model(chosen)
+        assert g16.path.parent == tmp_path / "cache" / "ggml" and g16.path.name.endswith(".BF16.gguf")
+        assert g16.size_bytes < gb.ggml_model(loaded).size_bytes  # 2 bytes a weight against 4
+        stamp = g16.path.stat().st_mtime_ns
+        assert gb.converted_gguf(path, "BF16") == g16.path  # made once
+        assert g16.path.stat().st_mtime_ns == stamp
+        kv = gb.target_kv(chosen)
+        assert isinstance(kv, gb.GgmlKV) and kv.backend == "ggml-bf16"
+        ids = [5, 9, 1, 22, 7, 3, 30, 12, 4, 4, 18]
+        ours, ref = kv.forward(ids, logits_to_keep=len(ids)), _hf_logits(model, ids)
+        assert 0 < (ours - ref).abs().max() < 0.05  # BF16 rounding of the float32 weights
+        plain = generate(gb.GgmlKV(g16, model, n_ctx=128), ids, VocabTokenizer(), max_new_tokens=30)
+        spec = generate(gb.GgmlKV(g16, model, n_ctx=128), ids, VocabTokenizer(),
+                        drafter=NgramDrafter(), policy=FixedDraftLength(4), max_new_tokens=30)
+        assert spec.token_ids == plain.token_ids  # lossless on its own weights
+    finally:
+        for attr in gb._ATTRS.values():
+            if hasattr(model, attr):
+                delattr(model, attr)
+
+
+def test_ggml_bf16_says_why_it_cannot_convert(tiny, tmp_path, monkeypatch):
+    from specdemo.models import llama_ctypes
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path / "cache"))
+    model, _ = tiny
+    path = write_tiny_gguf(model, tmp_path / "t.gguf")
+    real = llama_ctypes.library_dir()
+    lonely = tmp_path / "lib"
+    lonely.mkdir()
+    monkeypatch.setattr(llama_ctypes, "library_dir", lambda: lonely)
+    with pytest.raises(gb.GgmlError, match="llama-quantize is not installed"):
+        gb.converted_gguf(path, "BF16")
+    (lonely / "llama-quantize").symlink_to(real / "llama-quantize")
+    with pytest.raises(gb.GgmlError, match="could not convert t.gguf to NOPE"):
+        gb.converted_gguf(path, "NOPE")
+    assert not list((tmp_path / "cache" / "ggml").iterdir())  # nothing half-written is left
+
+
+def test_auto_leaves_ggml_bf16_out_for_a_float_gguf(tiny):
+    model, g = tiny
+    _attached(model, g)
+    try:
+        names, why = gb.candidate_backends(_Loaded(model, str(g.path)))
+        assert "ggml" in names and "ggml-bf16" not in names
+        assert "ggml-bf16 not a candidate: its GGUF holds 16- or 32-bit weights already" in why
+    finally:
+        delattr(model, gb._GGML_ATTR)
+
+
 @pytest.mark.slow
 def test_builtin_gguf_vocab_and_logits_agree_with_transformers():
     from specdemo.models.loading import load_model

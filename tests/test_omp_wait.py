@@ -76,3 +76,24 @@ def test_importing_specdemo_decides_before_torch_loads_and_says_what_it_set():
     assert env_value == ("PASSIVE" if decision["policy"] == "passive" else None)
     decision, env_value, _ = probe(OMP_WAIT_POLICY="ACTIVE")
     assert env_value == "ACTIVE" and decision["policy"] == "user"
+
+
+def test_llama_cpp_programs_do_not_inherit_the_passive_setting_made_here():
+    passive = {"policy": "passive", "others_running": 3, "cores": 2,
+               "setting": {"OMP_WAIT_POLICY": "PASSIVE"}}
+    env = _omp.child_env(passive, {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"})
+    assert env == {"PATH": "/bin"}
+    user = {"policy": "user", "others_running": None, "cores": 2,
+            "setting": {"OMP_WAIT_POLICY": "PASSIVE"}}
+    assert _omp.child_env(user, {"OMP_WAIT_POLICY": "PASSIVE"}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_a_task_runnable_only_in_some_samples_is_not_counted(tmp_path, monkeypatch):
+    reads = iter([4, 1, 3])  # a process starting up shows in some reads only
+    path = tmp_path / "stat"
+
+    def fake_sleep(_):
+        path.write_text("procs_running %d\n" % next(reads))
+    path.write_text("procs_running 2\n")
+    monkeypatch.setattr(_omp.time, "sleep", fake_sleep)
+    assert _omp.others_running(str(path), samples=3, interval_s=0) == 0

@@ -60,12 +60,14 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
 
 
 def add_backend_flag(parser: argparse.ArgumentParser) -> None:
-    """``--backend auto|transformers|ggml|int8``: how the target's forward is computed (both lanes
+    """``--backend auto|transformers|ggml|ggml-bf16|int8``: how the target's forward is computed (both lanes
     of a comparison use the same)."""
     parser.add_argument("--backend", default="transformers",
-                        choices=["auto", "transformers", "ggml", "int8"],
+                        choices=["auto", "transformers", "ggml", "ggml-bf16", "int8"],
                         help="target forward: transformers, ggml (llama.cpp over the GGUF file "
-                             "of a GGUF/built-in target), int8 (our forward of a float32 Llama "
+                             "of a GGUF/built-in target), ggml-bf16 (the same with the GGUF "
+                             "converted to BF16 once by llama-quantize: cheaper verification "
+                             "where quantised kernels are compute-bound), int8 (our forward of a float32 Llama "
                              "with int8 weights and activations, docs/cpu-backends.md) or auto (measured on this CPU, stored; "
                              "transformers elsewhere) (default %(default)s: the reference for "
                              "losslessness; on the CPUs measured so far ggml decodes faster but its "

@@ -43,7 +43,13 @@ from ..core.kv import PREFILL_CHUNK, _check_stop, _chunks
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "transformers", "ggml", "int8")  # int8: compiled_backend.py
+BACKENDS = ("auto", "transformers", "ggml", "ggml-bf16", "int8")  # int8: compiled_backend.py
+#: the ggml backends: name -> the weight type llama.cpp's llama-quantize converts the GGUF to
+#: (None: the file's own weights). On CPUs whose quantised dot products are compute-bound, BF16
+#: weights make a k-token verification far cheaper at about the same one-token cost
+#: (docs/cpu-backends.md, "Weight types"); the numbers differ from the file's by BF16 rounding.
+GGML_BACKENDS = {"ggml": None, "ggml-bf16": "BF16"}
+MAX_CONVERTED_BYTES = 4 << 30  # auto converts a GGUF for ggml-bf16 only up to this size (BF16)
 MAX_CONTEXT = 8192  # tokens of KV cache a context allocates at most (f16: 190 MB for 135M)
 BATCH = 512  # llama.cpp's n_batch/n_ubatch: more than PREFILL_CHUNK, so one chunk is one decode
 # architectures whose llama.cpp graph (pinned source, src/models/*.cpp) records layer inputs
@@ -148,7 +154,9 @@ class GgmlKV:
     backend = "ggml"
 
     def __init__(self, gmodel: GgmlModel, model: torch.nn.Module | None = None,
-                 n_ctx: int | None = None, threads: int | None = None) -> None:
+                 n_ctx: int | None = None, threads: int | None = None,
+                 backend: str = "ggml") -> None:
+        self.backend = backend
         self.gmodel = gmodel
         self.lib = gmodel.lib
         self.model = model
@@ -374,6 +382,56 @@ def gguf_path(spec: str) -> Path | None:
 
 
 _GGML_ATTR = "_specdemo_ggml"  # the GgmlModel, kept on the transformers model it pairs with
+_ATTRS = {"ggml": _GGML_ATTR, "ggml-bf16": _GGML_ATTR + "_bf16"}  # one per ggml backend
+
+
+def converted_gguf(src: Path, weight_type: str) -> Path:
+    """``src`` with its weights converted to ``weight_type`` (``BF16``) by llama.cpp's own
+    ``llama-quantize --allow-requantize`` (the pinned build's), made once and kept in
+    ``models.cache_dir()/ggml/`` under a name that changes with the source's size and date.
+
+    Raises:
+        GgmlError: llama-quantize is missing or failed, or the disk lacks room (the reason).
+    """
+    import shutil
+    import subprocess
+    from . import builtin
+    from .llama_ctypes import library_dir
+    st = src.stat()
+    folder = builtin.cache_dir() / "ggml"
+    out = folder / f"{src.stem}.{st.st_size}-{int(st.st_mtime)}.{weight_type}.gguf"
+    if out.is_file():
+        return out
+    tool = (library_dir() or Path("/nonexistent")) / "llama-quantize"
+    if not tool.is_file():
+        raise GgmlError(f"llama-quantize is not installed next to llama.cpp's library ({tool.parent})")
+    folder.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(folder).free
+    if free < 3 * st.st_size + (1 << 30):  # a Q4 file grows about 3.5x as BF16
+        raise GgmlError(f"no room for a {weight_type} copy of {src.name} in {folder} "
+                        f"({free / 1e9:.1f} GB free)")
+    staged = folder / f".{out.name}.{os.getpid()}"
+    done = subprocess.run([str(tool), "--allow-requantize", str(src), str(staged), weight_type],
+                          capture_output=True, text=True)
+    if done.returncode != 0 or not staged.is_file():
+        staged.unlink(missing_ok=True)
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise GgmlError(f"llama-quantize could not convert {src.name} to {weight_type}: {last[0]}")
+    os.replace(staged, out)
+    return out
+
+
+def backend_gguf(loaded, backend: str = "ggml") -> Path:
+    """The GGUF file the ggml backend ``backend`` reads for ``loaded``: the target's own file
+    (``ggml``) or its :func:`converted_gguf` (``ggml-bf16``).
+
+    Raises:
+        GgmlError: no GGUF file, or the conversion failed."""
+    path = gguf_path(loaded.spec)
+    if path is None:
+        raise GgmlError(f"{loaded.spec} has no GGUF file (the ggml backend reads GGUF targets)")
+    weight_type = GGML_BACKENDS[backend]
+    return path if weight_type is None else converted_gguf(path, weight_type)
 _ATTACH_LOCK = threading.Lock()
 
 
@@ -395,25 +453,29 @@ def unavailable_reason(loaded) -> str | None:
     return library_reason()
 
 
-def ggml_model(loaded, threads: int | None = None) -> GgmlModel:
-    """The llama.cpp model of ``loaded``'s GGUF file, loaded once per transformers model and
-    checked against its tokenizer.
+def ggml_model(loaded, threads: int | None = None, backend: str | None = None) -> GgmlModel:
+    """The llama.cpp model of ``loaded``'s GGUF file (:func:`backend_gguf` of ``backend``,
+    default ``loaded.backend`` when it is a ggml one, else ``ggml``), loaded once per
+    transformers model and checked against its tokenizer.
 
     Raises:
-        GgmlError: :func:`unavailable_reason`, or the vocabularies differ.
+        GgmlError: :func:`unavailable_reason`, the conversion failed, or the vocabularies differ.
     """
+    if backend is None:
+        backend = backend_of(loaded) if backend_of(loaded) in GGML_BACKENDS else "ggml"
+    attr = _ATTRS[backend]
     with _ATTACH_LOCK:
-        gmodel = getattr(loaded.model, _GGML_ATTR, None)
+        gmodel = getattr(loaded.model, attr, None)
         if gmodel is not None:
             return gmodel
         reason = unavailable_reason(loaded)
         if reason:
             raise GgmlError(reason)
-        gmodel = GgmlModel(gguf_path(loaded.spec), threads)
+        gmodel = GgmlModel(backend_gguf(loaded, backend), threads)
         problems = vocab_problems(gmodel, loaded.tokenizer, loaded.vocab_size)
         if problems:
             raise GgmlError(f"the ggml backend cannot serve {loaded.spec}: " + "; ".join(problems))
-        setattr(loaded.model, _GGML_ATTR, gmodel)
+        setattr(loaded.model, attr, gmodel)
         return gmodel
 
 
@@ -421,8 +483,8 @@ def target_kv(loaded):
     """A KV-cached target for the engine on ``loaded``'s backend: a :class:`GgmlKV` when
     ``loaded.backend`` is ``ggml``, a ``compiled_backend.Int8KV`` when it is ``int8``, else
     transformers' :class:`specdemo.core.kv.KVModel`."""
-    if getattr(loaded, "backend", "transformers") == "ggml":
-        return GgmlKV(ggml_model(loaded), loaded.model)
+    if backend_of(loaded) in GGML_BACKENDS:
+        return GgmlKV(ggml_model(loaded), loaded.model, backend=backend_of(loaded))
     if getattr(loaded, "backend", "transformers") == "int8":
         from .compiled_backend import Int8KV, int8_model
         return Int8KV(int8_model(loaded))
@@ -488,6 +550,19 @@ def _score(kv) -> float:
     return sum(table[n] for n in CHOICE_WIDTHS)
 
 
+def bf16_reason(loaded) -> str | None:
+    """Why ``auto`` does not try ``ggml-bf16`` for ``loaded`` (None when it does): the GGUF is
+    float already, or its BF16 copy would exceed :data:`MAX_CONVERTED_BYTES`."""
+    gmodel = ggml_model(loaded)
+    params = sum(p.numel() for p in loaded.model.parameters())
+    if gmodel.size_bytes >= 2 * params * 0.95:
+        return "its GGUF holds 16- or 32-bit weights already"
+    if 2 * params > MAX_CONVERTED_BYTES:
+        return (f"a BF16 copy would be {2 * params / 1e9:.1f} GB (auto converts up to "
+                f"{MAX_CONVERTED_BYTES / 2**30:.0f} GiB; --backend ggml-bf16 converts any size)")
+    return None
+
+
 def candidate_backends(loaded) -> tuple[tuple[str, ...], list[str]]:
     """(backends ``auto`` measures for ``loaded``, why each other one is not a candidate)."""
     from .compiled_backend import unavailable_reason as int8_reason
@@ -501,6 +576,16 @@ def candidate_backends(loaded) -> tuple[tuple[str, ...], list[str]]:
             why.append(f"ggml not available: {exc}")
     else:
         why.append(f"ggml not available: {reason}")
+    if "ggml" in names:
+        reason = bf16_reason(loaded)
+        if reason is None:
+            try:
+                ggml_model(loaded, backend="ggml-bf16")
+                names.append("ggml-bf16")
+            except GgmlError as exc:
+                why.append(f"ggml-bf16 not available: {exc}")
+        else:
+            why.append(f"ggml-bf16 not a candidate: {reason}")
     reason = int8_reason(loaded) if loaded.device.type == "cpu" else "not on the CPU"
     if reason is None:
         names.append("int8")
@@ -578,8 +663,8 @@ def with_backend(loaded, backend: str = "auto"):
         raise ValueError(f"unknown backend '{backend}'; use {', '.join(BACKENDS)}")
     if name == "transformers":
         return replace_backend(loaded, name), BackendChoice(name, "asked for")
-    if name == "ggml":
-        ggml_model(loaded)  # raises with the reason
+    if name in GGML_BACKENDS:
+        ggml_model(loaded, backend=name)  # raises with the reason
         return replace_backend(loaded, name), BackendChoice(name, "asked for")
     if name == "int8":
         from .compiled_backend import int8_model

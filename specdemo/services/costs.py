@@ -283,7 +283,8 @@ def run_llama_bench(gguf, threads: int, new_tokens: int = 64, repetitions: int =
         raise OSError("llama-bench was not found next to llama.cpp's library")
     cmd = [str(binary), "-t", str(threads), "-m", str(gguf), "-p", "0", "-n", str(new_tokens),
            "-r", str(repetitions), "-o", "json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    from .._omp import child_env
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=child_env())
     if done.returncode != 0:
         raise RuntimeError(f"llama-bench failed: {done.stderr.strip()[-300:]}")
     rows = json.loads(done.stdout)
@@ -361,7 +362,7 @@ def register(sub) -> None:
                    help="also time transformers' own kernels, alternating with the fast path "
                         "ROUNDS times in this process (stock_forward_s in the output)")
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--backend", default="auto", choices=["auto", "transformers", "ggml", "int8"],
+    p.add_argument("--backend", default="auto", choices=["auto", "transformers", "ggml", "ggml-bf16", "int8"],
                    help="auto (default): measure every backend available for the target and "
                         "report the one auto chooses first; or only transformers / ggml / int8")
     p.add_argument("--llama-bench", action="store_true",

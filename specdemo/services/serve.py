@@ -6,7 +6,7 @@ it builds ``llama-server`` from llama.cpp's own source with cmake). The server l
 Ctrl-C, with the app, or by :meth:`LlamaServer.stop`.
 
 Drafts (llama-server's ``--spec-type``): ``none``; ``ngram`` (``ngram-simple``: prompt lookup, no
-model); a draft model, ``builtin:<name>`` or a ``.gguf`` path (``draft-simple`` with
+model) or any of llama-server's n-gram types by name (``ngram-map-k``, ``ngram-mod``, ...); a draft model, ``builtin:<name>`` or a ``.gguf`` path (``draft-simple`` with
 ``--spec-draft-model``).
 """
 
@@ -74,8 +74,13 @@ def gguf_path(spec: str) -> Path:
     return path
 
 
+#: llama-server's model-free drafts (``--spec-type``), by the name it gives them
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+
+
 def draft_flags(draft: str, draft_max: int | None = None) -> list[str]:
-    """llama-server flags for ``draft``: none, ngram, builtin:<name> or a .gguf path.
+    """llama-server flags for ``draft``: none, ngram (= ngram-simple), one of
+    :data:`NGRAM_TYPES`, builtin:<name> or a .gguf path.
 
     Raises:
         ServeError: a draft llama-server cannot use.
@@ -85,6 +90,11 @@ def draft_flags(draft: str, draft_max: int | None = None) -> list[str]:
         return flags
     if draft == "ngram":
         flags = ["--spec-type", "ngram-simple"]
+    elif draft in NGRAM_TYPES:
+        flags = ["--spec-type", draft]
+    elif draft.startswith("ngram-"):
+        raise ServeError(f"llama-server has no n-gram draft {draft!r}; it has "
+                         + ", ".join(NGRAM_TYPES))
     else:
         flags = ["--spec-type", "draft-simple", "--spec-draft-model", str(gguf_path(draft))]
     if draft_max:
@@ -142,9 +152,11 @@ class LlamaServer:
                 return self.url
             fd, name = tempfile.mkstemp(prefix="specdemo-llama-server-", suffix=".log")
             self.log_path = Path(name)
+            from .._omp import child_env  # llama-server waits as when a user starts it
             with os.fdopen(fd, "wb") as log:
                 self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                                env=child_env())
             _RUNNING.add(self)
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=2.0, trust_env=False) as client:
@@ -220,7 +232,9 @@ def register(sub) -> None:
     serve.add_argument("--model", default="builtin:smollm2-135m",
                        help="builtin:<name> or a .gguf path (default %(default)s)")
     serve.add_argument("--draft", default="none",
-                       help="none, ngram (prompt lookup), builtin:<name> or a .gguf draft model "
+                       help="none, ngram (prompt lookup: ngram-simple), another of llama-server's n-gram "
+                            "types (ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache), "
+                            "builtin:<name> or a .gguf draft model "
                             "(default %(default)s)")
     serve.add_argument("--draft-max", type=int, default=None,
                        help="most draft tokens per round (llama-server --spec-draft-n-max)")
