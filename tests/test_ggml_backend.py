@@ -255,13 +255,14 @@ def test_ggml_bf16_says_why_it_cannot_convert(tiny, tmp_path, monkeypatch):
     assert not list((tmp_path / "cache" / "ggml").iterdir())  # nothing half-written is left
 
 
-def test_auto_leaves_ggml_bf16_out_for_a_float_gguf(tiny):
+def test_auto_leaves_ggml_bf16_out_and_says_why(tiny):
     model, g = tiny
     _attached(model, g)
     try:
         names, why = gb.candidate_backends(_Loaded(model, str(g.path)))
         assert "ggml" in names and "ggml-bf16" not in names
-        assert "ggml-bf16 not a candidate: its GGUF holds 16- or 32-bit weights already" in why
+        assert f"ggml-bf16 not a candidate: {gb.BF16_NOT_AUTO}" in why
+        assert "--backend ggml-bf16" in gb.BF16_NOT_AUTO
     finally:
         delattr(model, gb._GGML_ATTR)
 
