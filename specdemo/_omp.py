@@ -31,6 +31,9 @@ import time
 #: samples of /proc/stat's procs_running, and the seconds between them
 SAMPLES, INTERVAL_S = 5, 0.004
 
+#: what :func:`apply` decided in this process (``specdemo.OMP_WAIT`` is the same dict)
+DECISION: dict | None = None
+
 
 def usable_cores() -> int:
     """Logical cores this process may run on."""
@@ -79,25 +82,29 @@ def apply(environ=os.environ, stat_path: str = "/proc/stat") -> dict:
     set neither variable. Returns what was decided, for reports:
     ``{"policy": "spin" | "passive" | "user", "others_running": int | None, "cores": int,
     "setting": the variables in effect}``."""
+    global DECISION
     cores = usable_cores()
     user = {k: environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in environ}
     if user:
-        return {"policy": "user", "others_running": None, "cores": cores, "setting": user}
-    others = others_running(stat_path)
-    policy = choose(others, cores)
-    if policy == "passive":
-        environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return {"policy": policy, "others_running": others, "cores": cores,
-            "setting": {"OMP_WAIT_POLICY": "PASSIVE"} if policy == "passive" else {}}
+        decision = {"policy": "user", "others_running": None, "cores": cores, "setting": user}
+    else:
+        others = others_running(stat_path)
+        policy = choose(others, cores)
+        if policy == "passive":
+            environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        decision = {"policy": policy, "others_running": others, "cores": cores,
+                    "setting": {"OMP_WAIT_POLICY": "PASSIVE"} if policy == "passive" else {}}
+    if environ is os.environ:  # this process's own decision (tests pass their own dicts)
+        DECISION = decision
+    return decision
 
 
 def child_env(decision: dict | None = None, environ=os.environ) -> dict:
     """The environment for a llama.cpp program specdemo starts: ``environ`` without the
     ``OMP_WAIT_POLICY`` that :func:`apply` set (a value the user set stays)."""
-    if decision is None:
-        from . import OMP_WAIT as decision
+    decision = DECISION if decision is None else decision
     env = dict(environ)
-    if decision["policy"] == "passive" and env.get("OMP_WAIT_POLICY") == "PASSIVE":
+    if decision is not None and decision["policy"] == "passive" and env.get("OMP_WAIT_POLICY") == "PASSIVE":
         env.pop("OMP_WAIT_POLICY")
     return env
 

@@ -32,6 +32,19 @@ def test_expectation_per_dtype_and_quantisation():
     assert lossless_expectation(torch.float32, "none") == (True, None)
 
 
+def test_a_target_on_llama_cpp_kernels_is_not_expected_to_be_exact():
+    from types import SimpleNamespace
+    from specdemo.services.pipeline import GGML_REASON, target_lossless_expectation
+    for backend in ("ggml", "ggml-bf16"):
+        target = SimpleNamespace(dtype=torch.float32, quantization=None, backend=backend)
+        expected, why = target_lossless_expectation(target)
+        assert expected is False and why == (f"the target runs on llama.cpp's kernels (backend "
+                                             f"{backend}): {GGML_REASON}")
+    for backend in ("transformers", "int8"):  # int8: exact by construction (its own tests)
+        target = SimpleNamespace(dtype=torch.float32, quantization=None, backend=backend)
+        assert target_lossless_expectation(target) == (True, None)
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-target")

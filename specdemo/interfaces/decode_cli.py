@@ -194,6 +194,9 @@ def precision_notice(pipe) -> str | None:
     expected, why = target_lossless_expectation(pipe.target)
     if expected:
         return None
+    if "llama.cpp" in why:
+        return (f"note: greedy speculative output may differ from plain greedy here: {why}. For "
+                "an exact check run with --backend transformers --dtype float32.")
     return (f"note: greedy speculative output may differ from plain greedy here: {why}. For an "
             "exact check run with --dtype float32 (and no --quantization) where memory allows.")
 
@@ -366,8 +369,9 @@ def cmd_compare(args) -> int:
     same = "yes" if comparison.identical else f"no, first divergence at token {comparison.first_divergence}"
     print(f"speedup: {speed}   identical: {same}")
     if notice:
-        print("lossless expected: no (" + comparison.lossless_note + "; --dtype float32 for an "
-              "exact check)")
+        print("lossless expected: no (" + comparison.lossless_note + "; "
+              + ("--backend transformers" if "llama.cpp" in comparison.lossless_note
+                 else "--dtype float32") + " for an exact check)")
     for warning in comparison.warnings:
         print(f"warning: {warning}")
     return 0

@@ -53,8 +53,9 @@ FLOAT_REASON = (
     "floating point: speculative decoding verifies k+1 tokens in one batched forward, plain "
     "decoding computes one token per forward; the sums round differently (often in "
     "bfloat16/float16, rarely in float32), and a near-tie between two tokens can flip")
-EXACT_CHECK = ("For an exact check, race in float32 where memory allows (a float32 preset, or "
-               "--dtype float32 on the command line).")
+EXACT_CHECK = ("For an exact check, race in float32 on the transformers backend where memory "
+               "allows (a float32 preset, or --dtype float32 --backend transformers on the "
+               "command line).")
 
 
 def precision_chip(note: str) -> str:

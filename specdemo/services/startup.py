@@ -364,4 +364,8 @@ def use_backend(loaded, backend: str = "auto"):
     with STEPS.step(f"backend {backend} {loaded.spec}",
                     f"choosing the forward backend for {loaded.spec} ({backend})",
                     GUESS_S["forward costs"]):
-        return with_backend(loaded, backend)
+        chosen, choice = with_backend(loaded, backend)
+    with STEPS.step(f"backend chosen {loaded.spec}",  # says what auto chose, and why
+                    f"forward backend of {loaded.spec}: {choice.backend} ({choice.reason})"):
+        pass
+    return chosen, choice
