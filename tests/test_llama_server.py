@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -205,9 +206,12 @@ def test_stop_ends_the_running_server_lane_and_skips_the_next(servers):
 def test_serve_command_prints_url_and_stops_on_interrupt():
     _binary_or_skip()
     port = serve.free_port()
+    # SIGINT as a terminal delivers it: a suite started as a background job of a
+    # non-interactive shell inherits SIGINT ignored, and Python then never raises Ctrl-C
     proc = subprocess.Popen([sys.executable, "-m", "specdemo", "serve", "llama.cpp", "--port",
                              str(port), "--draft", "ngram"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stdout.readline()
         assert f"ready at http://127.0.0.1:{port}" in line
