@@ -15,7 +15,7 @@ So the choice is measured: the runnable tasks of other processes (``procs_runnin
 Spinning stays (libgomp's default) when our threads fit beside them, else ``PASSIVE``.
 A value the user set (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``) always wins; where
 ``/proc/stat`` cannot be read (macOS, Windows) threads wait passively, as before this measurement.
-llama.cpp's own programs that specdemo starts (llama-server, llama-bench) get :func:`child_env`:
+The llama-server processes that specdemo starts get :func:`child_env`:
 the environment without the setting made here, so they wait as they do when a user runs them
 (a choice made while other processes started at the same moment would otherwise stay with a
 server for its whole life).
