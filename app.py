@@ -33,6 +33,7 @@ def preset_arg(name: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from specdemo.core import BACKENDS
     parser = argparse.ArgumentParser(description="Race plain and speculative decoding side by side.")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default %(default)s: this machine only)")
@@ -43,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--share", action="store_true",
                         help="also publish a public gradio.live link (off by default)")
     parser.add_argument("--backend", default="transformers",
-                        choices=["auto", "transformers", "ggml", "ggml-bf16", "int8"],
+                        choices=BACKENDS,
                         help="target forward for both lanes: transformers, ggml (llama.cpp over "
                              "a GGUF/built-in target), ggml-bf16 (its BF16 copy), int8 (int8 Llama forward) or auto (measured on this CPU) "
                              "(default %(default)s)")

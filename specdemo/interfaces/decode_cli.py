@@ -11,6 +11,7 @@ from ..services import startup
 from ..checks.compat import NON_MODEL_DRAFTS, is_model_draft  # none, ngram, self: drafters that are not models
 from ..services.endpoints import add_endpoint_flags
 from ..checks.inputs import checked
+from ..core import BACKENDS
 from ..models.loading import ModelLoadError
 from ..models.quantize import QUANTIZATION_CHOICES
 
@@ -63,7 +64,7 @@ def add_backend_flag(parser: argparse.ArgumentParser) -> None:
     """``--backend auto|transformers|ggml|ggml-bf16|int8``: how the target's forward is computed (both lanes
     of a comparison use the same)."""
     parser.add_argument("--backend", default="transformers",
-                        choices=["auto", "transformers", "ggml", "ggml-bf16", "int8"],
+                        choices=BACKENDS,
                         help="target forward: transformers, ggml (llama.cpp over the GGUF file "
                              "of a GGUF/built-in target), ggml-bf16 (the same with the GGUF "
                              "converted to BF16 once by llama-quantize: cheaper verification "
@@ -190,11 +191,11 @@ def precision_notice(pipe) -> str | None:
     """The line ``run``/``compare`` print before timing when greedy outputs are not expected to
     be identical in the target's precision (bfloat16, float16, quantised), naming
     ``--dtype float32`` for an exact check; None in float32."""
-    from ..services.pipeline import target_lossless_expectation
+    from ..services.pipeline import on_llama_cpp, target_lossless_expectation
     expected, why = target_lossless_expectation(pipe.target)
     if expected:
         return None
-    if "llama.cpp" in why:
+    if on_llama_cpp(pipe.target):
         return (f"note: greedy speculative output may differ from plain greedy here: {why}. For "
                 "an exact check run with --backend transformers --dtype float32.")
     return (f"note: greedy speculative output may differ from plain greedy here: {why}. For an "
@@ -369,9 +370,10 @@ def cmd_compare(args) -> int:
     same = "yes" if comparison.identical else f"no, first divergence at token {comparison.first_divergence}"
     print(f"speedup: {speed}   identical: {same}")
     if notice:
+        from ..services.pipeline import on_llama_cpp
         print("lossless expected: no (" + comparison.lossless_note + "; "
-              + ("--backend transformers" if "llama.cpp" in comparison.lossless_note
-                 else "--dtype float32") + " for an exact check)")
+              + ("--backend transformers" if on_llama_cpp(pipe.target) else "--dtype float32")
+              + " for an exact check)")
     for warning in comparison.warnings:
         print(f"warning: {warning}")
     return 0

@@ -38,12 +38,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..core import BACKENDS  # the names with_backend accepts (int8: compiled_backend.py)
 from ..core.errors import ModelLoadError
 from ..core.kv import PREFILL_CHUNK, _check_stop, _chunks
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "transformers", "ggml", "ggml-bf16", "int8")  # int8: compiled_backend.py
 #: the ggml backends: name -> the weight type llama.cpp's llama-quantize converts the GGUF to
 #: (None: the file's own weights). On CPUs whose quantised dot products are compute-bound, BF16
 #: weights make a k-token verification far cheaper at about the same one-token cost
@@ -150,11 +150,11 @@ class GgmlKV:
         n_ctx: tokens the KV cache holds (default: the model's training context, at most
             :data:`MAX_CONTEXT`).
         threads: llama.cpp threads (default: the model's).
+        backend: the backend's name, ``ggml`` or ``ggml-bf16`` (:data:`GGML_BACKENDS`), kept
+            as ``kv.backend`` for reports.
     Raises:
         GgmlError: llama.cpp could not create the context.
     """
-
-    backend = "ggml"
 
     def __init__(self, gmodel: GgmlModel, model: torch.nn.Module | None = None,
                  n_ctx: int | None = None, threads: int | None = None,
@@ -386,6 +386,7 @@ def gguf_path(spec: str) -> Path | None:
 
 _GGML_ATTR = "_specdemo_ggml"  # the GgmlModel, kept on the transformers model it pairs with
 _ATTRS = {"ggml": _GGML_ATTR, "ggml-bf16": _GGML_ATTR + "_bf16"}  # one per ggml backend
+_ATTACH_LOCK = threading.Lock()
 
 
 def converted_gguf(src: Path, weight_type: str) -> Path:
@@ -435,7 +436,6 @@ def backend_gguf(loaded, backend: str = "ggml") -> Path:
         raise GgmlError(f"{loaded.spec} has no GGUF file (the ggml backend reads GGUF targets)")
     weight_type = GGML_BACKENDS[backend]
     return path if weight_type is None else converted_gguf(path, weight_type)
-_ATTACH_LOCK = threading.Lock()
 
 
 def unavailable_reason(loaded) -> str | None:

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 from .. import OMP_WAIT
 from .._omp import describe as describe_omp
+from ..core import BACKENDS
 
 COPY_BYTES = 256 << 20  # 256 MiB: larger than the caches of desktop CPUs
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}  # cpu: this thread's CPU time
@@ -362,7 +363,7 @@ def register(sub) -> None:
                    help="also time transformers' own kernels, alternating with the fast path "
                         "ROUNDS times in this process (stock_forward_s in the output)")
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--backend", default="auto", choices=["auto", "transformers", "ggml", "ggml-bf16", "int8"],
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="auto (default): measure every backend available for the target and "
                         "report the one auto chooses first; or only transformers / ggml / ggml-bf16 / int8")
     p.add_argument("--llama-bench", action="store_true",

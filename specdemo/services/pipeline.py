@@ -179,14 +179,20 @@ GGML_REASON = ("llama.cpp computes a token's numbers differently in a one-token 
                "plain greedy output")
 
 
+def on_llama_cpp(target) -> bool:
+    """Whether ``target`` runs on one of the ggml backends (llama.cpp's kernels)."""
+    from ..models.ggml_backend import GGML_BACKENDS, backend_of
+    return backend_of(target) in GGML_BACKENDS
+
+
 def target_lossless_expectation(target) -> tuple[bool, str | None]:
     """:func:`lossless_expectation` of a loaded target (``models.LoadedModel``, or anything
     with a ``model``: its parameters' dtype); on a ggml backend (False, why) always:
     measured 0 of 20 prompts differing with the Q4_1 file at k = 4, 8 of 20 with its BF16 copy,
     and 2 of 5 bench tasks with draft length ``auto``."""
-    backend = getattr(target, "backend", "transformers")
-    if isinstance(backend, str) and backend.startswith("ggml"):
-        return False, f"the target runs on llama.cpp's kernels (backend {backend}): {GGML_REASON}"
+    if on_llama_cpp(target):
+        return False, (f"the target runs on llama.cpp's kernels (backend {target.backend}): "
+                       f"{GGML_REASON}")
     dtype = getattr(target, "dtype", None)
     if dtype is None:
         dtype = next(target.model.parameters()).dtype
