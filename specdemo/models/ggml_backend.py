@@ -425,6 +425,10 @@ def converted_gguf(src: Path, weight_type: str) -> Path:
     return out
 
 
+def _no_gguf(spec: str) -> str:
+    return f"{spec} has no GGUF file (the ggml backend reads GGUF targets)"
+
+
 def backend_gguf(loaded, backend: str = "ggml") -> Path:
     """The GGUF file the ggml backend ``backend`` reads for ``loaded``: the target's own file
     (``ggml``) or its :func:`converted_gguf` (``ggml-bf16``).
@@ -433,7 +437,7 @@ def backend_gguf(loaded, backend: str = "ggml") -> Path:
         GgmlError: no GGUF file, or the conversion failed."""
     path = gguf_path(loaded.spec)
     if path is None:
-        raise GgmlError(f"{loaded.spec} has no GGUF file (the ggml backend reads GGUF targets)")
+        raise GgmlError(_no_gguf(loaded.spec))
     weight_type = GGML_BACKENDS[backend]
     return path if weight_type is None else converted_gguf(path, weight_type)
 
@@ -450,7 +454,7 @@ def unavailable_reason(loaded) -> str | None:
                 "uses the GGUF file's own weights")
     try:
         if gguf_path(loaded.spec) is None:
-            return f"{loaded.spec} has no GGUF file (the ggml backend reads GGUF targets)"
+            return _no_gguf(loaded.spec)
     except Exception as exc:  # a missing wheel: the loader said so already
         return str(exc)
     return library_reason()

@@ -248,7 +248,8 @@ def library() -> ctypes.CDLL:
             raise OSError(_ERROR)
         folder = library_dir()
         if folder is None or not (folder / "libllama.so").is_file():
-            _ERROR = (f"llama.cpp's shared library was not found (pip install {PINNED}, built "
+            _ERROR = (f"llama.cpp's shared library was not found (scripts/setup.sh engines "
+                      f"builds it, 10-15 minutes on 2 cores; or pip install {PINNED}, built "
                       f"with shared libraries, or set {LIB_DIR_ENV} to a folder with "
                       "libllama.so)")
             raise OSError(_ERROR)

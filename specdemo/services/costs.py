@@ -298,7 +298,10 @@ def format_report(r: CostReport) -> str:
     """The report as a few lines and a table (the README shows this)."""
     def f(x, spec=".2f"):
         return "n/a" if x is None else format(x, spec)
-    lines = [f"{r.target} on {r.device}, {r.dtype}"
+    from ..models.ggml_backend import GGML_BACKENDS
+    weights = (r.dtype if r.backend not in GGML_BACKENDS  # ggml reads the GGUF, not torch's copy
+               else f"{GGML_BACKENDS[r.backend] or 'the GGUF file' + chr(39) + 's own'} weights")
+    lines = [f"{r.target} on {r.device}, {weights}"
              + (f", {r.quantization}" if r.quantization else "")
              + f", backend {r.backend}"
              + f", {r.threads} threads, {r.clock} clock, context {r.context}, "

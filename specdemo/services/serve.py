@@ -93,10 +93,21 @@ def draft_flags(draft: str, draft_max: int | None = None) -> list[str]:
     elif draft in NGRAM_TYPES:
         flags = ["--spec-type", draft]
     elif draft.startswith("ngram-"):
-        raise ServeError(f"llama-server has no n-gram draft {draft!r}; it has "
-                         + ", ".join(NGRAM_TYPES))
+        import difflib
+        close = difflib.get_close_matches(draft, NGRAM_TYPES, n=1)
+        raise ServeError(f"llama-server has no n-gram draft {draft!r}"
+                         + (f" (did you mean {close[0]}?)" if close else "")
+                         + "; it has " + ", ".join(NGRAM_TYPES))
     else:
-        flags = ["--spec-type", "draft-simple", "--spec-draft-model", str(gguf_path(draft))]
+        try:
+            model = gguf_path(draft)
+        except ServeError as exc:
+            import difflib
+            close = difflib.get_close_matches(draft, ("none", "ngram", *NGRAM_TYPES), n=1)
+            if close:
+                raise ServeError(f"{exc}; did you mean --draft {close[0]}?") from None
+            raise
+        flags = ["--spec-type", "draft-simple", "--spec-draft-model", str(model)]
     if draft_max:
         flags += ["--spec-draft-n-max", str(draft_max)]
     return flags

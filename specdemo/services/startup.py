@@ -135,6 +135,12 @@ class Steps:
                 remember_s(key, seconds)
             self._tell("end", DoneStep(name, seconds, failed))
 
+    def note(self, name: str) -> None:
+        """Say ``name`` in the step list as a finished step of no duration (an outcome, such as
+        the backend chosen, rather than work)."""
+        with self.step("note", name):
+            pass
+
     def current(self) -> StepView | None:
         """The innermost step running now, or None."""
         with self._lock:
@@ -365,7 +371,5 @@ def use_backend(loaded, backend: str = "auto"):
                     f"choosing the forward backend for {loaded.spec} ({backend})",
                     GUESS_S["forward costs"]):
         chosen, choice = with_backend(loaded, backend)
-    with STEPS.step(f"backend chosen {loaded.spec}",  # says what auto chose, and why
-                    f"forward backend of {loaded.spec}: {choice.backend} ({choice.reason})"):
-        pass
+    STEPS.note(f"forward backend of {loaded.spec}: {choice.backend} ({choice.reason})")
     return chosen, choice
