@@ -75,6 +75,20 @@ def test_training_lowers_loss_and_raises_heldout_acceptance(target, features, tm
     assert after > before + 0.3, (before, after)
 
 
+def test_bfloat16_autocast_trains_float32_weights_as_well(target, features, tmp_path):
+    _, items = features
+    head = _head(target, items)
+    state = train.train(head, target, items, replace(RECIPE, train_dtype="bfloat16"), tmp_path,
+                        max_steps=60)
+    assert all(p.dtype == torch.float32 for p in head.parameters())  # master weights stay float32
+    assert sum(state.losses[-5:]) / 5 < 0.5 * sum(state.losses[:5]) / 5
+    after = _mean_acceptance_length(target, head, _prompts(6, 99))
+    before = _mean_acceptance_length(target, _head(target, items), _prompts(6, 99))
+    assert after > before + 0.3, (before, after)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        train.autocast(head, replace(RECIPE, train_dtype="float16"))
+
+
 def test_saved_folder_loads_through_the_loader(target, features, tmp_path):
     from specdemo.core.drafters import eagle_io
     _, items = features

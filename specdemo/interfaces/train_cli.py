@@ -71,6 +71,9 @@ def register(sub) -> None:
                    help="comma-separated draft lengths of the held-out report (first = headline)")
     p.add_argument("--batch-tokens", type=_count("--batch-tokens"), default=1024)
     p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--train-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="bfloat16: train under autocast (about 1.5x faster on CPUs with AVX512-BF16 "
+                        "or AMX; float32 master weights)")
     p.add_argument("--report-prompts", type=int, default=20,
                    help="held-out prompts in the report (0 = no report)")
     p.add_argument("--device", default="auto")
@@ -141,7 +144,7 @@ def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
     from ..core.drafters.features import eagle3_default_layers, num_layers
     from ..services.training import dflash_train, train
     saved = json.loads(recipe_file.read_text()) if args.resume and recipe_file.exists() else None
-    common = dict(epochs=args.epochs, learning_rate=args.learning_rate,
+    common = dict(epochs=args.epochs, learning_rate=args.learning_rate, train_dtype=args.train_dtype,
                   batch_tokens=args.batch_tokens, answers_per_prompt=args.answers_per_prompt,
                   max_new_tokens=args.max_tokens, temperature=temperature)
     if args.kind == "eagle3":

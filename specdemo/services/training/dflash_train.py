@@ -71,6 +71,7 @@ class DFlashRecipe:
     seed: int = 0
     checkpoint_every_s: float = 180.0
     loss_on_prompt: bool = True
+    train_dtype: str = "float32"  # "bfloat16": autocast (train.autocast)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:

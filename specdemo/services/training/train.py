@@ -54,6 +54,7 @@ class Recipe:
     seed: int = 0
     checkpoint_every_s: float = 180.0
     loss_on_prompt: bool = True  # the target's distribution is a label at prompt positions too
+    train_dtype: str = "float32"  # "bfloat16": the forward and backward under autocast (weights stay float32)
 
 
 @dataclass
@@ -249,6 +250,22 @@ def save_checkpoint(path: Path, head: Eagle3Head, optimizer, state: TrainState, 
     tmp.rename(path)  # never a half-written checkpoint
 
 
+def autocast(model: torch.nn.Module, recipe):
+    """The context a training step runs in: ``torch.autocast`` to bfloat16 on the model's device
+    when ``recipe.train_dtype`` is "bfloat16" (matrix products in bfloat16, float32 master
+    weights, losses and softmaxes in float32, as SpecForge and speculators train drafters), else
+    a no-op.
+
+    Raises:
+        ValueError: another ``train_dtype``.
+    """
+    dtype = getattr(recipe, "train_dtype", "float32")
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"train_dtype {dtype!r}: float32 or bfloat16")
+    device = next(model.parameters()).device.type
+    return torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+
+
 StepLoss = Callable[[list[dict], int], tuple[torch.Tensor, list[float]]]
 
 
@@ -309,7 +326,8 @@ def run_training(model: torch.nn.Module, params: list[torch.nn.Parameter], items
                 start = time.perf_counter()
                 for group in optimizer.param_groups:
                     group["lr"] = _lr(state.step, planned, recipe)
-                loss, agree = step_loss([items[i] for i in order[b]], state.step)
+                with autocast(model, recipe):
+                    loss, agree = step_loss([items[i] for i in order[b]], state.step)
                 optimizer.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
