@@ -154,6 +154,9 @@ def test_cli_trains_dflash_at_two_data_sizes_and_reports_speed(target, tmp_path,
     assert curve[0]["answer_tokens"] < curve[1]["answer_tokens"]
     assert (out / "size-0.5" / "zlab" / "model.safetensors").exists()
     assert "answer tokens" in (out / "data_size_curve.md").read_text()
+    ran_on = json.loads((out / "train.json").read_text())["stages_ran_on"]
+    assert ran_on == {"generate": "the target on cpu", "capture": "the target on cpu",
+                      "train": "cpu, float32"}
 
 
 def test_cli_refuses_bad_sizes_in_one_sentence(tmp_path, capsys):

@@ -233,6 +233,10 @@ def _train(args: argparse.Namespace) -> int:
         data.generate_answers(target, train_rows, out, recipe.answers_per_prompt, recipe.temperature,
                               recipe.max_new_tokens, batch_size=args.generate_batch, budget_s=budget_s)
     timings["generate_s"] = time.time() - t0
+    device = str(target.device)
+    where = {"generate": ("an answers file given with --answers" if args.answers is not None
+                          else "llama-server at --generate-endpoint" if args.generate_endpoint
+                          else f"the target on {device}")}
     if args.stop_after == "answers":
         print(f"answers are in {out / data.ANSWERS}; run the same command with --resume to go on")
         return 0
@@ -242,8 +246,13 @@ def _train(args: argparse.Namespace) -> int:
     hidden = target.model.config.get_text_config().hidden_size
     _check_space(sum(len(a["ids"]) for a in answers), hidden * (len(recipe.feature_layers) + 1), out)
     t0 = time.time()
+    kept = len(list((out / data.FEATURES).glob("*.pt"))) if (out / data.FEATURES).is_dir() else 0
     shards = data.capture_features(target, answers, recipe.feature_layers, out)
     timings["capture_s"] = time.time() - t0
+    where["capture"] = (f"the target on {device}" if kept < len(shards)
+                        else "kept from an earlier run (feature shards in the folder)")
+    where["train"] = f"{device}, {recipe.train_dtype}"
+    timings["where"] = where
     if args.stop_after == "features":
         print(f"features are in {out / data.FEATURES}; run the same command with --resume to go on")
         return 0
@@ -336,7 +345,9 @@ def save(kind: str, drafter, out: Path, recipe, target, answers, timings, state,
         "recipe": json.loads(_recipe_json(recipe)), "target": target.spec, "kind": kind,
         "data": {"answers": len(answers), "answer_tokens": sum(len(a["ids"]) - a["n_prompt"] for a in answers),
                  "prompts": len({a["prompt_index"] for a in answers})},
-        "timings_s": {**timings, "total_s": time.time() - started},
+        "timings_s": {**{k: v for k, v in timings.items() if k != "where"},
+                      "total_s": time.time() - started},
+        "stages_ran_on": timings.get("where", {}),  # where generation, capture and training ran
         "machine": _machine(), "versions": _versions(),
         "summary": None if state is None else {
             "steps": state.step, "epochs": state.epoch, "final_loss": state.losses[-1] if state.losses else None,
