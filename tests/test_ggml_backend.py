@@ -325,8 +325,14 @@ def test_auto_measures_both_backends_and_stores_the_choice(tiny, monkeypatch, tm
         assert again.cached and (again.backend, again.cost_s) == (first.backend, first.cost_s)
         chosen, choice = gb.with_backend(loaded, "auto")
         assert chosen.backend == first.backend and choice.cached
+        assert "not available" not in first.reason
     finally:
         delattr(model, gb._GGML_ATTR)
+    # without llama.cpp the choice is among the others, and says why ggml was not one of them
+    monkeypatch.setattr(gb, "unavailable_reason", lambda loaded: "llama.cpp's shared library was not found")
+    without = gb.choose_backend(_Loaded(model, str(g.path)))
+    assert set(without.cost_s) == {"transformers", "int8"}
+    assert "ggml not available: llama.cpp's shared library was not found" in without.reason
 
 
 def test_a_fresh_install_gets_its_library_symlinks(tmp_path, monkeypatch):

@@ -610,6 +610,9 @@ def choose_backend(loaded) -> BackendChoice:
     choice = BackendChoice(best, "measured: " + ", ".join(
         f"{k} {v * 1000:.1f} ms" for k, v in costs.items())
         + " for a 1-token plus a 5-token forward", costs, other_cpu_share=share)
+    missing = [w for w in why if " not available: " in w]  # e.g. llama.cpp not built here
+    if missing:
+        choice.reason += "; " + "; ".join(missing)
     if share > BUSY_SHARE:
         choice.reason += f" (machine busy: others used {share:.0%} of the CPU; not stored)"
         return choice
