@@ -169,15 +169,22 @@ def hub_cached(spec: str) -> bool:
         return False
 
 
-def _did_you_mean(spec: str, names: list[str]) -> str:
-    """``" (did you mean ngram?)"`` when ``spec`` is close to one of ``names`` (difflib), else ""."""
+def closest_name(spec: str, names) -> str | None:
+    """The one of ``names`` that ``spec`` looks like a typo of (difflib, cutoff 0.6; a
+    ``kind:N`` spec is matched by its kind), or None."""
     close = []
     if ":" in spec and not spec.startswith("builtin:"):  # early_exit:4 -> early-exit:4
         head, _, tail = spec.partition(":")
         close = [f"{c}:{tail}" for c in difflib.get_close_matches(head.lower(), [
             n.partition(":")[0] for n in names if ":" in n], n=1, cutoff=0.6)]
-    close = close or difflib.get_close_matches(spec.lower(), names, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
+    close = close or difflib.get_close_matches(spec.lower(), list(names), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _did_you_mean(spec: str, names: list[str]) -> str:
+    """``" (did you mean ngram?)"`` when ``spec`` is close to one of ``names``, else ""."""
+    close = closest_name(spec, names)
+    return f" (did you mean {close}?)" if close else ""
 
 
 def _unknown_name(field: str, spec: str, names: list[str], forms: str) -> None:

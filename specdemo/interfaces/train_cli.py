@@ -252,7 +252,6 @@ def _train(args: argparse.Namespace) -> int:
     where["capture"] = (f"the target on {device}" if kept < len(shards)
                         else "kept from an earlier run (feature shards in the folder)")
     where["train"] = f"{device}, {recipe.train_dtype}"
-    timings["where"] = where
     if args.stop_after == "features":
         print(f"features are in {out / data.FEATURES}; run the same command with --resume to go on")
         return 0
@@ -278,12 +277,13 @@ def _train(args: argparse.Namespace) -> int:
             state = trainer(drafter, target, items, recipe, folder, resume=args.resume,
                             max_steps=args.max_steps)
         except KeyboardInterrupt:
-            save(args.kind, drafter, folder, recipe, target, subset, timings, None, started)
+            save(args.kind, drafter, folder, recipe, target, subset, timings, None, started, where)
             print(f"\ninterrupted: checkpoint and a usable drafter saved in {folder}; --resume "
                   "continues", file=sys.stderr)
             return 130
         timings["train_s"] = time.time() - t0
-        info = save(args.kind, drafter, folder, recipe, target, subset, timings, state, started)
+        info = save(args.kind, drafter, folder, recipe, target, subset, timings, state, started,
+                    where)
         print(f"saved the {'EAGLE-3 head' if args.kind == 'eagle3' else 'DFlash drafter'} in "
               f"{folder} ({'speculators layout' if args.kind == 'eagle3' else 'transformers layout; z-lab layout in zlab/'})")
         if args.report_prompts:
@@ -337,17 +337,18 @@ def check_inputs(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def save(kind: str, drafter, out: Path, recipe, target, answers, timings, state, started) -> dict:
-    """Write the drafter folder and train.json; returns the train.json content."""
+def save(kind: str, drafter, out: Path, recipe, target, answers, timings, state, started,
+         where: dict) -> dict:
+    """Write the drafter folder and train.json (``where``: where generation, capture and
+    training ran); returns the train.json content."""
     from ..core.drafters import eagle_io
     from ..services.training import dflash_train
     info = {
         "recipe": json.loads(_recipe_json(recipe)), "target": target.spec, "kind": kind,
         "data": {"answers": len(answers), "answer_tokens": sum(len(a["ids"]) - a["n_prompt"] for a in answers),
                  "prompts": len({a["prompt_index"] for a in answers})},
-        "timings_s": {**{k: v for k, v in timings.items() if k != "where"},
-                      "total_s": time.time() - started},
-        "stages_ran_on": timings.get("where", {}),  # where generation, capture and training ran
+        "timings_s": {**timings, "total_s": time.time() - started},
+        "stages_ran_on": where,
         "machine": _machine(), "versions": _versions(),
         "summary": None if state is None else {
             "steps": state.step, "epochs": state.epoch, "final_loss": state.losses[-1] if state.losses else None,

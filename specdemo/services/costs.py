@@ -300,7 +300,7 @@ def format_report(r: CostReport) -> str:
         return "n/a" if x is None else format(x, spec)
     from ..models.ggml_backend import GGML_BACKENDS
     weights = (r.dtype if r.backend not in GGML_BACKENDS  # ggml reads the GGUF, not torch's copy
-               else f"{GGML_BACKENDS[r.backend] or 'the GGUF file' + chr(39) + 's own'} weights")
+               else (GGML_BACKENDS[r.backend] or "the GGUF file's own") + " weights")
     lines = [f"{r.target} on {r.device}, {weights}"
              + (f", {r.quantization}" if r.quantization else "")
              + f", backend {r.backend}"

