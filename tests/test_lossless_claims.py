@@ -40,7 +40,8 @@ def test_a_target_on_llama_cpp_kernels_is_not_expected_to_be_exact():
         expected, why = target_lossless_expectation(target)
         assert expected is False and why == (f"the target runs on llama.cpp's kernels (backend "
                                              f"{backend}): {GGML_REASON}")
-    for backend in ("transformers", "int8"):  # int8: exact by construction (its own tests)
+    for backend in ("transformers", "int8", "native"):  # int8, native: exact by construction
+        # (their own tests)
         target = SimpleNamespace(dtype=torch.float32, quantization=None, backend=backend)
         assert target_lossless_expectation(target) == (True, None)
 

@@ -61,7 +61,7 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
 
 
 def add_backend_flag(parser: argparse.ArgumentParser) -> None:
-    """``--backend auto|transformers|ggml|ggml-bf16|int8``: how the target's forward is computed (both lanes
+    """``--backend auto|transformers|ggml|ggml-bf16|int8|native``: how the target's forward is computed (both lanes
     of a comparison use the same)."""
     parser.add_argument("--backend", default="transformers",
                         choices=BACKENDS,
@@ -69,7 +69,9 @@ def add_backend_flag(parser: argparse.ArgumentParser) -> None:
                              "of a GGUF/built-in target), ggml-bf16 (the same with the GGUF "
                              "converted to BF16 once by llama-quantize: cheaper verification "
                              "where quantised kernels are compute-bound), int8 (our forward of a float32 Llama "
-                             "with int8 weights and activations, docs/cpu-backends.md) or auto (measured on this CPU, stored; "
+                             "with int8 weights and activations), native (our C forward of a Llama "
+                             "with BF16 weights, compiled once with the system C compiler; "
+                             "docs/cpu-backends.md) or auto (measured on this CPU, stored; "
                              "transformers elsewhere) (default %(default)s: the reference for "
                              "losslessness; on the CPUs measured so far ggml decodes faster but its "
                              "verification of k tokens costs 1.7-4.2x a step)")

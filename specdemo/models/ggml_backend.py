@@ -488,13 +488,17 @@ def ggml_model(loaded, threads: int | None = None, backend: str | None = None) -
 
 def target_kv(loaded):
     """A KV-cached target for the engine on ``loaded``'s backend: a :class:`GgmlKV` when
-    ``loaded.backend`` is ``ggml``, a ``compiled_backend.Int8KV`` when it is ``int8``, else
-    transformers' :class:`specdemo.core.kv.KVModel`."""
+    ``loaded.backend`` is ``ggml``, a ``compiled_backend.Int8KV`` when it is ``int8``, a
+    ``native_backend.NativeKV`` when it is ``native``, else transformers'
+    :class:`specdemo.core.kv.KVModel`."""
     if backend_of(loaded) in GGML_BACKENDS:
         return GgmlKV(ggml_model(loaded), loaded.model, backend=backend_of(loaded))
     if getattr(loaded, "backend", "transformers") == "int8":
         from .compiled_backend import Int8KV, int8_model
         return Int8KV(int8_model(loaded))
+    if getattr(loaded, "backend", "transformers") == "native":
+        from .native_backend import NativeKV, native_model
+        return NativeKV(native_model(loaded))
     from ..core.kv import KVModel
     return KVModel(loaded.model)
 
@@ -509,7 +513,7 @@ class BackendChoice:
     """What :func:`choose_backend` decided.
 
     Attributes:
-        backend: ``transformers``, ``ggml`` or ``int8``.
+        backend: ``transformers``, ``ggml``, ``ggml-bf16``, ``int8`` or ``native``.
         reason: why (the measured costs, or why ggml was not a candidate).
         cost_s: backend -> seconds of one plain step plus one 5-token verification forward.
         cached: True when the measurement came from an earlier one on this machine.
@@ -539,6 +543,7 @@ def _choice_key(loaded, gguf: Path | None, candidates: tuple[str, ...]) -> str:
              loaded.spec, str(loaded.dtype), st.st_size if st else None,
              int(st.st_mtime) if st else None, CHOICE_WIDTHS]
     if candidates != ("transformers", "ggml"):  # keys stored before the int8 backend stay valid
+        # (a new candidate, e.g. native, makes a new key: auto measures again)
         parts.append(list(candidates))
     # how OpenMP threads wait changes every backend's costs (2.5-3.3x for ggml: specdemo/_omp.py)
     parts.append([os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")])
@@ -577,6 +582,12 @@ def candidate_backends(loaded) -> tuple[tuple[str, ...], list[str]]:
         names.append("int8")
     else:
         why.append(f"int8 not available: {reason}")
+    from .native_backend import unavailable_reason as native_reason
+    reason = native_reason(loaded) if loaded.device.type == "cpu" else "not on the CPU"
+    if reason is None:
+        names.append("native")
+    else:
+        why.append(f"native not available: {reason}")
     return tuple(names), why
 
 
@@ -584,7 +595,8 @@ def choose_backend(loaded) -> BackendChoice:
     """``auto``: the backend whose forward is cheaper on this machine for this target.
 
     On a CPU, every backend available for the target (transformers; ggml for a GGUF target;
-    int8 for a float32 Llama, ``compiled_backend.py``) times a one-token forward and a
+    int8 for a float32 Llama, ``compiled_backend.py``; native for a Llama where a C compiler
+    is found, ``native_backend.py``) times a one-token forward and a
     five-token forward (a plain step and a verification of 4 drafted tokens) after 128 tokens;
     the cheapest sum wins. The result is stored per machine, target and candidate set in
     ``models.cache_dir()/backend-choice.json`` (``SPECDEMO_BACKEND=recalibrate`` measures
@@ -639,12 +651,14 @@ def with_backend(loaded, backend: str = "auto"):
     Args:
         loaded: a ``models.LoadedModel``.
         backend: ``auto`` (:func:`choose_backend` on a CPU; transformers elsewhere),
-            ``transformers``, ``ggml`` or ``int8`` (``compiled_backend.py``).
+            ``transformers``, ``ggml``, ``ggml-bf16``, ``int8`` (``compiled_backend.py``) or
+            ``native`` (``native_backend.py``).
     Returns:
         (a LoadedModel with ``backend`` set, the :class:`BackendChoice`).
     Raises:
         GgmlError: ``ggml`` was asked for and cannot serve this target (the reason).
         compiled_backend.Int8Error: ``int8`` was asked for and cannot serve this target.
+        native_backend.NativeError: ``native`` was asked for and cannot serve this target.
         ValueError: an unknown backend name.
     """
     name = (backend or "auto").strip().lower()
@@ -659,8 +673,13 @@ def with_backend(loaded, backend: str = "auto"):
         from .compiled_backend import int8_model
         int8_model(loaded)  # raises with the reason
         return replace_backend(loaded, name), BackendChoice(name, "asked for")
+    if name == "native":
+        from .native_backend import native_model
+        native_model(loaded)  # raises with the reason
+        return replace_backend(loaded, name), BackendChoice(name, "asked for")
     if loaded.device.type != "cpu":
         return replace_backend(loaded, "transformers"), BackendChoice(
-            "transformers", f"auto on {loaded.device.type}: the ggml and int8 backends run on the CPU")
+            "transformers", f"auto on {loaded.device.type}: the ggml, int8 and native backends run "
+            "on the CPU")
     choice = choose_backend(loaded)
     return replace_backend(loaded, choice.backend), choice

@@ -236,6 +236,9 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
     if backend == "int8":
         from ..models.compiled_backend import int8_model
         nbytes = int8_model(loaded).weight_bytes
+    elif backend == "native":
+        from ..models.native_backend import native_model
+        nbytes = native_model(loaded).weight_bytes
     else:
         nbytes = (weight_bytes_per_forward(loaded.model) if backend == "transformers"
                   else ggml_model(loaded).size_bytes)
@@ -299,7 +302,9 @@ def format_report(r: CostReport) -> str:
     def f(x, spec=".2f"):
         return "n/a" if x is None else format(x, spec)
     from ..models.ggml_backend import GGML_BACKENDS
-    weights = (r.dtype if r.backend not in GGML_BACKENDS  # ggml reads the GGUF, not torch's copy
+    own = {"int8": "int8 weights (from " + r.dtype + ")", "native": "BF16 weights (from "
+           + r.dtype + ")"}  # these backends keep their own copy of torch's weights
+    weights = (own.get(r.backend, r.dtype) if r.backend not in GGML_BACKENDS  # ggml reads the GGUF
                else (GGML_BACKENDS[r.backend] or "the GGUF file's own") + " weights")
     lines = [f"{r.target} on {r.device}, {weights}"
              + (f", {r.quantization}" if r.quantization else "")
@@ -368,7 +373,8 @@ def register(sub) -> None:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="auto (default): measure every backend available for the target and "
-                        "report the one auto chooses first; or only transformers / ggml / ggml-bf16 / int8")
+                        "report the one auto chooses first; or only transformers / ggml / ggml-bf16 / "
+                        "int8 / native")
     p.add_argument("--llama-bench", action="store_true",
                    help="also run llama.cpp's llama-bench (tg 64, same threads) on the GGUF")
     p.add_argument("--json", action="store_true", help="print one JSON object")

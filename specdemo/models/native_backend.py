@@ -1,0 +1,492 @@
+"""The ``native`` target backend: our own C forward of a Llama-architecture target with BF16
+weights (issue 18's third candidate, after the ggml and int8 backends).
+
+Why: on a 2-core CPU the transformers path spends ~15 ms of a 34 ms one-token forward in ~2,000
+small operator calls and reads 538 MB of float32 weights, while llama.cpp's quantised kernels
+are compute-bound, so a k-token verification there costs 2-4x a step (docs/cpu-backends.md).
+``native_forward.c`` computes a whole forward in one call: weights in BF16 (half the float32
+bytes), each weight block loaded once per forward and multiplied with every token of the forward
+while it sits in registers (so a verification over 5-8 tokens reads the weights once, as a
+one-token step does), a static float32 KV cache, a small thread pool instead of an operator per
+step. Every token's numbers are independent of the other tokens of its forward (see the C file's
+header), so greedy speculative output equals plain greedy output on this backend bit for bit.
+
+Kernels (``SPECDEMO_NATIVE_KERNEL``; :func:`default_kernel`):
+
+* ``fma``: BF16 weights widened to float32, float32 activations and accumulation (any CPU the C
+  compiler vectorises for: AVX2, AVX-512, NEON).
+* ``dpbf16``: activations rounded to BF16 too, products accumulated in float32 by VDPBF16PS
+  (AVX512-BF16 CPUs only: Zen 4+, Cooper Lake, Sapphire Rapids+): twice the products per
+  instruction, what keeps a 8-token forward close to a 1-token one on a 2-core CPU.
+
+The C file is compiled once per machine with the system C compiler (``cc``, or ``$CC``;
+``-O3 -march=native``) into ``models.cache_dir()/native/``; without a compiler the backend says
+so and ``auto`` leaves it out. The weights are the transformers model's (for the built-in GGUF
+models: the dequantised Q4_1 values) rounded to BF16, so logits differ from the float32 reference
+by that rounding; the transformers float32 path stays the reference for losslessness tests, and
+speculative output on this backend is compared with plain output *of this backend*.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import torch
+
+from ..core.errors import ModelLoadError
+from ..core.kv import PREFILL_CHUNK, _check_stop, _chunks
+
+log = logging.getLogger(__name__)
+
+NAME = "native"
+SOURCE = Path(__file__).with_name("native_forward.c")
+ARCHITECTURES = ("llama",)  # transformers model_type values whose forward the C file computes
+MIN_CAPACITY = 512  # cache positions allocated at first; doubled when a forward passes them
+KERNEL_ENV = "SPECDEMO_NATIVE_KERNEL"  # fma | dpbf16
+KERNELS = {"fma": 0, "dpbf16": 1}
+
+
+class NativeError(ModelLoadError):
+    """The native backend cannot serve this target, or its library could not be built (a
+    ``ModelLoadError``: the CLI, the page and ``/race`` show its one sentence)."""
+
+
+# ----------------------------------------------------------------------------- the library
+
+_LIB = None
+_LIB_ERROR: str | None = None
+_LIB_LOCK = threading.Lock()
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC") or "cc"
+    return shutil.which(cc) or shutil.which("gcc") or shutil.which("clang")
+
+
+CFLAGS_ENV = "SPECDEMO_NATIVE_CFLAGS"  # extra compiler flags (experiments: -DTB=4 -DRB=4)
+
+
+def _extra_flags() -> str:
+    return os.environ.get(CFLAGS_ENV, "").strip()
+
+
+def library_path() -> Path:
+    """Where the compiled library of this source, compiler and CPU lives (it may not exist yet)."""
+    from .builtin import cache_dir
+    key = hashlib.sha256(SOURCE.read_bytes() + (_compiler() or "").encode()
+                         + _cpu_flags().encode() + _extra_flags().encode()).hexdigest()[:16]
+    return cache_dir() / "native" / f"libspecdemo_native-{key}.so"
+
+
+def _build(out: Path) -> None:
+    cc = _compiler()
+    if cc is None:
+        raise NativeError("the native backend needs a C compiler (cc, gcc or clang) to build "
+                          "its forward once; none was found (e.g. apt install gcc)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    errors = []
+    for arch in (["-march=native"], ["-mcpu=native"], []):
+        cmd = [cc, "-O3", *arch, *_extra_flags().split(), "-std=gnu11", "-fPIC", "-shared",
+               "-pthread", str(SOURCE),
+               "-o", str(tmp), "-lm"]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode == 0:
+            os.replace(tmp, out)
+            log.info("native backend: built %s (%s)", out, " ".join(cmd[1:4]))
+            return
+        errors.append(run.stderr.strip().splitlines()[-1:] or [f"exit {run.returncode}"])
+    raise NativeError(f"the native backend's C forward did not compile with {cc}: {errors[-1][0]}")
+
+
+def library():
+    """The compiled ``native_forward.c`` (built on first use, ~2 s), loaded once.
+
+    Raises:
+        NativeError: no C compiler, or the compile failed (the compiler's last line)."""
+    global _LIB, _LIB_ERROR
+    with _LIB_LOCK:
+        if _LIB is not None:
+            return _LIB
+        if _LIB_ERROR is not None:
+            raise NativeError(_LIB_ERROR)
+        try:
+            path = library_path()
+            if not path.exists():
+                _build(path)
+            lib = ctypes.CDLL(str(path))
+        except NativeError as exc:
+            _LIB_ERROR = str(exc)
+            raise
+        except OSError as exc:
+            _LIB_ERROR = f"the native backend's library could not be loaded: {exc}"
+            raise NativeError(_LIB_ERROR) from None
+        c = ctypes
+        lib.nf_create.restype = c.c_void_p
+        lib.nf_create.argtypes = [c.c_int] * 7 + [c.c_float, c.c_float, c.c_int, c.c_int]
+        lib.nf_free.argtypes = [c.c_void_p]
+        lib.nf_has_dpbf16.restype = c.c_int
+        lib.nf_set_layer.argtypes = [c.c_void_p, c.c_int] + [c.c_void_p] * 6
+        lib.nf_set_output.argtypes = [c.c_void_p] * 4
+        lib.nf_set_cache.argtypes = [c.c_void_p] * 5 + [c.c_int]
+        lib.nf_forward.restype = c.c_int
+        lib.nf_forward.argtypes = [c.c_void_p, c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_void_p,
+                                   c.c_void_p, c.c_int, c.c_void_p]
+        _LIB = lib
+        return lib
+
+
+def default_kernel() -> str:
+    """``SPECDEMO_NATIVE_KERNEL`` when set, else ``dpbf16`` where the CPU has AVX512-BF16 (the
+    compiled library says), else ``fma``.
+
+    Raises:
+        NativeError: an unknown kernel name, or ``dpbf16`` on a CPU without AVX512-BF16."""
+    asked = os.environ.get(KERNEL_ENV, "").strip().lower()
+    has = bool(library().nf_has_dpbf16())
+    if not asked:
+        return "dpbf16" if has else "fma"
+    if asked not in KERNELS:
+        raise NativeError(f"{KERNEL_ENV}={asked} is not a native kernel; use {' or '.join(KERNELS)}")
+    if asked == "dpbf16" and not has:
+        raise NativeError(f"{KERNEL_ENV}=dpbf16 needs a CPU with AVX512-BF16; this one has none")
+    return asked
+
+
+# ----------------------------------------------------------------------------- the weights
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why the native backend cannot compute ``model``'s forward (None when it can): a Llama
+    (``model_type`` in :data:`ARCHITECTURES`) with SiLU MLPs, no biases, no sliding window,
+    widths the C kernels take (multiples of 32), on the CPU in float32 or bfloat16."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in ARCHITECTURES:
+        return f"the native backend computes Llama-architecture targets; this one is {kind!r}"
+    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+        return "the native backend computes Llama targets without biases; this one has biases"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"the native backend computes SiLU MLPs; this target uses {cfg.hidden_act}"
+    if getattr(cfg, "sliding_window", None):
+        return "the native backend has no sliding-window attention"
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    widths = (cfg.hidden_size, cfg.intermediate_size, heads * head_dim)
+    if any(w % 32 for w in widths) or head_dim > 1024 or head_dim % 2:
+        return f"the native backend needs widths that are multiples of 32; this target has {widths}"
+    p = next(model.parameters())
+    if p.device.type != "cpu":
+        return f"the native backend runs on the CPU; this target is on {p.device.type}"
+    if p.dtype not in (torch.float32, torch.bfloat16):
+        return f"the native backend reads float32 or bfloat16 weights; this target is {p.dtype}"
+    return None
+
+
+ROWS = 4  # rows per block of a repacked weight (native_forward.c's RB)
+COLUMNS = 32  # columns per chunk of a block
+
+
+def repack(w: torch.Tensor) -> torch.Tensor:
+    """A (M, K) weight in the C kernels' layout: rows in blocks of :data:`ROWS` (M padded with
+    zero rows to a multiple), each block stored chunk by chunk of :data:`COLUMNS` columns, the
+    rows of the block one after another within a chunk, so a block is one contiguous stream.
+
+    Returns:
+        (ceil(M / ROWS) * ROWS * K,) tensor of w's dtype.
+    Raises:
+        ValueError: K not a multiple of COLUMNS."""
+    m, k = w.shape
+    if k % COLUMNS:
+        raise ValueError(f"a weight of {k} columns; the native kernels need a multiple of {COLUMNS}")
+    pad = -m % ROWS
+    if pad:
+        w = torch.cat([w, w.new_zeros(pad, k)])
+    blocks = w.view(-1, ROWS, k // COLUMNS, COLUMNS).permute(0, 2, 1, 3)
+    return blocks.contiguous().view(-1)
+
+
+def _bf16(*weights: torch.Tensor) -> torch.Tensor:
+    """The weights stacked by rows, rounded to BF16 (round to nearest even), :func:`repack`ed."""
+    return repack(torch.cat([w.detach() for w in weights]).to(torch.bfloat16))
+
+
+class NativeModel:
+    """The BF16 weights of one transformers Llama and the C model over them, built once and
+    shared by its caches (one forward at a time: the C model owns one set of scratch buffers).
+
+    Args:
+        model: a transformers ``LlamaForCausalLM`` on the CPU (float32 or bfloat16).
+        threads: threads of the C forward (default: the cores this process may use, at most 8).
+        kernel: ``fma`` or ``dpbf16`` (default :func:`default_kernel`).
+    Raises:
+        NativeError: :func:`unsupported_reason`, the library could not be built, or the C
+            model could not be created.
+    """
+
+    def __init__(self, model: torch.nn.Module, threads: int | None = None,
+                 kernel: str | None = None) -> None:
+        reason = unsupported_reason(model)
+        if reason:
+            raise NativeError(reason)
+        from .ggml_backend import default_threads
+        self.lib = library()
+        self.kernel = kernel or default_kernel()
+        cfg = model.config
+        self.model = model
+        self.n_layer = cfg.num_hidden_layers
+        self.hidden = cfg.hidden_size
+        self.n_head = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_head
+        self.head_dim = getattr(cfg, "head_dim", None) or self.hidden // self.n_head
+        self.inter = cfg.intermediate_size
+        self.eps = float(cfg.rms_norm_eps)
+        self.threads = threads or default_threads()
+        base = model.model
+        self.scaling = float(getattr(base.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
+        with torch.no_grad():
+            self.embed = base.embed_tokens.weight.detach().float().contiguous()  # (V, H)
+            self.vocab = self.embed.shape[0]
+            self.layers = []
+            for layer in base.layers:
+                a, m = layer.self_attn, layer.mlp
+                self.layers.append({
+                    "qkv": _bf16(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                    "o": _bf16(a.o_proj.weight),
+                    "gate_up": _bf16(m.gate_proj.weight, m.up_proj.weight),
+                    "down": _bf16(m.down_proj.weight),
+                    "norm1": layer.input_layernorm.weight.detach().float().contiguous(),
+                    "norm2": layer.post_attention_layernorm.weight.detach().float().contiguous(),
+                })
+            self.norm = base.norm.weight.detach().float().contiguous()
+            self.head = _bf16(model.get_output_embeddings().weight)
+        self.rotary = base.rotary_emb
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.lock = threading.Lock()
+        handle = self.lib.nf_create(self.n_layer, self.hidden, self.n_head, self.n_kv,
+                                    self.head_dim, self.inter, self.vocab, self.eps, self.scaling,
+                                    self.threads, KERNELS[self.kernel])
+        if not handle:
+            raise NativeError("the native backend could not create its model (widths or memory)")
+        self.handle = handle
+        for i, lay in enumerate(self.layers):
+            self.lib.nf_set_layer(handle, i, *(lay[k].data_ptr() for k in
+                                               ("qkv", "o", "gate_up", "down", "norm1", "norm2")))
+        self.lib.nf_set_output(handle, self.embed.data_ptr(), self.norm.data_ptr(),
+                               self.head.data_ptr())
+        self._cache_owner = None  # the NativeKV whose cache the C model points at
+
+    def __del__(self) -> None:
+        handle = getattr(self, "handle", None)
+        if handle:
+            self.lib.nf_free(handle)
+            self.handle = None
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one forward reads: the BF16 matrices and the norms (the embedding
+        rows read are not counted, as in ``costs.weight_bytes_per_forward``)."""
+        total = self.head.numel() * 2 + self.norm.numel() * 4
+        for lay in self.layers:
+            total += sum(lay[k].numel() * 2 for k in ("qkv", "o", "gate_up", "down"))
+            total += (lay["norm1"].numel() + lay["norm2"].numel()) * 4
+        return total
+
+    def rope(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(capacity, head_dim) cos and sin tables for positions 0..capacity-1, from the
+        model's own rotary module (its scaling type and attention factor included)."""
+        if self._rope is None or self._rope[0].shape[0] < capacity:
+            with torch.no_grad():
+                pos = torch.arange(capacity)[None]
+                cos, sin = self.rotary(self.embed[:1][None], pos)
+            self._rope = (cos[0].float().contiguous(), sin[0].float().contiguous())
+        return self._rope
+
+
+class NativeKV:
+    """:class:`specdemo.core.kv.KVModel`'s interface over a :class:`NativeModel`: a static
+    float32 KV cache of one sequence, rollback by length.
+
+    Args:
+        nmodel: the BF16 weights and C model.
+        capacity: cache positions allocated at first (grows by doubling).
+    """
+
+    backend = NAME
+
+    def __init__(self, nmodel: NativeModel, capacity: int = MIN_CAPACITY) -> None:
+        self.nmodel = nmodel
+        self.model = nmodel.model  # what callers read: config, input embeddings
+        self.device = torch.device("cpu")
+        self.capacity = 0
+        self.k_cache = self.v_cache = None
+        self._grow(capacity)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (length 0; the allocation stays)."""
+        self.length = 0
+        self.ids: list[int] = []
+
+    def _grow(self, needed: int) -> None:
+        capacity = max(self.capacity, MIN_CAPACITY)
+        while capacity < needed:
+            capacity *= 2
+        if capacity == self.capacity:
+            return
+        m = self.nmodel
+        shape = (m.n_layer, m.n_kv, capacity, m.head_dim)
+        new_k, new_v = torch.zeros(shape), torch.zeros(shape)
+        if self.k_cache is not None:
+            new_k[:, :, :self.capacity] = self.k_cache
+            new_v[:, :, :self.capacity] = self.v_cache
+        self.k_cache, self.v_cache, self.capacity = new_k, new_v, capacity
+        m.rope(capacity)
+
+    def forward(self, ids, logits_to_keep: int = 1) -> torch.Tensor:
+        """Feed ``ids`` after the cached tokens; return the logits of the last positions.
+
+        Args:
+            ids: the S new token ids (S >= 1), or an (S,) long tensor; fed in chunks of
+                ``kv.PREFILL_CHUNK``.
+            logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
+        Returns:
+            (logits_to_keep, V) float32 logits; row j predicts the token after ids[S - n + j].
+        Raises:
+            Cancelled: inside ``kv.stop_on``, when its event is set between two chunks.
+            ValueError: ids empty, logits_to_keep outside 1..S, or a token id outside the
+                vocabulary.
+        """
+        return self._feed(ids, logits_to_keep, ())[0]
+
+    def forward_features(self, ids, logits_to_keep: int,
+                         layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` that also returns hidden states from the same forward.
+
+        Args:
+            ids, logits_to_keep: as :meth:`forward`.
+            layers: transformers ``hidden_states`` indices (0 = embeddings, k = input of layer k,
+                L = final output after the norm).
+        Returns:
+            ((logits_to_keep, V) logits, (S, len(layers) * H) float32 features of every fed
+            position, the layers concatenated in the order given).
+        Raises:
+            ValueError: an index outside 0..L.
+        """
+        layers = tuple(int(i) for i in layers)
+        bad = [i for i in layers if not 0 <= i <= self.nmodel.n_layer]
+        if bad:
+            raise ValueError(f"hidden state(s) {bad} do not exist: the target has "
+                             f"{self.nmodel.n_layer} layers (hidden states 0..{self.nmodel.n_layer})")
+        return self._feed(ids, logits_to_keep, layers)
+
+    def rollback(self, length: int) -> None:
+        """Drop cached tokens beyond ``length`` (a length change; nothing to drop: no-op)."""
+        if length < self.length:
+            self.length, self.ids = length, self.ids[:length]
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the float32 keys and values of the cached tokens (``capacity`` of them are
+        allocated)."""
+        m = self.nmodel
+        return 2 * 4 * m.n_layer * m.n_kv * m.head_dim * self.length
+
+    # ------------------------------------------------------------------ internals
+
+    def _feed(self, ids, keep: int, layers: tuple[int, ...]):
+        if isinstance(ids, torch.Tensor):
+            ids = [int(i) for i in ids.view(-1).tolist()]
+        if len(ids) == 0:
+            raise ValueError("nothing to feed: ids is empty")
+        if not 1 <= keep <= len(ids):
+            raise ValueError(f"logits_to_keep must be in 1..{len(ids)}, got {keep}")
+        pieces = _chunks(len(ids), keep, PREFILL_CHUNK)
+        features, logits = [], None
+        for n, (start, end) in enumerate(pieces):
+            if n:
+                _check_stop()
+            last = n == len(pieces) - 1
+            logits, feats = self._run(list(ids[start:end]), keep if last else 1, layers)
+            features.append(feats)
+        return logits, (torch.cat(features) if layers else None)
+
+    def _run(self, ids: list[int], keep: int, layers: tuple[int, ...]):
+        m = self.nmodel
+        s, start = len(ids), self.length
+        self._grow(start + s)
+        tokens = torch.tensor(ids, dtype=torch.int32)
+        want = torch.tensor(layers, dtype=torch.int32)
+        logits = torch.empty(keep, m.vocab)
+        feats = torch.empty(s, len(layers) * m.hidden) if layers else None
+        with m.lock:
+            cos, sin = m.rope(self.capacity)
+            m.lib.nf_set_cache(m.handle, self.k_cache.data_ptr(), self.v_cache.data_ptr(),
+                               cos.data_ptr(), sin.data_ptr(), self.capacity)
+            status = m.lib.nf_forward(m.handle, tokens.data_ptr(), s, start, keep,
+                                      logits.data_ptr(), want.data_ptr() if layers else None,
+                                      len(layers), feats.data_ptr() if layers else None)
+        if status == -2:
+            raise ValueError(f"a token id outside 0..{m.vocab - 1}: {ids}")
+        if status != 0:
+            raise MemoryError("the native forward could not allocate its buffers")
+        self.length += s
+        self.ids += ids
+        return logits, feats
+
+
+# ----------------------------------------------------------------------------- attaching
+
+_ATTR = "_specdemo_native"  # the NativeModel, kept on the transformers model it copies
+_ATTACH_LOCK = threading.Lock()
+
+
+def unavailable_reason(loaded) -> str | None:
+    """Why ``loaded`` (a ``models.LoadedModel``) cannot run on the native backend; None when it
+    can (a supported architecture, and the C forward compiles here)."""
+    if getattr(loaded, "quantization", None):
+        return (f"--quantization {loaded.quantization} is a transformers path; the native backend "
+                "uses BF16 weights")
+    reason = unsupported_reason(loaded.model)
+    if reason:
+        return reason
+    try:
+        library()
+    except NativeError as exc:
+        return str(exc)
+    return None
+
+
+def native_model(loaded) -> NativeModel:
+    """The :class:`NativeModel` of ``loaded``, built once per transformers model (~1 s for 135M).
+
+    Raises:
+        NativeError: :func:`unavailable_reason`.
+    """
+    with _ATTACH_LOCK:
+        nmodel = getattr(loaded.model, _ATTR, None)
+        if nmodel is None:
+            reason = unavailable_reason(loaded)
+            if reason:
+                raise NativeError(reason)
+            nmodel = NativeModel(loaded.model)
+            setattr(loaded.model, _ATTR, nmodel)
+        return nmodel

@@ -1,0 +1,645 @@
+/* The "native" target backend's forward: a Llama-architecture decoder over BF16 weights, in C.
+ *
+ * specdemo/models/native_backend.py compiles this file once per machine with the system C
+ * compiler (-O3 -march=native) and calls it through ctypes. One call computes a whole forward
+ * over S new tokens (embeddings, every layer, the final norm, the output head for the last
+ * `keep` positions, and the hidden states a learned drafter reads), so a forward costs one
+ * Python call instead of ~2,000 operator calls, and the weights are read once per forward
+ * whatever S is (each weight block is used for every token of the forward while in registers).
+ *
+ * Numbers: weights BF16 (the float32 weights rounded to nearest even), activations, KV cache,
+ * norms, rotary embeddings, softmax and accumulation float32 (kernel "fma"); or, with kernel
+ * "dpbf16" (CPUs with AVX512-BF16 only), activations rounded to BF16 for the multiplies and
+ * accumulated in float32 by VDPBF16PS. In both kernels the result for a token does not depend
+ * on the other tokens of the forward: every dot product runs the same instructions in the same
+ * order whatever the batch, and attention is computed per query over the keys up to its
+ * position. So a verification forward over [last token, d1..dk] gives each position exactly
+ * the logits that one-token forwards give it, and greedy speculative decoding equals plain
+ * greedy decoding on this backend bit for bit.
+ *
+ * Layout (row-major, as torch stores them): a linear's weight is (M, K) BF16, y = x W^T;
+ * qkv is [q; k; v] (n_head + 2 n_kv) * D rows, gate_up is [gate; up] 2 * I rows. KV cache:
+ * float32 (n_layer, n_kv, capacity, D), owned by the caller. Rotary tables: float32
+ * (capacity, D) cos and sin, transformers' "rotate half" layout, owned by the caller.
+ * Threads: a pool of n_threads - 1 workers that spin ~0.2 ms for the next operator, then sleep.
+ */
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define NF_MAX_THREADS 64
+#ifndef TB
+#define TB 4 /* tokens per register block (RB * TB accumulators in registers), at most 6 */
+#endif
+#ifndef RB
+#define RB 4 /* rows per block of a repacked weight (native_backend.ROWS) */
+#endif
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t vu16 __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t vh16 __attribute__((vector_size(32), aligned(2)));
+
+/* ------------------------------------------------------------------------------ thread pool */
+
+typedef void (*nf_task)(void *arg, int ith, int nth);
+
+typedef struct {
+    int nth;
+    pthread_t th[NF_MAX_THREADS];
+    atomic_int gen;
+    atomic_int done;
+    atomic_int stop;
+    nf_task fn;
+    void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} nf_pool;
+
+typedef struct {
+    nf_pool *pool;
+    int ith;
+} nf_worker;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+#define SPIN_S 2e-4
+
+static void *worker_main(void *p) {
+    nf_worker *w = (nf_worker *)p;
+    nf_pool *pool = w->pool;
+    int seen = 0; /* the generation at pool_start: a task posted before this thread runs counts */
+    for (;;) {
+        double t0 = now_s();
+        int spins = 0;
+        while (atomic_load_explicit(&pool->gen, memory_order_acquire) == seen &&
+               !atomic_load(&pool->stop)) {
+            cpu_relax();
+            if (++spins % 256 == 0 && now_s() - t0 > SPIN_S) {
+                pthread_mutex_lock(&pool->mu);
+                while (atomic_load(&pool->gen) == seen && !atomic_load(&pool->stop))
+                    pthread_cond_wait(&pool->cv, &pool->mu);
+                pthread_mutex_unlock(&pool->mu);
+            }
+        }
+        if (atomic_load(&pool->stop)) break;
+        seen = atomic_load(&pool->gen);
+        pool->fn(pool->arg, w->ith, pool->nth);
+        atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
+    }
+    free(w);
+    return NULL;
+}
+
+static int pool_start(nf_pool *pool, int nth) {
+    memset(pool, 0, sizeof *pool);
+    if (nth < 1) nth = 1;
+    if (nth > NF_MAX_THREADS) nth = NF_MAX_THREADS;
+    pool->nth = nth;
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->cv, NULL);
+    for (int i = 1; i < nth; i++) {
+        nf_worker *w = malloc(sizeof *w);
+        if (!w) return -1;
+        w->pool = pool;
+        w->ith = i;
+        if (pthread_create(&pool->th[i], NULL, worker_main, w) != 0) {
+            free(w);
+            pool->nth = i;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void pool_stop(nf_pool *pool) {
+    pthread_mutex_lock(&pool->mu);
+    atomic_store(&pool->stop, 1);
+    pthread_cond_broadcast(&pool->cv);
+    pthread_mutex_unlock(&pool->mu);
+    for (int i = 1; i < pool->nth; i++) pthread_join(pool->th[i], NULL);
+    pthread_mutex_destroy(&pool->mu);
+    pthread_cond_destroy(&pool->cv);
+}
+
+/* Run fn(arg, ith, nth) on every thread of the pool (the caller is thread 0); return when all
+ * are done. */
+static void pool_run(nf_pool *pool, nf_task fn, void *arg) {
+    if (pool->nth == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    pool->fn = fn;
+    pool->arg = arg;
+    atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
+    pthread_mutex_lock(&pool->mu);
+    atomic_fetch_add_explicit(&pool->gen, 1, memory_order_release);
+    pthread_cond_broadcast(&pool->cv);
+    pthread_mutex_unlock(&pool->mu);
+    fn(arg, 0, pool->nth);
+    while (atomic_load_explicit(&pool->done, memory_order_acquire) < pool->nth - 1) cpu_relax();
+}
+
+/* ------------------------------------------------------------------------------ model */
+
+typedef struct {
+    const uint16_t *qkv, *o, *gate_up, *down;
+    const float *norm1, *norm2;
+} nf_layer;
+
+typedef struct {
+    int n_layer, hidden, n_head, n_kv, head_dim, inter, vocab, capacity, kernel;
+    float eps, scaling;
+    const float *embed; /* (vocab, hidden) float32 */
+    const float *norm;  /* (hidden,) */
+    const uint16_t *head; /* (vocab, hidden) BF16 */
+    nf_layer *layers;
+    float *k_cache, *v_cache; /* (n_layer, n_kv, capacity, D) */
+    const float *cos, *sin;   /* (capacity, D) */
+    nf_pool pool;
+    /* scratch, grown as needed */
+    int scratch_tokens;
+    float *x, *h, *qkv, *att, *gu, *act;
+    uint16_t *xb; /* activations rounded to BF16 (kernel dpbf16) */
+    float *scores; /* per thread: capacity floats */
+    int scores_cap;
+} nf_model;
+
+enum { KERNEL_FMA = 0, KERNEL_DPBF16 = 1 };
+
+int nf_has_dpbf16(void) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+void *nf_create(int n_layer, int hidden, int n_head, int n_kv, int head_dim, int inter, int vocab,
+                float eps, float scaling, int n_threads, int kernel) {
+    if (hidden % 32 || inter % 32 || (n_head * head_dim) % 32 || head_dim % 2) return NULL;
+    if (kernel == KERNEL_DPBF16 && !nf_has_dpbf16()) return NULL;
+    nf_model *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->n_layer = n_layer;
+    m->hidden = hidden;
+    m->n_head = n_head;
+    m->n_kv = n_kv;
+    m->head_dim = head_dim;
+    m->inter = inter;
+    m->vocab = vocab;
+    m->eps = eps;
+    m->scaling = scaling;
+    m->kernel = kernel;
+    m->layers = calloc(n_layer, sizeof(nf_layer));
+    if (!m->layers || pool_start(&m->pool, n_threads) != 0) {
+        free(m->layers);
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void nf_free(void *p) {
+    nf_model *m = (nf_model *)p;
+    if (!m) return;
+    pool_stop(&m->pool);
+    free(m->layers);
+    free(m->x); free(m->h); free(m->qkv); free(m->att); free(m->gu); free(m->act); free(m->xb);
+    free(m->scores);
+    free(m);
+}
+
+void nf_set_layer(void *p, int i, const uint16_t *qkv, const uint16_t *o, const uint16_t *gate_up,
+                  const uint16_t *down, const float *norm1, const float *norm2) {
+    nf_model *m = (nf_model *)p;
+    nf_layer *l = &m->layers[i];
+    l->qkv = qkv; l->o = o; l->gate_up = gate_up; l->down = down;
+    l->norm1 = norm1; l->norm2 = norm2;
+}
+
+void nf_set_output(void *p, const float *embed, const float *norm, const uint16_t *head) {
+    nf_model *m = (nf_model *)p;
+    m->embed = embed; m->norm = norm; m->head = head;
+}
+
+/* The caller's KV cache and rotary tables for positions 0..capacity-1 (set again after growing). */
+void nf_set_cache(void *p, float *k_cache, float *v_cache, const float *cos, const float *sin,
+                  int capacity) {
+    nf_model *m = (nf_model *)p;
+    m->k_cache = k_cache; m->v_cache = v_cache; m->cos = cos; m->sin = sin;
+    m->capacity = capacity;
+}
+
+static int grow_scratch(nf_model *m, int s) {
+    if (s > m->scratch_tokens) {
+        int q = (m->n_head + 2 * m->n_kv) * m->head_dim;
+        int widest = m->hidden > q ? m->hidden : q;
+        if (2 * m->inter > widest) widest = 2 * m->inter;
+        if (m->n_head * m->head_dim > widest) widest = m->n_head * m->head_dim;
+        free(m->x); free(m->h); free(m->qkv); free(m->att); free(m->gu); free(m->act); free(m->xb);
+        m->x = malloc(sizeof(float) * s * m->hidden);
+        m->h = malloc(sizeof(float) * s * m->hidden);
+        m->qkv = malloc(sizeof(float) * s * q);
+        m->att = malloc(sizeof(float) * s * m->n_head * m->head_dim);
+        m->gu = malloc(sizeof(float) * s * 2 * m->inter);
+        m->act = malloc(sizeof(float) * s * m->inter);
+        m->xb = malloc(sizeof(uint16_t) * s * widest);
+        m->scratch_tokens = s;
+        if (!m->x || !m->h || !m->qkv || !m->att || !m->gu || !m->act || !m->xb) {
+            m->scratch_tokens = 0;
+            return -1;
+        }
+    }
+    if (m->capacity > m->scores_cap) {
+        free(m->scores);
+        m->scores = malloc(sizeof(float) * (size_t)m->capacity * m->pool.nth);
+        m->scores_cap = m->scores ? m->capacity : 0;
+        if (!m->scores) return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ kernels */
+
+static inline v16 load16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline v16 load_bf16x16(const uint16_t *p) {
+    vh16 h;
+    memcpy(&h, p, sizeof h);
+    vu16 u = __builtin_convertvector(h, vu16) << 16;
+    v16 f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
+
+/* mask ? a : b, lane by lane (mask: a vector comparison's all-ones / zero lanes) */
+static inline v16 vselect(vi16 mask, v16 a, v16 b) {
+    vi16 ai, bi;
+    memcpy(&ai, &a, sizeof ai);
+    memcpy(&bi, &b, sizeof bi);
+    vi16 r = (mask & ai) | (~mask & bi);
+    v16 out;
+    memcpy(&out, &r, sizeof out);
+    return out;
+}
+
+/* e^x for 16 floats (Cephes expf: range reduction by ln 2, degree-6 polynomial; ~1 ulp),
+ * x clamped to [-87.3, 88.7]. The same instructions for every lane and every call, so a value's
+ * result does not depend on its neighbours. */
+static inline v16 exp16(v16 x) {
+    const v16 hi = (v16){0} + 88.7228391f, lo = (v16){0} - 87.3365447f;
+    x = vselect(x > hi, hi, x);
+    x = vselect(x < lo, lo, x);
+    v16 kf = x * 1.44269504088896341f + 12582912.0f;
+    kf = kf - 12582912.0f; /* round to nearest */
+    v16 r = x - kf * 0.693359375f;
+    r = r - kf * -2.12194440e-4f;
+    v16 z = r * r;
+    v16 y = 1.9875691500E-4f * r + 1.3981999507E-3f;
+    y = y * r + 8.3334519073E-3f;
+    y = y * r + 4.1665795894E-2f;
+    y = y * r + 1.6666665459E-1f;
+    y = y * r + 5.0000001201E-1f;
+    y = y * z + r + 1.0f;
+    vi16 k = __builtin_convertvector(kf, vi16);
+    vi16 bits = (k + 127) << 23;
+    v16 scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
+
+static inline float hsum16(v16 v) {
+    /* a fixed pairwise order, the same for every call */
+#if defined(__AVX512F__)
+    __m512 z;
+    memcpy(&z, &v, sizeof z);
+    return _mm512_reduce_add_ps(z);
+#endif
+    float a[16];
+    memcpy(a, &v, sizeof a);
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; i++) s8[i] = a[i] + a[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+/* The matrix kernels. A weight is stored repacked in blocks of RB rows: for every 32 columns,
+ * the 32 values of row 0, then of rows 1..RB-1 (see native_backend.repack), so one block is
+ * one stream read front to back (on the VMs measured, reading 4 rows interleaved at stride K
+ * ran at 8.5 GB/s on one core against 21.5 GB/s for one stream). Each weight vector is used for
+ * up to TB tokens while in a register, and a block stays in L1 while further tokens pass. */
+#define SWITCH_NT(CALL)             \
+    switch (nt) {                   \
+        case 1: CALL(1); break;     \
+        case 2: CALL(2); break;     \
+        case 3: CALL(3); break;     \
+        case 4: CALL(4); break;     \
+        case 5: CALL(5); break;     \
+        default: CALL(6); break;    \
+    }
+
+/* y[t0 + t, o + r] for t < NT (a compile-time constant at every call: the accumulators stay in
+ * registers), r < RB: float32 FMA over BF16 weights widened to float32. wb: the repacked
+ * block. */
+static inline __attribute__((always_inline)) void block_fma(const float *x, int t0, const int NT,
+                                                           int K, const uint16_t *wb, float *y,
+                                                           int ldy, int rows) {
+    v16 acc[RB][TB];
+    for (int r = 0; r < RB; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = (v16){0};
+    for (int k = 0; k < K; k += 32) {
+        const uint16_t *wk = wb + (size_t)k * RB;
+        for (int half = 0; half < 32; half += 16) {
+            v16 w[RB];
+            for (int r = 0; r < RB; r++) w[r] = load_bf16x16(wk + r * 32 + half);
+            for (int t = 0; t < NT; t++) {
+                v16 xv = load16(x + (size_t)(t0 + t) * K + k + half);
+                for (int r = 0; r < RB; r++) acc[r][t] += w[r] * xv;
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < rows; r++) y[(size_t)(t0 + t) * ldy + r] = hsum16(acc[r][t]);
+}
+
+/* y[t, o] = sum_k x[t, k] * W[o, k] for row blocks [b0, b1), tokens t < n, M rows in all;
+ * every (t, o) runs the same instruction sequence whatever n is. */
+static void rows_fma(const float *x, int n, int K, const uint16_t *W, int b0, int b1, int M,
+                     float *y, int ldy) {
+    for (int b = b0; b < b1; b++) {
+        const uint16_t *wb = W + (size_t)b * RB * K;
+        int o = b * RB, rows = M - o < RB ? M - o : RB;
+        for (int t0 = 0; t0 < n; t0 += TB) {
+            int nt = n - t0 < TB ? n - t0 : TB;
+#define CALL_FMA(NT) block_fma(x, t0, NT, K, wb, y + o, ldy, rows)
+            SWITCH_NT(CALL_FMA)
+        }
+    }
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+static inline __attribute__((always_inline)) void block_dp(const uint16_t *xb, int t0, const int NT,
+                                                          int K, const uint16_t *wb, float *y,
+                                                          int ldy, int rows) {
+    __m512 acc[RB][TB];
+    for (int r = 0; r < RB; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 32) {
+        const uint16_t *wk = wb + (size_t)k * RB;
+        __m512bh w[RB];
+        for (int r = 0; r < RB; r++) w[r] = (__m512bh)_mm512_loadu_si512((const void *)(wk + r * 32));
+        for (int t = 0; t < NT; t++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xb + (size_t)(t0 + t) * K + k));
+            for (int r = 0; r < RB; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w[r], xv);
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < rows; r++) y[(size_t)(t0 + t) * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+/* The same with activations in BF16 (xb: (n, K) BF16) and VDPBF16PS: 32 products a step. */
+static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int b0, int b1,
+                        int M, float *y, int ldy) {
+    for (int b = b0; b < b1; b++) {
+        const uint16_t *wb = W + (size_t)b * RB * K;
+        int o = b * RB, rows = M - o < RB ? M - o : RB;
+        for (int t0 = 0; t0 < n; t0 += TB) {
+            int nt = n - t0 < TB ? n - t0 : TB;
+#define CALL_DP(NT) block_dp(xb, t0, NT, K, wb, y + o, ldy, rows)
+            SWITCH_NT(CALL_DP)
+        }
+    }
+}
+#endif
+
+typedef struct {
+    nf_model *m;
+    const float *x;
+    const uint16_t *xb;
+    int n, K, M;
+    const uint16_t *W;
+    float *y;
+} mm_args;
+
+static void mm_task(void *p, int ith, int nth) {
+    mm_args *a = (mm_args *)p;
+    /* split the row blocks as evenly as possible (the split does not depend on n) */
+    int blocks = (a->M + RB - 1) / RB;
+    int b0 = (int)((long)blocks * ith / nth), b1 = (int)((long)blocks * (ith + 1) / nth);
+    if (b0 >= b1) return;
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    if (a->m->kernel == KERNEL_DPBF16) {
+        rows_dpbf16(a->xb, a->n, a->K, a->W, b0, b1, a->M, a->y, a->M);
+        return;
+    }
+#endif
+    rows_fma(a->x, a->n, a->K, a->W, b0, b1, a->M, a->y, a->M);
+}
+
+/* y (n, M) = x (n, K) W^T with W (M, K) BF16 repacked in blocks of RB rows (M rounded up to
+ * a multiple of RB, the extra rows zero), on every thread of the pool */
+static void matmul(nf_model *m, const float *x, int n, int K, const uint16_t *W, int M, float *y) {
+    mm_args a = {m, x, NULL, n, K, M, W, y};
+    if (m->kernel == KERNEL_DPBF16) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+        for (size_t i = 0; i < (size_t)n * K; i += 32) /* K is a multiple of 32 */
+            _mm512_storeu_si512((void *)(m->xb + i),
+                                (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i)));
+#endif
+        a.xb = m->xb;
+    }
+    pool_run(&m->pool, mm_task, &a);
+}
+
+static void rms_norm(const float *x, const float *w, float *out, int n, int H, float eps) {
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * H;
+        float *ot = out + (size_t)t * H;
+        double ss = 0.0;
+        for (int i = 0; i < H; i++) ss += (double)xt[i] * xt[i];
+        float r = 1.0f / sqrtf((float)(ss / H) + eps);
+        for (int i = 0; i < H; i++) ot[i] = w[i] * (xt[i] * r);
+    }
+}
+
+/* transformers' apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, rotate_half(x) =
+ * cat(-x[D/2:], x[:D/2]) */
+static void rope(float *v, const float *cos, const float *sin, int D) {
+    int half = D / 2;
+    float tmp[1024];
+    memcpy(tmp, v, sizeof(float) * D);
+    for (int i = 0; i < half; i++) v[i] = tmp[i] * cos[i] - tmp[i + half] * sin[i];
+    for (int i = half; i < D; i++) v[i] = tmp[i] * cos[i] + tmp[i - half] * sin[i];
+}
+
+/* q . k over D floats: 16-lane partial sums when D is a multiple of 16 (a fixed order) */
+static inline float dot(const float *q, const float *k, int D) {
+    if (D % 16 == 0) {
+        v16 acc = (v16){0};
+        for (int d = 0; d < D; d += 16) acc += load16(q + d) * load16(k + d);
+        return hsum16(acc);
+    }
+    float s = 0.0f;
+    for (int d = 0; d < D; d++) s += q[d] * k[d];
+    return s;
+}
+
+typedef struct {
+    nf_model *m;
+    int layer, n, start;
+} att_args;
+
+/* attention of query (t, head) over keys 0..start+t, for the pairs of this thread */
+static void att_task(void *p, int ith, int nth) {
+    att_args *a = (att_args *)p;
+    nf_model *m = a->m;
+    int D = m->head_dim, H = m->n_head, G = m->n_head / m->n_kv;
+    int q_width = (m->n_head + 2 * m->n_kv) * D;
+    int pairs = a->n * H;
+    int p0 = (int)((long)pairs * ith / nth), p1 = (int)((long)pairs * (ith + 1) / nth);
+    float *scores = m->scores + (size_t)ith * m->capacity;
+    size_t layer_off = (size_t)a->layer * m->n_kv * m->capacity * D;
+    for (int pi = p0; pi < p1; pi++) {
+        int t = pi / H, h = pi % H, kvh = h / G;
+        const float *q = m->qkv + (size_t)t * q_width + (size_t)h * D;
+        const float *K = m->k_cache + layer_off + (size_t)kvh * m->capacity * D;
+        const float *V = m->v_cache + layer_off + (size_t)kvh * m->capacity * D;
+        int T = a->start + t + 1;
+        float mx = -INFINITY;
+        for (int j = 0; j < T; j++) {
+            float s = dot(q, K + (size_t)j * D, D) * m->scaling;
+            scores[j] = s;
+            if (s > mx) mx = s;
+        }
+        float sum = 0.0f;
+        int j = 0;
+        for (; j + 16 <= T; j += 16) {
+            v16 e = exp16(load16(scores + j) - mx);
+            memcpy(scores + j, &e, sizeof e);
+        }
+        if (j < T) { /* the tail through the same function, lanes past T unused */
+            float tail[16] = {0};
+            memcpy(tail, scores + j, sizeof(float) * (T - j));
+            v16 e = exp16(load16(tail) - mx);
+            memcpy(tail, &e, sizeof e);
+            memcpy(scores + j, tail, sizeof(float) * (T - j));
+        }
+        for (j = 0; j < T; j++) sum += scores[j];
+        float *out = m->att + (size_t)t * H * D + (size_t)h * D;
+        if (D % 16 == 0 && D <= 256) {
+            v16 acc[16];
+            int nv = D / 16;
+            for (int c = 0; c < nv; c++) acc[c] = (v16){0};
+            for (int j = 0; j < T; j++) {
+                const float *vj = V + (size_t)j * D;
+                float pj = scores[j];
+                for (int c = 0; c < nv; c++) acc[c] += pj * load16(vj + 16 * c);
+            }
+            memcpy(out, acc, sizeof(float) * D);
+        } else {
+            for (int d = 0; d < D; d++) out[d] = 0.0f;
+            for (int j = 0; j < T; j++) {
+                const float *vj = V + (size_t)j * D;
+                float pj = scores[j];
+                for (int d = 0; d < D; d++) out[d] += pj * vj[d];
+            }
+        }
+        float inv = 1.0f / sum;
+        for (int d = 0; d < D; d++) out[d] *= inv;
+    }
+}
+
+/* One forward over n new tokens at positions start..start+n-1.
+ *   ids: (n,) token ids; keep: logits for the last `keep` positions into logits (keep, vocab);
+ *   want: (n_want,) hidden-state indices (0 = embeddings, k = input of layer k, n_layer = the
+ *   final norm's output), written to feats (n, n_want * hidden) in that order (feats may be
+ *   NULL when n_want is 0).
+ * Returns 0, or -1 (positions beyond the cache's capacity, or out of memory; nothing written
+ * to the cache), -2 (a token id outside the vocabulary). */
+int nf_forward(void *p, const int32_t *ids, int n, int start, int keep, float *logits,
+               const int32_t *want, int n_want, float *feats) {
+    nf_model *m = (nf_model *)p;
+    int Hd = m->hidden, D = m->head_dim;
+    int qd = m->n_head * D, kvd = m->n_kv * D, q_width = qd + 2 * kvd;
+    if (n < 1 || keep < 1 || keep > n || start < 0 || start + n > m->capacity) return -1;
+    for (int t = 0; t < n; t++)
+        if (ids[t] < 0 || ids[t] >= m->vocab) return -2;
+    if (grow_scratch(m, n) != 0) return -1;
+    float *x = m->x, *h = m->h;
+    for (int t = 0; t < n; t++) memcpy(x + (size_t)t * Hd, m->embed + (size_t)ids[t] * Hd, sizeof(float) * Hd);
+    for (int l = 0; l <= m->n_layer; l++) {
+        for (int w = 0; w < n_want; w++) {
+            if (want[w] != l || l == m->n_layer) continue;
+            for (int t = 0; t < n; t++)
+                memcpy(feats + ((size_t)t * n_want + w) * Hd, x + (size_t)t * Hd, sizeof(float) * Hd);
+        }
+        if (l == m->n_layer) break;
+        const nf_layer *L = &m->layers[l];
+        rms_norm(x, L->norm1, h, n, Hd, m->eps);
+        matmul(m, h, n, Hd, L->qkv, q_width, m->qkv);
+        size_t layer_off = (size_t)l * m->n_kv * m->capacity * D;
+        for (int t = 0; t < n; t++) {
+            int pos = start + t;
+            const float *c = m->cos + (size_t)pos * D, *s = m->sin + (size_t)pos * D;
+            float *row = m->qkv + (size_t)t * q_width;
+            for (int hh = 0; hh < m->n_head; hh++) rope(row + hh * D, c, s, D);
+            for (int kh = 0; kh < m->n_kv; kh++) {
+                float *k = row + qd + kh * D, *v = row + qd + kvd + kh * D;
+                rope(k, c, s, D);
+                memcpy(m->k_cache + layer_off + ((size_t)kh * m->capacity + pos) * D, k, sizeof(float) * D);
+                memcpy(m->v_cache + layer_off + ((size_t)kh * m->capacity + pos) * D, v, sizeof(float) * D);
+            }
+        }
+        att_args aa = {m, l, n, start};
+        pool_run(&m->pool, att_task, &aa);
+        matmul(m, m->att, n, qd, L->o, Hd, h);
+        for (size_t i = 0; i < (size_t)n * Hd; i++) x[i] += h[i];
+        rms_norm(x, L->norm2, h, n, Hd, m->eps);
+        matmul(m, h, n, Hd, L->gate_up, 2 * m->inter, m->gu);
+        for (int t = 0; t < n; t++) {
+            const float *g = m->gu + (size_t)t * 2 * m->inter, *u = g + m->inter;
+            float *a = m->act + (size_t)t * m->inter;
+            for (int i = 0; i < m->inter; i += 16) { /* inter is a multiple of 32 */
+                v16 gv = load16(g + i);
+                v16 av = gv / (1.0f + exp16(-gv)) * load16(u + i);
+                memcpy(a + i, &av, sizeof av);
+            }
+        }
+        matmul(m, m->act, n, m->inter, L->down, Hd, h);
+        for (size_t i = 0; i < (size_t)n * Hd; i++) x[i] += h[i];
+    }
+    rms_norm(x, m->norm, h, n, Hd, m->eps);
+    for (int w = 0; w < n_want; w++) {
+        if (want[w] != m->n_layer) continue;
+        for (int t = 0; t < n; t++)
+            memcpy(feats + ((size_t)t * n_want + w) * Hd, h + (size_t)t * Hd, sizeof(float) * Hd);
+    }
+    matmul(m, h + (size_t)(n - keep) * Hd, keep, Hd, m->head, m->vocab, logits);
+    return 0;
+}
