@@ -67,7 +67,7 @@ def tiny():
 
 def test_repack_layout_known_values():
     w = torch.arange(6 * 64, dtype=torch.float32).view(6, 64)  # 6 rows: padded to 8
-    packed = nb.repack(w)
+    packed = nb.repack(w, 4)
     assert packed.shape == (8 * 64,)
     block0 = packed[:4 * 64].view(2, 4, 32)  # chunk, row, column
     assert block0[0, 1].tolist() == w[1, :32].tolist()  # chunk 0 of row 1
@@ -76,7 +76,7 @@ def test_repack_layout_known_values():
     assert block1[1, 1].tolist() == w[5, 32:].tolist()
     assert block1[:, 2:].abs().sum() == 0  # the two padding rows
     with pytest.raises(ValueError, match="multiple of 32"):
-        nb.repack(torch.zeros(4, 48))
+        nb.repack(torch.zeros(4, 48), 4)
 
 
 @needs_library

@@ -145,6 +145,7 @@ def library():
         lib.nf_create.argtypes = [c.c_int] * 7 + [c.c_float, c.c_float, c.c_int, c.c_int]
         lib.nf_free.argtypes = [c.c_void_p]
         lib.nf_has_dpbf16.restype = c.c_int
+        lib.nf_rows.restype = c.c_int
         lib.nf_set_layer.argtypes = [c.c_void_p, c.c_int] + [c.c_void_p] * 6
         lib.nf_set_output.argtypes = [c.c_void_p] * 4
         lib.nf_set_cache.argtypes = [c.c_void_p] * 5 + [c.c_int]
@@ -201,14 +202,14 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-ROWS = 4  # rows per block of a repacked weight (native_forward.c's RB)
 COLUMNS = 32  # columns per chunk of a block
 
 
-def repack(w: torch.Tensor) -> torch.Tensor:
-    """A (M, K) weight in the C kernels' layout: rows in blocks of :data:`ROWS` (M padded with
-    zero rows to a multiple), each block stored chunk by chunk of :data:`COLUMNS` columns, the
-    rows of the block one after another within a chunk, so a block is one contiguous stream.
+def repack(w: torch.Tensor, rows: int) -> torch.Tensor:
+    """A (M, K) weight in the C kernels' layout: rows in blocks of ``rows`` (native_forward.c's
+    RB, ``nf_rows()``; M padded with zero rows to a multiple), each block stored chunk by chunk
+    of :data:`COLUMNS` columns, the rows of the block one after another within a chunk, so a
+    block is one contiguous stream.
 
     Returns:
         (ceil(M / ROWS) * ROWS * K,) tensor of w's dtype.
@@ -217,16 +218,17 @@ def repack(w: torch.Tensor) -> torch.Tensor:
     m, k = w.shape
     if k % COLUMNS:
         raise ValueError(f"a weight of {k} columns; the native kernels need a multiple of {COLUMNS}")
-    pad = -m % ROWS
+    pad = -m % rows
     if pad:
         w = torch.cat([w, w.new_zeros(pad, k)])
-    blocks = w.view(-1, ROWS, k // COLUMNS, COLUMNS).permute(0, 2, 1, 3)
+    blocks = w.view(-1, rows, k // COLUMNS, COLUMNS).permute(0, 2, 1, 3)
     return blocks.contiguous().view(-1)
 
 
-def _bf16(*weights: torch.Tensor) -> torch.Tensor:
-    """The weights stacked by rows, rounded to BF16 (round to nearest even), :func:`repack`ed."""
-    return repack(torch.cat([w.detach() for w in weights]).to(torch.bfloat16))
+def _bf16(rows: int, *weights: torch.Tensor) -> torch.Tensor:
+    """The weights stacked by rows, rounded to BF16 (round to nearest even), :func:`repack`ed
+    in blocks of ``rows``."""
+    return repack(torch.cat([w.detach() for w in weights]).to(torch.bfloat16), rows)
 
 
 class NativeModel:
@@ -261,6 +263,7 @@ class NativeModel:
         self.eps = float(cfg.rms_norm_eps)
         self.threads = threads or default_threads()
         base = model.model
+        rows = self.lib.nf_rows()
         self.scaling = float(getattr(base.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
         with torch.no_grad():
             self.embed = base.embed_tokens.weight.detach().float().contiguous()  # (V, H)
@@ -269,15 +272,15 @@ class NativeModel:
             for layer in base.layers:
                 a, m = layer.self_attn, layer.mlp
                 self.layers.append({
-                    "qkv": _bf16(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
-                    "o": _bf16(a.o_proj.weight),
-                    "gate_up": _bf16(m.gate_proj.weight, m.up_proj.weight),
-                    "down": _bf16(m.down_proj.weight),
+                    "qkv": _bf16(rows, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                    "o": _bf16(rows, a.o_proj.weight),
+                    "gate_up": _bf16(rows, m.gate_proj.weight, m.up_proj.weight),
+                    "down": _bf16(rows, m.down_proj.weight),
                     "norm1": layer.input_layernorm.weight.detach().float().contiguous(),
                     "norm2": layer.post_attention_layernorm.weight.detach().float().contiguous(),
                 })
             self.norm = base.norm.weight.detach().float().contiguous()
-            self.head = _bf16(model.get_output_embeddings().weight)
+            self.head = _bf16(rows, model.get_output_embeddings().weight)
         self.rotary = base.rotary_emb
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.lock = threading.Lock()

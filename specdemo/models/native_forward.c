@@ -42,6 +42,9 @@
 #ifndef RB
 #define RB 4 /* rows per block of a repacked weight (native_backend.ROWS) */
 #endif
+#ifndef PF
+#define PF 0 /* software prefetch distance in BF16 elements of a weight stream (0: none) */
+#endif
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef uint32_t vu16 __attribute__((vector_size(64), aligned(4)));
@@ -185,6 +188,9 @@ typedef struct {
 } nf_model;
 
 enum { KERNEL_FMA = 0, KERNEL_DPBF16 = 1 };
+
+/* rows per block of a repacked weight: native_backend.repack asks */
+int nf_rows(void) { return RB; }
 
 int nf_has_dpbf16(void) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -354,15 +360,58 @@ static inline float hsum16(v16 v) {
  * one stream read front to back (on the VMs measured, reading 4 rows interleaved at stride K
  * ran at 8.5 GB/s on one core against 21.5 GB/s for one stream). Each weight vector is used for
  * up to TB tokens while in a register, and a block stays in L1 while further tokens pass. */
-#define SWITCH_NT(CALL)             \
-    switch (nt) {                   \
-        case 1: CALL(1); break;     \
-        case 2: CALL(2); break;     \
-        case 3: CALL(3); break;     \
-        case 4: CALL(4); break;     \
-        case 5: CALL(5); break;     \
-        default: CALL(6); break;    \
+#if TB > 8 || TB < 1
+#error "TB must be 1..8"
+#endif
+#define CASE_NT(K, CALL) \
+    case K:              \
+        CALL(K);         \
+        break;
+#define SWITCH_NT(CALL)                                              \
+    switch (nt) {                                                    \
+        CASE_NT(1, CALL)                                             \
+        IF_TB2(CASE_NT(2, CALL)) IF_TB3(CASE_NT(3, CALL))            \
+        IF_TB4(CASE_NT(4, CALL)) IF_TB5(CASE_NT(5, CALL))            \
+        IF_TB6(CASE_NT(6, CALL)) IF_TB7(CASE_NT(7, CALL))            \
+        IF_TB8(CASE_NT(8, CALL))                                     \
+        default: break;                                              \
     }
+/* IF_TBk(x): x when TB >= k (no code for widths a register block never has) */
+#if TB >= 2
+#define IF_TB2(x) x
+#else
+#define IF_TB2(x)
+#endif
+#if TB >= 3
+#define IF_TB3(x) x
+#else
+#define IF_TB3(x)
+#endif
+#if TB >= 4
+#define IF_TB4(x) x
+#else
+#define IF_TB4(x)
+#endif
+#if TB >= 5
+#define IF_TB5(x) x
+#else
+#define IF_TB5(x)
+#endif
+#if TB >= 6
+#define IF_TB6(x) x
+#else
+#define IF_TB6(x)
+#endif
+#if TB >= 7
+#define IF_TB7(x) x
+#else
+#define IF_TB7(x)
+#endif
+#if TB >= 8
+#define IF_TB8(x) x
+#else
+#define IF_TB8(x)
+#endif
 
 /* y[t0 + t, o + r] for t < NT (a compile-time constant at every call: the accumulators stay in
  * registers), r < RB: float32 FMA over BF16 weights widened to float32. wb: the repacked
@@ -412,6 +461,9 @@ static inline __attribute__((always_inline)) void block_dp(const uint16_t *xb, i
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 32) {
         const uint16_t *wk = wb + (size_t)k * RB;
+#if PF > 0
+        for (int r = 0; r < RB; r++) _mm_prefetch((const char *)(wk + PF + r * 32), _MM_HINT_T0);
+#endif
         __m512bh w[RB];
         for (int r = 0; r < RB; r++) w[r] = (__m512bh)_mm512_loadu_si512((const void *)(wk + r * 32));
         for (int t = 0; t < NT; t++) {
