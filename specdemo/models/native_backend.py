@@ -105,10 +105,13 @@ def _build(out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     errors = []
-    for arch in (["-march=native"], ["-mcpu=native"], []):
-        cmd = [cc, "-O3", *arch, *_extra_flags().split(), "-std=gnu11", "-fPIC", "-shared",
-               "-pthread", str(SOURCE),
-               "-o", str(tmp), "-lm"]
+    # OpenMP first: in a torch process the team is torch's own (libgomp.so.1), so a drafter's
+    # torch threads and ours take turns instead of spinning against each other; without it
+    # (e.g. Apple's clang) the C file's own thread pool
+    for omp, arch in [(o, a) for o in (["-fopenmp"], []) for a in
+                      (["-march=native"], ["-mcpu=native"], [])]:
+        cmd = [cc, "-O3", *arch, *omp, *_extra_flags().split(), "-std=gnu11", "-fPIC",
+               "-shared", "-pthread", str(SOURCE), "-o", str(tmp), "-lm"]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode == 0:
             os.replace(tmp, out)

@@ -21,7 +21,9 @@
  * qkv is [q; k; v] (n_head + 2 n_kv) * D rows, gate_up is [gate; up] 2 * I rows. KV cache:
  * float32 (n_layer, n_kv, capacity, D), owned by the caller. Rotary tables: float32
  * (capacity, D) cos and sin, transformers' "rotate half" layout, owned by the caller.
- * Threads: a pool of n_threads - 1 workers that spin ~0.2 ms for the next operator, then sleep.
+ * Threads: an OpenMP team when compiled with -fopenmp (torch's own runtime in a torch process,
+ * see pool_run), else a pool of n_threads - 1 workers that spin ~0.2 ms for the next operator,
+ * then sleep.
  */
 
 #include <math.h>
@@ -33,6 +35,9 @@
 #include <time.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
 #endif
 
 #define NF_MAX_THREADS 64
@@ -120,6 +125,9 @@ static int pool_start(nf_pool *pool, int nth) {
     pool->nth = nth;
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv, NULL);
+#ifdef _OPENMP
+    return 0; /* OpenMP's team runs the tasks (pool_run) */
+#endif
     for (int i = 1; i < nth; i++) {
         nf_worker *w = malloc(sizeof *w);
         if (!w) return -1;
@@ -139,18 +147,28 @@ static void pool_stop(nf_pool *pool) {
     atomic_store(&pool->stop, 1);
     pthread_cond_broadcast(&pool->cv);
     pthread_mutex_unlock(&pool->mu);
+#ifndef _OPENMP
     for (int i = 1; i < pool->nth; i++) pthread_join(pool->th[i], NULL);
+#endif
     pthread_mutex_destroy(&pool->mu);
     pthread_cond_destroy(&pool->cv);
 }
 
 /* Run fn(arg, ith, nth) on every thread of the pool (the caller is thread 0); return when all
- * are done. */
+ * are done. Built with OpenMP (-fopenmp), the threads are an OpenMP team instead: in a Python
+ * process with torch that is torch's own runtime (libgomp.so.1 is loaded once per process), so
+ * torch's threads (a drafter's forward) and ours are the same threads and never spin against
+ * each other for the cores; the pool's own threads are then not started. */
 static void pool_run(nf_pool *pool, nf_task fn, void *arg) {
     if (pool->nth == 1) {
         fn(arg, 0, 1);
         return;
     }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(pool->nth)
+    fn(arg, omp_get_thread_num(), omp_get_num_threads());
+    return;
+#endif
     pool->fn = fn;
     pool->arg = arg;
     atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
