@@ -43,11 +43,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="preset to start with (default: the default preset)")
     parser.add_argument("--share", action="store_true",
                         help="also publish a public gradio.live link (off by default)")
-    parser.add_argument("--backend", default="transformers",
+    parser.add_argument("--backend", default="auto",
                         choices=BACKENDS,
-                        help="target forward for both lanes: transformers, ggml (llama.cpp over "
-                             "a GGUF/built-in target), ggml-bf16 (its BF16 copy), int8 (int8 Llama forward) or auto (measured on this CPU) "
-                             "(default %(default)s)")
+                        help="target forward for both lanes: auto (default: on a CPU, every "
+                             "backend available for the target is timed once on this machine and "
+                             "the cheapest kept; the start-up steps say which and why; "
+                             "transformers on a GPU), transformers (the float32 reference), native "
+                             "(our C forward with BF16 weights), ggml (llama.cpp over a "
+                             "GGUF/built-in target), ggml-bf16 (its BF16 copy) or int8 (int8 "
+                             "Llama forward)")
     return parser.parse_args(argv)
 
 
