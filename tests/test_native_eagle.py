@@ -247,3 +247,23 @@ def test_greedy_draw_over_a_draft_vocabulary_equals_drawing_from_expanded_logits
     fast, ref = DraftSampler([5], params, None), DraftSampler([5], params, None)
     assert torch.equal(fast.draw_subset(cases[1], ids, 32, True),
                        ref.draw(expand_logits(cases[1], ids, 32)))
+
+
+@needs_library
+def test_a_pipeline_on_the_native_backend_drafts_with_the_c_head_and_stays_lossless(target):
+    from specdemo.models.ggml_backend import with_backend
+    from specdemo.models.learned import LoadedEagle3
+    from specdemo.models.loading import LoadedModel
+    from specdemo.services.pipeline import DecodeSettings, Pipeline
+    loaded = LoadedModel("tiny-llama", target, CharTokenizer(), torch.device("cpu"), torch.float32,
+                         0.0, "test")
+    native, _ = with_backend(loaded, "native")
+    draft = LoadedEagle3("tiny-eagle", _head(target, draft_vocab=20), {})
+    assert Pipeline(loaded, "tiny-eagle", draft).new_drafter().stepper is None
+    pipe = Pipeline(native, "tiny-eagle", draft)
+    assert isinstance(pipe.new_drafter().stepper, nb.NativeEagleHead)
+    prompt = CharTokenizer().encode("speculative decoding, made visible")
+    settings = DecodeSettings(max_new_tokens=32, draft_length=3)
+    spec, plain = pipe.run(prompt, settings, True), pipe.run(prompt, settings, False)
+    assert spec.stats.drafted > 0
+    assert spec.token_ids == plain.token_ids
