@@ -203,6 +203,10 @@ typedef struct {
     uint16_t *xb; /* activations rounded to BF16 (kernel dpbf16) */
     float *scores; /* per thread: capacity floats */
     int scores_cap;
+    /* EAGLE-3 head mode (nf_head_create): one layer over concat(embed, hidden) of width 2H */
+    int head_mode, head_flags, embed_vocab;
+    const float *hidden_norm; /* (hidden,) */
+    float *xin;               /* scratch (tokens, 2 * hidden) */
 } nf_model;
 
 enum { KERNEL_FMA = 0, KERNEL_DPBF16 = 1 };
@@ -249,7 +253,7 @@ void nf_free(void *p) {
     pool_stop(&m->pool);
     free(m->layers);
     free(m->x); free(m->h); free(m->qkv); free(m->att); free(m->gu); free(m->act); free(m->xb);
-    free(m->scores);
+    free(m->scores); free(m->xin);
     free(m);
 }
 
@@ -280,6 +284,9 @@ static int grow_scratch(nf_model *m, int s) {
         int widest = m->hidden > q ? m->hidden : q;
         if (2 * m->inter > widest) widest = 2 * m->inter;
         if (m->n_head * m->head_dim > widest) widest = m->n_head * m->head_dim;
+        if (m->head_mode && 2 * m->hidden > widest) widest = 2 * m->hidden;
+        free(m->xin);
+        m->xin = m->head_mode ? malloc(sizeof(float) * s * 2 * m->hidden) : NULL;
         free(m->x); free(m->h); free(m->qkv); free(m->att); free(m->gu); free(m->act); free(m->xb);
         m->x = malloc(sizeof(float) * s * m->hidden);
         m->h = malloc(sizeof(float) * s * m->hidden);
@@ -289,7 +296,8 @@ static int grow_scratch(nf_model *m, int s) {
         m->act = malloc(sizeof(float) * s * m->inter);
         m->xb = malloc(sizeof(uint16_t) * s * widest);
         m->scratch_tokens = s;
-        if (!m->x || !m->h || !m->qkv || !m->att || !m->gu || !m->act || !m->xb) {
+        if (!m->x || !m->h || !m->qkv || !m->att || !m->gu || !m->act || !m->xb ||
+            (m->head_mode && !m->xin)) {
             m->scratch_tokens = 0;
             return -1;
         }
@@ -645,6 +653,47 @@ static void att_task(void *p, int ith, int nth) {
     }
 }
 
+/* The rest of layer l once m->qkv (n, (n_head + 2 n_kv) D) holds its q, k, v: rotary
+ * embeddings, the cache written at positions start..start+n-1, attention, o_proj added to the
+ * residual x (n, hidden), then the MLP added to x; h is scratch. Shared by the target's layers
+ * and the EAGLE-3 head's. */
+static void layer_rest(nf_model *m, int l, int n, int start, float *x) {
+    const nf_layer *L = &m->layers[l];
+    int Hd = m->hidden, D = m->head_dim;
+    int qd = m->n_head * D, kvd = m->n_kv * D, q_width = qd + 2 * kvd;
+    float *h = m->h;
+    size_t layer_off = (size_t)l * m->n_kv * m->capacity * D;
+    for (int t = 0; t < n; t++) {
+        int pos = start + t;
+        const float *c = m->cos + (size_t)pos * D, *s = m->sin + (size_t)pos * D;
+        float *row = m->qkv + (size_t)t * q_width;
+        for (int hh = 0; hh < m->n_head; hh++) rope(row + hh * D, c, s, D);
+        for (int kh = 0; kh < m->n_kv; kh++) {
+            float *k = row + qd + kh * D, *v = row + qd + kvd + kh * D;
+            rope(k, c, s, D);
+            memcpy(m->k_cache + layer_off + ((size_t)kh * m->capacity + pos) * D, k, sizeof(float) * D);
+            memcpy(m->v_cache + layer_off + ((size_t)kh * m->capacity + pos) * D, v, sizeof(float) * D);
+        }
+    }
+    att_args aa = {m, l, n, start};
+    pool_run(&m->pool, att_task, &aa);
+    matmul(m, m->att, n, qd, L->o, Hd, h);
+    for (size_t i = 0; i < (size_t)n * Hd; i++) x[i] += h[i];
+    rms_norm(x, L->norm2, h, n, Hd, m->eps);
+    matmul(m, h, n, Hd, L->gate_up, 2 * m->inter, m->gu);
+    for (int t = 0; t < n; t++) {
+        const float *g = m->gu + (size_t)t * 2 * m->inter, *u = g + m->inter;
+        float *a = m->act + (size_t)t * m->inter;
+        for (int i = 0; i < m->inter; i += 16) { /* inter is a multiple of 32 */
+            v16 gv = load16(g + i);
+            v16 av = gv / (1.0f + exp16(-gv)) * load16(u + i);
+            memcpy(a + i, &av, sizeof av);
+        }
+    }
+    matmul(m, m->act, n, m->inter, L->down, Hd, h);
+    for (size_t i = 0; i < (size_t)n * Hd; i++) x[i] += h[i];
+}
+
 /* One forward over n new tokens at positions start..start+n-1.
  *   ids: (n,) token ids; keep: logits for the last `keep` positions into logits (keep, vocab);
  *   want: (n_want,) hidden-state indices (0 = embeddings, k = input of layer k, n_layer = the
@@ -673,36 +722,7 @@ int nf_forward(void *p, const int32_t *ids, int n, int start, int keep, float *l
         const nf_layer *L = &m->layers[l];
         rms_norm(x, L->norm1, h, n, Hd, m->eps);
         matmul(m, h, n, Hd, L->qkv, q_width, m->qkv);
-        size_t layer_off = (size_t)l * m->n_kv * m->capacity * D;
-        for (int t = 0; t < n; t++) {
-            int pos = start + t;
-            const float *c = m->cos + (size_t)pos * D, *s = m->sin + (size_t)pos * D;
-            float *row = m->qkv + (size_t)t * q_width;
-            for (int hh = 0; hh < m->n_head; hh++) rope(row + hh * D, c, s, D);
-            for (int kh = 0; kh < m->n_kv; kh++) {
-                float *k = row + qd + kh * D, *v = row + qd + kvd + kh * D;
-                rope(k, c, s, D);
-                memcpy(m->k_cache + layer_off + ((size_t)kh * m->capacity + pos) * D, k, sizeof(float) * D);
-                memcpy(m->v_cache + layer_off + ((size_t)kh * m->capacity + pos) * D, v, sizeof(float) * D);
-            }
-        }
-        att_args aa = {m, l, n, start};
-        pool_run(&m->pool, att_task, &aa);
-        matmul(m, m->att, n, qd, L->o, Hd, h);
-        for (size_t i = 0; i < (size_t)n * Hd; i++) x[i] += h[i];
-        rms_norm(x, L->norm2, h, n, Hd, m->eps);
-        matmul(m, h, n, Hd, L->gate_up, 2 * m->inter, m->gu);
-        for (int t = 0; t < n; t++) {
-            const float *g = m->gu + (size_t)t * 2 * m->inter, *u = g + m->inter;
-            float *a = m->act + (size_t)t * m->inter;
-            for (int i = 0; i < m->inter; i += 16) { /* inter is a multiple of 32 */
-                v16 gv = load16(g + i);
-                v16 av = gv / (1.0f + exp16(-gv)) * load16(u + i);
-                memcpy(a + i, &av, sizeof av);
-            }
-        }
-        matmul(m, m->act, n, m->inter, L->down, Hd, h);
-        for (size_t i = 0; i < (size_t)n * Hd; i++) x[i] += h[i];
+        layer_rest(m, l, n, start, x);
     }
     rms_norm(x, m->norm, h, n, Hd, m->eps);
     for (int w = 0; w < n_want; w++) {
@@ -710,6 +730,79 @@ int nf_forward(void *p, const int32_t *ids, int n, int start, int keep, float *l
         for (int t = 0; t < n; t++)
             memcpy(feats + ((size_t)t * n_want + w) * Hd, h + (size_t)t * Hd, sizeof(float) * Hd);
     }
+    matmul(m, h + (size_t)(n - keep) * Hd, keep, Hd, m->head, m->vocab, logits);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ EAGLE-3 head */
+
+/* The EAGLE-3 draft head (specdemo/core/drafters/eagle.py, Eagle3Head.step): one decoder layer
+ * whose q/k/v read concat(input_layernorm(embed(id)), hidden_norm(hidden)) of width 2 hidden,
+ * then the target's layer tail (layer_rest), the final norm and a draft-vocabulary lm_head.
+ * Flags: NF_HEAD_NORM_BEFORE_RESIDUAL (the residual is hidden_norm(hidden) instead of hidden),
+ * NF_HEAD_NORM_OUTPUT (the hidden returned for the next step is norm(out) instead of out).
+ * The same model struct, kernels and thread team as a target: n_layer 1, vocab = the draft
+ * vocabulary; the KV cache (1, n_kv, capacity, D) and rotary tables come from nf_set_cache. */
+enum { NF_HEAD_NORM_BEFORE_RESIDUAL = 1, NF_HEAD_NORM_OUTPUT = 2 };
+
+void *nf_head_create(int hidden, int n_head, int n_kv, int head_dim, int inter, int draft_vocab,
+                     int embed_vocab, float eps, float scaling, int n_threads, int kernel,
+                     int flags) {
+    nf_model *m = nf_create(1, hidden, n_head, n_kv, head_dim, inter, draft_vocab, eps, scaling,
+                            n_threads, kernel);
+    if (!m) return NULL;
+    m->head_mode = 1;
+    m->head_flags = flags;
+    m->embed_vocab = embed_vocab;
+    return m;
+}
+
+/* qkv: [q; k; v] (.., 2 hidden) repacked; o, gate_up, down repacked as a target layer's;
+ * input_ln, hidden_norm, post_ln, norm: (hidden,) float32; lm_head: (draft_vocab, hidden)
+ * repacked; embed: the target's (embed_vocab, hidden) float32 embedding table. */
+void nf_head_set(void *p, const uint16_t *qkv, const uint16_t *o, const uint16_t *gate_up,
+                 const uint16_t *down, const float *input_ln, const float *hidden_norm,
+                 const float *post_ln, const float *norm, const uint16_t *lm_head,
+                 const float *embed) {
+    nf_model *m = (nf_model *)p;
+    nf_set_layer(p, 0, qkv, o, gate_up, down, input_ln, post_ln);
+    m->hidden_norm = hidden_norm;
+    nf_set_output(p, embed, norm, lm_head);
+}
+
+/* One head pass over n positions start..start+n-1.
+ *   hidden_in: (n, hidden) float32 inputs (fc(features), or the previous step's output);
+ *   ids: (n,) target ids of the tokens after those positions (embedding rows);
+ *   keep: logits for the last `keep` positions into logits (keep, draft_vocab);
+ *   hidden_out: (n, hidden) the output the next draft step reads (out, or norm(out) with
+ *   NF_HEAD_NORM_OUTPUT).
+ * Every position's numbers are independent of the others of the call (as nf_forward).
+ * Returns 0, -1 (beyond the cache's capacity, or out of memory), -2 (an id outside the
+ * embedding table), -3 (not a head model). */
+int nf_head_forward(void *p, const float *hidden_in, const int32_t *ids, int n, int start,
+                    int keep, float *logits, float *hidden_out) {
+    nf_model *m = (nf_model *)p;
+    if (!m->head_mode) return -3;
+    int Hd = m->hidden, D = m->head_dim;
+    int q_width = (m->n_head + 2 * m->n_kv) * D;
+    if (n < 1 || keep < 1 || keep > n || start < 0 || start + n > m->capacity) return -1;
+    for (int t = 0; t < n; t++)
+        if (ids[t] < 0 || ids[t] >= m->embed_vocab) return -2;
+    if (grow_scratch(m, n) != 0) return -1;
+    float *x = m->x, *h = m->h, *xin = m->xin;
+    const nf_layer *L = &m->layers[0];
+    for (int t = 0; t < n; t++) {
+        const float *ht = hidden_in + (size_t)t * Hd;
+        float *row = xin + (size_t)t * 2 * Hd;
+        rms_norm(m->embed + (size_t)ids[t] * Hd, L->norm1, row, 1, Hd, m->eps);
+        rms_norm(ht, m->hidden_norm, row + Hd, 1, Hd, m->eps);
+        memcpy(x + (size_t)t * Hd, (m->head_flags & NF_HEAD_NORM_BEFORE_RESIDUAL) ? row + Hd : ht,
+               sizeof(float) * Hd);
+    }
+    matmul(m, xin, n, 2 * Hd, L->qkv, q_width, m->qkv);
+    layer_rest(m, 0, n, start, x);
+    rms_norm(x, m->norm, h, n, Hd, m->eps);
+    memcpy(hidden_out, (m->head_flags & NF_HEAD_NORM_OUTPUT) ? h : x, sizeof(float) * n * Hd);
     matmul(m, h + (size_t)(n - keep) * Hd, keep, Hd, m->head, m->vocab, logits);
     return 0;
 }

@@ -226,6 +226,17 @@ class Pipeline:
             return self.draft
         return self.draft.model
 
+    def new_drafter(self):
+        """A fresh drafter of this pipeline (None for ``none``): ``make_drafter``'s, with the
+        EAGLE-3 head's steps in C when the target runs on the native backend
+        (``native_backend.head_stepper``)."""
+        drafter = make_drafter(self.draft_spec, self.target.model, self.target.vocab_size,
+                               self.draft_source)
+        if getattr(self.target, "backend", "transformers") == "native":
+            from ..models.native_backend import head_stepper
+            head_stepper(drafter, self.target)
+        return drafter
+
     def forward_costs(self) -> dict[int, float]:
         """Seconds of a target forward by width (for ``auto``), measured once per target model
         and backend in this process: every pipeline over the same loaded target (any drafter)
@@ -293,8 +304,7 @@ class Pipeline:
         if speculative and settings.draft_length == "auto":
             costs = self.forward_costs()  # measured before the clock of this decode starts
         if speculative:
-            drafter = make_drafter(self.draft_spec, self.target.model, self.target.vocab_size,
-                                   self.draft_source)
+            drafter = self.new_drafter()
         return decode(self.kv, prompt_ids, self.target.tokenizer, drafter=drafter,
                       policy=make_policy(settings.draft_length, costs), params=settings.sampling,
                       max_new_tokens=settings.max_new_tokens,

@@ -295,14 +295,13 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi", *,
     Raises:
         ValueError: the prompt does not fit the target's context (``Pipeline.check_length``).
     """
-    from ..core.drafters import make_drafter, wants_features  # deferred: imports torch
+    from ..core.drafters import wants_features  # deferred: imports torch
     from ..core.drafters.draft_model import ModelDrafter
     from .pipeline import DecodeSettings
     speculative = speculative and pipe.draft_spec != "none"
     k = max_draft_length(draft_length) if speculative else 0
     widths = verification_widths(speculative, draft_length)
-    drafter = (make_drafter(pipe.draft_spec, pipe.target.model, pipe.target.vocab_size,
-                            pipe.draft_source) if speculative else None)
+    drafter = pipe.new_drafter() if speculative else None
     layers = wants_features(drafter)
     ids = list(prompt_ids) if prompt_ids is not None else pipe.prompt_ids(prompt)
     owner = pipe if speculative else pipe.target.model

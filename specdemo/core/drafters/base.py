@@ -184,6 +184,23 @@ class DraftSampler:
         self.probs.append(p)
         return token
 
+    def draw_subset(self, logits: torch.Tensor, ids: torch.Tensor, vocab_size: int,
+                    increasing: bool = False) -> torch.Tensor:
+        """:meth:`draw` from (Vd,) logits over a sub-vocabulary (a draft head's): ``ids`` (Vd,)
+        their target ids, the others -inf (``vocab.expand_logits``). When ``increasing`` (the
+        caller knows ``ids`` is strictly increasing), greedy without a repetition penalty takes
+        the argmax among the Vd logits and maps it instead of building the V logits every
+        step: the same token, since argmax returns the first of equal maxima either way."""
+        params = self.params
+        if params.greedy and params.repetition_penalty == 1.0 and increasing:
+            token = ids[logits.float().argmax(-1)].view(1).to(logits.device)
+            p = torch.zeros(vocab_size, device=logits.device).scatter_(0, token, 1.0)
+            self.tokens.append(token)
+            self.probs.append(p)
+            return token
+        from .vocab import expand_logits
+        return self.draw(expand_logits(logits, ids, vocab_size))
+
     def proposal(self, source: str | None) -> Proposal:
         """The tokens drawn so far, their ids moved to the host in one transfer."""
         if not self.tokens:

@@ -29,7 +29,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEm
 
 from ..sampling import SamplingParams
 from .base import DraftSampler, Proposal, param_bytes
-from .vocab import expand_logits, target_ids
+from .vocab import target_ids
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -285,19 +285,41 @@ class Eagle3Drafter:
         head: the loaded head (embeddings attached or its own).
         vocab_size: V, the target's logits width.
         name: shown in stats and the UI.
+        stepper: an object computing ``head.step`` with its own KV cache (default None: the
+            torch head and a torch cache); see :meth:`use_stepper`.
     """
 
-    def __init__(self, head: Eagle3Head, vocab_size: int, name: str = "eagle3") -> None:
+    def __init__(self, head: Eagle3Head, vocab_size: int, name: str = "eagle3",
+                 stepper=None) -> None:
         self.head = head
         self.name = name
         self.vocab_size = vocab_size
         self.feature_layers = head.feature_layers
         self._ids = head.draft_ids()
+        self._ids_increasing = bool((self._ids[1:] > self._ids[:-1]).all())
         self._pending: list[torch.Tensor] = []  # observed features not yet fed to the head
         self._n_real = 0  # real positions in the cache
         self._past: tuple[torch.Tensor, torch.Tensor] | None = None
         self._last_out: torch.Tensor | None = None  # (1, 1, H) output at the last real position
         self._weight_bytes = param_bytes(head)  # attached target embeddings are not the head's
+        self.stepper = None
+        if stepper is not None:
+            self.use_stepper(stepper)
+
+    def use_stepper(self, stepper) -> None:
+        """Compute the head's steps with ``stepper`` instead of torch (before the first round).
+
+        ``stepper`` (duck-typed; e.g. ``models.native_backend.NativeEagleHead``) has
+        ``step(hidden (T, H), ids: list[int], start: int, keep: int) -> (out (T, H), logits
+        (keep, Vd))`` with the semantics of :meth:`Eagle3Head.step` over positions
+        start..start+T-1 and a cache of its own, ``rollback(length)`` and ``cache_bytes``.
+
+        Raises:
+            RuntimeError: the drafter has drafted already (its torch cache would be lost).
+        """
+        if self._n_real or self._past is not None:
+            raise RuntimeError("EAGLE-3 drafter: a stepper must be set before the first round")
+        self.stepper = stepper
 
     def observe(self, features: torch.Tensor) -> None:
         self._pending.append(features)
@@ -314,6 +336,13 @@ class Eagle3Drafter:
         if start + n != len(context) - 1:
             raise RuntimeError(f"EAGLE-3 drafter out of step: features for {start + n} positions, "
                                f"context has {len(context)} tokens")
+        if self.stepper is not None:
+            self.stepper.rollback(start)  # drop last round's draft steps
+            out, logits = self.stepper.step(self.head.project(feats)[0],
+                                            list(context[start + 1:start + n + 1]), start, 1)
+            self._n_real = start + n
+            self._last_out = out[-1:]
+            return logits[-1]
         ids = torch.tensor([context[start + 1:start + n + 1]], device=feats.device)
         positions = torch.arange(start, start + n, device=feats.device).unsqueeze(0)
         out, logits, self._past = self.head.step(self.head.project(feats), ids, positions,
@@ -334,9 +363,15 @@ class Eagle3Drafter:
         hidden, past = self._last_out, self._past
         position = self._n_real
         for step in range(k):
-            token = sampler.draw(expand_logits(logits.float(), self._ids, self.vocab_size))
+            token = sampler.draw_subset(logits.float(), self._ids, self.vocab_size,
+                                       self._ids_increasing)
             if step + 1 == k:
                 break
+            if self.stepper is not None:
+                hidden, out_logits = self.stepper.step(hidden, [int(token)], position, 1)
+                logits = out_logits[-1]
+                position += 1
+                continue
             pos = torch.tensor([[position]], device=hidden.device)
             hidden, out_logits, past = self.head.step(hidden, token.view(1, 1), pos, past)
             logits = out_logits[0, -1]
@@ -350,4 +385,6 @@ class Eagle3Drafter:
     @property
     def extra_memory_bytes(self) -> int:
         cache = sum(t.numel() * t.element_size() for t in self._past) if self._past else 0
+        if self.stepper is not None:
+            cache = self.stepper.cache_bytes
         return self._weight_bytes + cache
