@@ -220,7 +220,7 @@ def test_backend_selection_and_refusals(tiny, monkeypatch):
 
 def test_without_a_c_compiler_the_backend_says_so_and_auto_leaves_it_out(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))  # no library built here yet
-    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(nb.shutil, "which", lambda name: None)
     monkeypatch.setattr(nb, "_LIB", None)
     monkeypatch.setattr(nb, "_LIB_ERROR", None)
@@ -270,3 +270,24 @@ def test_builtin_model_on_the_native_backend_agrees_with_float32():
         # of magnitude ~20; argmax equal at every position
         assert (ours - ref).abs().mean() < 0.1, kernel
         assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9, kernel
+
+
+def test_a_cc_that_names_no_program_is_refused_not_replaced(monkeypatch, tmp_path):
+    """CC set by the user names the compiler to use: when it is not found, say so (rather than
+    quietly building with another one)."""
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(nb, "_LIB", None)
+    monkeypatch.setattr(nb, "_LIB_ERROR", None)
+    with pytest.raises(nb.NativeError, match=r"CC=/nonexistent/cc, which was not found; unset CC"):
+        nb.library()
+
+
+@needs_library
+def test_an_unknown_kernel_leaves_native_out_of_auto_with_the_reason(monkeypatch):
+    monkeypatch.setenv(nb.KERNEL_ENV, "bogus")
+    loaded = _Loaded(tiny_llama(seed=0, layers=1))
+    reason = nb.unavailable_reason(loaded)
+    assert reason == f"{nb.KERNEL_ENV}=bogus is not a native kernel; use fma or dpbf16"
+    names, why = gb.candidate_backends(loaded)
+    assert "native" not in names and f"native not available: {reason}" in why

@@ -10,6 +10,7 @@ path's calibration read it, and :func:`busy_warning` says when a result should n
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from typing import Callable, Iterator
@@ -141,3 +142,13 @@ class ActiveRaces:
 
 
 ACTIVE_RACES = ActiveRaces()
+
+
+def default_threads() -> int:
+    """Threads for our C forward and llama.cpp: the cores this process may use (what
+    ``llama-bench -t`` would be given on this machine), at most 8."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))

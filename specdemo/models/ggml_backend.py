@@ -41,6 +41,7 @@ import torch
 from ..core import BACKENDS  # the names with_backend accepts (int8: compiled_backend.py)
 from ..core.errors import ModelLoadError
 from ..core.kv import PREFILL_CHUNK, _check_stop, _chunks
+from ..core.machine import default_threads
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +64,6 @@ LAYER_INPUT_ARCHS = frozenset({"llama", "qwen3", "qwen3moe", "qwen35", "qwen35mo
 class GgmlError(ModelLoadError):
     """The ggml backend cannot be used for this target, or a llama.cpp call failed (a
     ``ModelLoadError``: the CLI, the page and ``/race`` show its one sentence)."""
-
-
-def default_threads() -> int:
-    """Threads for llama.cpp: the cores this process may use (what ``llama-bench -t`` would be
-    given on this machine), at most 8."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return max(1, min(8, n))
 
 
 class GgmlModel:
@@ -591,6 +582,16 @@ def candidate_backends(loaded) -> tuple[tuple[str, ...], list[str]]:
     return tuple(names), why
 
 
+def _short(why: str) -> str:
+    """The first clause of a backend's "not available" reason (the page and the CLI print the
+    choice on one line; ``costs`` and ``--backend NAME`` give the whole reason), keeping the
+    command that would make ggml available."""
+    short = why.split(" (")[0]
+    if "scripts/setup.sh engines" in why and "scripts/setup.sh engines" not in short:
+        short += " (scripts/setup.sh engines builds it)"
+    return short
+
+
 def choose_backend(loaded) -> BackendChoice:
     """``auto``: the backend whose forward is cheaper on this machine for this target.
 
@@ -622,7 +623,7 @@ def choose_backend(loaded) -> BackendChoice:
     choice = BackendChoice(best, "measured: " + ", ".join(
         f"{k} {v * 1000:.1f} ms" for k, v in costs.items())
         + " for a 1-token plus a 5-token forward", costs, other_cpu_share=share)
-    missing = [w for w in why if " not available: " in w]  # e.g. llama.cpp not built here
+    missing = [_short(w) for w in why if " not available: " in w]  # e.g. llama.cpp not built
     if missing:
         choice.reason += "; " + "; ".join(missing)
     if share > BUSY_SHARE:

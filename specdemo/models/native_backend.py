@@ -78,8 +78,11 @@ def _cpu_flags() -> str:
 
 
 def _compiler() -> str | None:
-    cc = os.environ.get("CC") or "cc"
-    return shutil.which(cc) or shutil.which("gcc") or shutil.which("clang")
+    """``$CC`` when set (None when it names no program: the user asked for that one), else
+    the first of cc, gcc, clang found."""
+    if os.environ.get("CC"):
+        return shutil.which(os.environ["CC"])
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
 CFLAGS_ENV = "SPECDEMO_NATIVE_CFLAGS"  # extra compiler flags (experiments: -DTB=4 -DRB=4)
@@ -99,6 +102,9 @@ def library_path() -> Path:
 
 def _build(out: Path) -> None:
     cc = _compiler()
+    if cc is None and os.environ.get("CC"):
+        raise NativeError(f"the native backend builds its forward with CC={os.environ['CC']}, "
+                          "which was not found; unset CC to use cc, gcc or clang")
     if cc is None:
         raise NativeError("the native backend needs a C compiler (cc, gcc or clang) to build "
                           "its forward once; none was found (e.g. apt install gcc)")
@@ -258,7 +264,7 @@ class NativeModel:
         reason = unsupported_reason(model)
         if reason:
             raise NativeError(reason)
-        from .ggml_backend import default_threads
+        from ..core.machine import default_threads
         self.lib = library()
         self.kernel = kernel or default_kernel()
         cfg = model.config
@@ -482,6 +488,7 @@ def unavailable_reason(loaded) -> str | None:
         return reason
     try:
         library()
+        default_kernel()  # SPECDEMO_NATIVE_KERNEL names a kernel this CPU has
     except NativeError as exc:
         return str(exc)
     return None
@@ -549,7 +556,7 @@ class NativeEagleWeights:
         reason = head_unsupported_reason(head)
         if reason:
             raise NativeError(reason)
-        from .ggml_backend import default_threads
+        from ..core.machine import default_threads
         self.lib = library()
         self.kernel = kernel or default_kernel()
         cfg, layer = head.config, head.layers[0]
