@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 CONVERT_BYTES_PER_S = 4e6  # GGUF bytes converted per second on a 2-core CPU (see module doc)
 TIMES_FILE = "step-times.json"
-GUESS_S = {"imports": 5.0, "load": 3.0, "warm-up": 3.0, "forward costs": 8.0, "tokenizer": 10.0}
+GUESS_S = {"imports": 5.0, "load": 3.0, "warm-up": 3.0, "forward costs": 8.0, "tokenizer": 10.0,
+           "native compile": 3.0}
 MIN_REMEMBER_S = 0.05  # faster than this was a cache hit (a model already in memory): no lesson
 
 
@@ -353,6 +354,22 @@ def measure_forward_costs(pipe: Pipeline) -> None:
         pipe.forward_costs()
 
 
+def _compile_native_once(loaded, backend: str) -> None:
+    """The native backend's first use on a machine compiles its C forward (~2-10 s): a step of
+    its own, so the start-up says what it waits for (a failure is said by the backend choice)."""
+    from ..models import native_backend
+    if backend not in ("auto", "native") or loaded.device.type != "cpu":
+        return
+    if native_backend.unsupported_reason(loaded.model) or native_backend.library_path().exists():
+        return
+    with STEPS.step("native compile", "compiling our C forward for this CPU (once per machine)",
+                    GUESS_S["native compile"]):
+        try:
+            native_backend.library()
+        except native_backend.NativeError:
+            pass  # auto leaves native out and says why; --backend native raises it again
+
+
 def use_backend(loaded, backend: str = "auto"):
     """``loaded`` set to run on ``backend`` (``ggml_backend.with_backend``), as a named step:
     loading the GGUF into llama.cpp, and for ``auto`` on a CPU the first measurement of both
@@ -366,6 +383,7 @@ def use_backend(loaded, backend: str = "auto"):
     from ..models.ggml_backend import with_backend
     if (backend or "auto") == "transformers":
         return with_backend(loaded, "transformers")
+    _compile_native_once(loaded, backend or "auto")
     with STEPS.step(f"backend {backend} {loaded.spec}",
                     f"choosing the forward backend for {loaded.spec} ({backend})",
                     GUESS_S["forward costs"]):
