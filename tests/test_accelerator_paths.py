@@ -206,8 +206,9 @@ def test_greedy_rounds_move_only_argmaxes_in_one_transfer_each(monkeypatch, name
     Before: ~10 transfers a round at k=4 (a row per position, int(argmax) per drafted token)."""
     target, make = _drafters()[name]
     plain = generate(KVModel(target), PROMPT, CharTokenizer(), max_new_tokens=24)
+    drafter = make()  # built before counting: a drafter may look at its vocabulary once
     counter = Transfers(monkeypatch)
-    out = generate(KVModel(target), PROMPT, CharTokenizer(), drafter=make(),
+    out = generate(KVModel(target), PROMPT, CharTokenizer(), drafter=drafter,
                    policy=FixedDraftLength(4), max_new_tokens=24)
     monkeypatch.undo()
     assert out.token_ids == plain.token_ids  # still exactly plain greedy
