@@ -178,3 +178,19 @@ def test_the_native_backends_first_compile_is_a_step_of_its_own(cache, monkeypat
     startup._compile_native_once(loaded, "native")  # built: nothing to say
     startup._compile_native_once(loaded, "transformers")
     assert len(steps.recent()) == 1
+
+
+def test_a_note_is_said_once_without_a_duration(cache, monkeypatch):
+    """An outcome (the backend chosen) is one line, not a step that started and took 0.0 s (a
+    fresh-clone trial saw it printed twice)."""
+    from specdemo.interfaces.ui_format import startup_html
+    steps = Steps()
+    monkeypatch.setattr(startup, "STEPS", steps)
+    out = io.StringIO()
+    with startup.printed(out):
+        steps.note("forward backend of t: native (measured)")
+    assert out.getvalue().splitlines() == ["· forward backend of t: native (measured)"]
+    done = steps.recent()
+    assert len(done) == 1 and done[0].note and not done[0].failed
+    html = startup_html(None, done, ready=True)
+    assert "forward backend of t: native (measured)</span>" in html and "0.0 s" not in html

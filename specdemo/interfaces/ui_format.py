@@ -168,7 +168,9 @@ def startup_html(step: StepView | None, done: list[DoneStep], ready: bool,
             the one in progress), so the panel does not say Ready yet.
     """
     finished = " ".join(f'<span class="sd-done-step">{"✗" if d.failed else "✓"} '
-                        f'{html.escape(d.name)} ({d.seconds:.1f} s)</span>' for d in done)
+                        f'{html.escape(d.name)}'
+                        + ("" if getattr(d, "note", False) else f" ({d.seconds:.1f} s)")
+                        + '</span>' for d in done)
     if error:
         body, state = f'<span class="sd-error">⚠ {html.escape(error)}</span>', "error"
     elif ready and checking:

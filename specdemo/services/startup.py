@@ -65,6 +65,7 @@ class DoneStep:
     name: str
     seconds: float
     failed: bool = False
+    note: bool = False  # an outcome said in the list (Steps.note), not work that took time
 
 
 def _times_path() -> Path:
@@ -139,8 +140,10 @@ class Steps:
     def note(self, name: str) -> None:
         """Say ``name`` in the step list as a finished step of no duration (an outcome, such as
         the backend chosen, rather than work)."""
-        with self.step("note", name):
-            pass
+        done = DoneStep(name, 0.0, note=True)
+        with self._lock:
+            self._done = (self._done + [done])[-self._keep:]
+        self._tell("end", done)  # no "start": nothing ran
 
     def current(self) -> StepView | None:
         """The innermost step running now, or None."""
@@ -194,6 +197,8 @@ def printed(stream: TextIO | None = None) -> Iterator[None]:
         if event == "start":
             estimate = about(what.estimate_s)
             print(f"… {what.name}" + (f" ({estimate})" if estimate else ""), file=out, flush=True)
+        elif getattr(what, "note", False):
+            print(f"· {what.name}", file=out, flush=True)
         else:
             print(f"{'✗' if what.failed else '✓'} {what.name}: {what.seconds:.1f} s", file=out,
                   flush=True)
