@@ -497,8 +497,27 @@ static inline __attribute__((always_inline)) void block_dp(const uint16_t *xb, i
             for (int r = 0; r < RB; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w[r], xv);
         }
     }
-    for (int t = 0; t < NT; t++)
+    for (int t = 0; t < NT; t++) {
+#if RB == 4 && !defined(NF_PLAIN_REDUCE)
+        /* the 4 rows' sums of token t together: 14 instructions instead of 4 reductions of ~10;
+         * each sum adds its own lanes in the same order whatever the other rows hold */
+        __m256 a[4];
+        for (int r = 0; r < 4; r++)
+            a[r] = _mm256_add_ps(_mm512_castps512_ps256(acc[r][t]),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][t]), 1)));
+        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+        __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        if (rows == 4) {
+            _mm_storeu_ps(y + (size_t)(t0 + t) * ldy, sums);
+        } else {
+            float tmp[4];
+            _mm_storeu_ps(tmp, sums);
+            for (int r = 0; r < rows; r++) y[(size_t)(t0 + t) * ldy + r] = tmp[r];
+        }
+#else
         for (int r = 0; r < rows; r++) y[(size_t)(t0 + t) * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+#endif
+    }
 }
 
 /* The same with activations in BF16 (xb: (n, K) BF16) and VDPBF16PS: 32 products a step. */
