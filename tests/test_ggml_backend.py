@@ -238,6 +238,17 @@ def test_ggml_bf16_converts_the_gguf_once_with_llama_quantize(tiny, tmp_path, mo
                 delattr(model, attr)
 
 
+def test_ggml_bf16_refuses_to_fill_the_disk(tiny, tmp_path, monkeypatch):
+    import collections
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path / "cache"))
+    model, _ = tiny
+    path = write_tiny_gguf(model, tmp_path / "t.gguf")
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr("shutil.disk_usage", lambda folder: usage(1 << 30, 1 << 30, 50 << 20))
+    with pytest.raises(gb.GgmlError, match=r"no room for a BF16 copy of t.gguf in .* \(0.1 GB free\)"):
+        gb.converted_gguf(path, "BF16")
+
+
 def test_ggml_bf16_says_why_it_cannot_convert(tiny, tmp_path, monkeypatch):
     from specdemo.models import llama_ctypes
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path / "cache"))

@@ -149,12 +149,10 @@ def _with_backend(target, backend: str):
     if not hasattr(target, "backend"):  # not a models.LoadedModel (tests inject stand-ins)
         return target
     try:
-        target, choice = use_backend(target, backend)
+        target, _ = use_backend(target, backend)
     except GgmlError as exc:
         fail(str(exc))
-    if backend == "auto" and choice.reason:
-        print(f"backend: {choice.backend} ({choice.reason})", file=sys.stderr)
-    return target
+    return target  # the choice and its reason are a start-up note (printed once)
 
 
 def refuse_incompatible(target_spec: str, draft_spec: str, trust_remote_code: bool) -> None:

@@ -402,7 +402,7 @@ def converted_gguf(src: Path, weight_type: str) -> Path:
         raise GgmlError(f"llama-quantize is not installed next to llama.cpp's library ({tool.parent})")
     folder.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(folder).free
-    if free < 3 * st.st_size + (1 << 30):  # a Q4 file grows about 3.5x as BF16
+    if free < 3 * st.st_size + (64 << 20):  # a Q4 file grows ~3x as BF16; 64 MiB to spare
         raise GgmlError(f"no room for a {weight_type} copy of {src.name} in {folder} "
                         f"({free / 1e9:.1f} GB free)")
     staged = folder / f".{out.name}.{os.getpid()}"
