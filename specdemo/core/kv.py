@@ -98,6 +98,119 @@ def _can_drop(layer, drop: int) -> bool:
     return layer.keys.shape[-2] >= min(layer.sliding_window - 1, remaining) + drop
 
 
+def feed_in_chunks(run, ids, keep: int, layers: tuple[int, ...], size: int | None = None):
+    """Feed ``ids`` through ``run(ids_chunk, keep, layers) -> (logits, features or None)`` in
+    chunks of at most ``size`` tokens (default :data:`PREFILL_CHUNK`, read at each call;
+    :func:`_chunks`), checking for Stop between chunks.
+
+    Returns:
+        (the last chunk's (keep, V) logits, (S, F) features of every fed position joined, or
+        None when no ``layers`` were asked for).
+    Raises:
+        Cancelled: inside :func:`stop_on`, when its event is set between two chunks.
+    """
+    pieces = _chunks(len(ids), keep, PREFILL_CHUNK if size is None else size)
+    features = []
+    for n, (start, end) in enumerate(pieces):
+        if n:
+            _check_stop()
+        last = n == len(pieces) - 1
+        logits, feats = run(ids[start:end], keep if last else 1, layers)
+        features.append(feats)
+    return logits, (torch.cat(features) if layers else None)
+
+
+def unknown_hidden_states(layers: tuple[int, ...], n_layer: int) -> str | None:
+    """Why ``layers`` are not ``hidden_states`` indices of an ``n_layer``-layer target (valid:
+    0..n_layer), or None when they all are."""
+    bad = [i for i in layers if not 0 <= i <= n_layer]
+    if not bad:
+        return None
+    return (f"hidden state(s) {bad} do not exist: the target has {n_layer} layers "
+            f"(hidden states 0..{n_layer})")
+
+
+class RotaryTables:
+    """``rope(capacity)`` for a forward of our own: ``self.rotary`` (the model's rotary
+    module), ``self.embed`` (a float32 tensor giving the dtype and device) and ``self._rope``
+    (None at first) are the subclass's."""
+
+    def rope(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(capacity, head_dim) cos and sin tables for positions 0..capacity-1, from the
+        model's own rotary module (its scaling type and attention factor included); computed
+        again only when a larger capacity is asked for."""
+        if self._rope is None or self._rope[0].shape[0] < capacity:
+            with torch.no_grad():
+                pos = torch.arange(capacity)[None]
+                cos, sin = self.rotary(self.embed[:1][None], pos)
+            self._rope = (cos[0].float().contiguous(), sin[0].float().contiguous())
+        return self._rope
+
+
+class StaticCacheKV:
+    """:class:`KVModel`'s interface for a forward of our own over a static KV cache of one
+    sequence (rollback is a length change). Subclasses set ``n_layer`` and implement
+    ``_run(ids: list[int], keep, layers) -> ((keep, V) logits, (S, F) features or None)``,
+    which appends to ``length`` and ``ids``."""
+
+    n_layer: int
+
+    def reset(self) -> None:
+        """Forget everything (length 0; the allocation stays)."""
+        self.length = 0
+        self.ids: list[int] = []
+
+    def forward(self, ids, logits_to_keep: int = 1) -> torch.Tensor:
+        """Feed ``ids`` after the cached tokens; return the logits of the last positions.
+
+        Args:
+            ids: the S new token ids (S >= 1), or an (S,) long tensor; fed in chunks of
+                ``PREFILL_CHUNK``.
+            logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
+        Returns:
+            (logits_to_keep, V) float32 logits; row j predicts the token after ids[S - n + j].
+        Raises:
+            Cancelled: inside :func:`stop_on`, when its event is set between two chunks.
+            ValueError: ids empty or logits_to_keep outside 1..S (or what ``_run`` refuses).
+        """
+        return self._feed(ids, logits_to_keep, ())[0]
+
+    def forward_features(self, ids, logits_to_keep: int,
+                         layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` that also returns hidden states from the same forward.
+
+        Args:
+            ids, logits_to_keep: as :meth:`forward`.
+            layers: transformers ``hidden_states`` indices (0 = embeddings, k = input of layer k,
+                L = final output after the norm).
+        Returns:
+            ((logits_to_keep, V) logits, (S, len(layers) * H) float32 features of every fed
+            position, the layers concatenated in the order given).
+        Raises:
+            ValueError: an index outside 0..L.
+        """
+        layers = tuple(int(i) for i in layers)
+        problem = unknown_hidden_states(layers, self.n_layer)
+        if problem:
+            raise ValueError(problem)
+        return self._feed(ids, logits_to_keep, layers)
+
+    def rollback(self, length: int) -> None:
+        """Drop cached tokens beyond ``length`` (a length change; nothing to drop: no-op)."""
+        if length < self.length:
+            self.length, self.ids = length, self.ids[:length]
+
+    def _feed(self, ids, keep: int, layers: tuple[int, ...]):
+        if isinstance(ids, torch.Tensor):
+            ids = [int(i) for i in ids.view(-1).tolist()]
+        if len(ids) == 0:
+            raise ValueError("nothing to feed: ids is empty")
+        if not 1 <= keep <= len(ids):
+            raise ValueError(f"logits_to_keep must be in 1..{len(ids)}, got {keep}")
+        return feed_in_chunks(lambda chunk, k, lay: self._run(list(chunk), k, lay), ids, keep,
+                              layers)
+
+
 class KVModel:
     """A model plus a KV cache holding the first ``length`` tokens of the sequence it was fed.
 
@@ -153,15 +266,7 @@ class KVModel:
 
     def _feed(self, ids: list[int], keep: int,
               layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        pieces = _chunks(len(ids), keep, PREFILL_CHUNK)
-        features = []
-        for n, (start, end) in enumerate(pieces):
-            if n:
-                _check_stop()
-            last = n == len(pieces) - 1
-            logits, feats = self._run(ids[start:end], keep if last else 1, layers)
-            features.append(feats)
-        return logits, (torch.cat(features) if layers else None)
+        return feed_in_chunks(self._run, ids, keep, layers)
 
     @torch.inference_mode()
     def _run(self, ids: list[int], keep: int,

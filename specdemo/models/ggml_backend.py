@@ -40,7 +40,7 @@ import torch
 
 from ..core import BACKENDS  # the names with_backend accepts (int8: compiled_backend.py)
 from ..core.errors import ModelLoadError
-from ..core.kv import PREFILL_CHUNK, _check_stop, _chunks
+from ..core.kv import PREFILL_CHUNK, feed_in_chunks, unknown_hidden_states
 from ..core.machine import default_threads
 
 log = logging.getLogger(__name__)
@@ -254,10 +254,9 @@ class GgmlKV:
     def _want(self, layers: tuple[int, ...]) -> None:
         """Make llama.cpp copy out exactly these hidden states from the next decodes."""
         inputs = tuple(sorted({i for i in layers if i < self.gmodel.n_layer}))
-        bad = [i for i in layers if not 0 <= i <= self.gmodel.n_layer]
-        if bad:
-            raise GgmlError(f"hidden state(s) {bad} do not exist: the target has "
-                            f"{self.gmodel.n_layer} layers (hidden states 0..{self.gmodel.n_layer})")
+        problem = unknown_hidden_states(layers, self.gmodel.n_layer)
+        if problem:
+            raise GgmlError(problem)
         if inputs and self.gmodel.arch not in LAYER_INPUT_ARCHS:
             raise GgmlError(f"llama.cpp's {self.gmodel.arch} graph does not expose layer inputs; "
                             "use --backend transformers with a hidden-state drafter")
@@ -285,16 +284,7 @@ class GgmlKV:
         size = min(PREFILL_CHUNK, self.n_batch)
         if keep > size:
             raise ValueError(f"logits_to_keep {keep} exceeds one decode of {size} tokens")
-        pieces = _chunks(len(ids), keep, size)
-        features = []
-        logits = None
-        for n, (start, end) in enumerate(pieces):
-            if n:
-                _check_stop()
-            last = n == len(pieces) - 1
-            logits, feats = self._decode(ids[start:end], keep if last else 1, layers)
-            features.append(feats)
-        return logits, (torch.cat(features) if layers else None)
+        return feed_in_chunks(self._decode, ids, keep, layers, size)
 
     def _decode(self, ids: list[int], keep: int,
                 layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import ModelLoadError
-from ..core.kv import PREFILL_CHUNK, _check_stop, _chunks
+from ..core.kv import RotaryTables, StaticCacheKV
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def _bf16(rows: int, *weights: torch.Tensor) -> torch.Tensor:
     return repack(torch.cat([w.detach() for w in weights]).to(torch.bfloat16), rows)
 
 
-class NativeModel:
+class NativeModel(RotaryTables):
     """The BF16 weights of one transformers Llama and the C model over them, built once and
     shared by its caches (one forward at a time: the C model owns one set of scratch buffers).
 
@@ -328,18 +328,9 @@ class NativeModel:
             total += (lay["norm1"].numel() + lay["norm2"].numel()) * 4
         return total
 
-    def rope(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(capacity, head_dim) cos and sin tables for positions 0..capacity-1, from the
-        model's own rotary module (its scaling type and attention factor included)."""
-        if self._rope is None or self._rope[0].shape[0] < capacity:
-            with torch.no_grad():
-                pos = torch.arange(capacity)[None]
-                cos, sin = self.rotary(self.embed[:1][None], pos)
-            self._rope = (cos[0].float().contiguous(), sin[0].float().contiguous())
-        return self._rope
 
 
-class NativeKV:
+class NativeKV(StaticCacheKV):
     """:class:`specdemo.core.kv.KVModel`'s interface over a :class:`NativeModel`: a static
     float32 KV cache of one sequence, rollback by length.
 
@@ -352,17 +343,13 @@ class NativeKV:
 
     def __init__(self, nmodel: NativeModel, capacity: int = MIN_CAPACITY) -> None:
         self.nmodel = nmodel
+        self.n_layer = nmodel.n_layer
         self.model = nmodel.model  # what callers read: config, input embeddings
         self.device = torch.device("cpu")
         self.capacity = 0
         self.k_cache = self.v_cache = None
         self._grow(capacity)
         self.reset()
-
-    def reset(self) -> None:
-        """Forget everything (length 0; the allocation stays)."""
-        self.length = 0
-        self.ids: list[int] = []
 
     def _grow(self, needed: int) -> None:
         capacity = max(self.capacity, MIN_CAPACITY)
@@ -379,48 +366,6 @@ class NativeKV:
         self.k_cache, self.v_cache, self.capacity = new_k, new_v, capacity
         m.rope(capacity)
 
-    def forward(self, ids, logits_to_keep: int = 1) -> torch.Tensor:
-        """Feed ``ids`` after the cached tokens; return the logits of the last positions.
-
-        Args:
-            ids: the S new token ids (S >= 1), or an (S,) long tensor; fed in chunks of
-                ``kv.PREFILL_CHUNK``.
-            logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
-        Returns:
-            (logits_to_keep, V) float32 logits; row j predicts the token after ids[S - n + j].
-        Raises:
-            Cancelled: inside ``kv.stop_on``, when its event is set between two chunks.
-            ValueError: ids empty, logits_to_keep outside 1..S, or a token id outside the
-                vocabulary.
-        """
-        return self._feed(ids, logits_to_keep, ())[0]
-
-    def forward_features(self, ids, logits_to_keep: int,
-                         layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward` that also returns hidden states from the same forward.
-
-        Args:
-            ids, logits_to_keep: as :meth:`forward`.
-            layers: transformers ``hidden_states`` indices (0 = embeddings, k = input of layer k,
-                L = final output after the norm).
-        Returns:
-            ((logits_to_keep, V) logits, (S, len(layers) * H) float32 features of every fed
-            position, the layers concatenated in the order given).
-        Raises:
-            ValueError: an index outside 0..L.
-        """
-        layers = tuple(int(i) for i in layers)
-        bad = [i for i in layers if not 0 <= i <= self.nmodel.n_layer]
-        if bad:
-            raise ValueError(f"hidden state(s) {bad} do not exist: the target has "
-                             f"{self.nmodel.n_layer} layers (hidden states 0..{self.nmodel.n_layer})")
-        return self._feed(ids, logits_to_keep, layers)
-
-    def rollback(self, length: int) -> None:
-        """Drop cached tokens beyond ``length`` (a length change; nothing to drop: no-op)."""
-        if length < self.length:
-            self.length, self.ids = length, self.ids[:length]
-
     @property
     def cache_bytes(self) -> int:
         """Bytes of the float32 keys and values of the cached tokens (``capacity`` of them are
@@ -429,23 +374,6 @@ class NativeKV:
         return 2 * 4 * m.n_layer * m.n_kv * m.head_dim * self.length
 
     # ------------------------------------------------------------------ internals
-
-    def _feed(self, ids, keep: int, layers: tuple[int, ...]):
-        if isinstance(ids, torch.Tensor):
-            ids = [int(i) for i in ids.view(-1).tolist()]
-        if len(ids) == 0:
-            raise ValueError("nothing to feed: ids is empty")
-        if not 1 <= keep <= len(ids):
-            raise ValueError(f"logits_to_keep must be in 1..{len(ids)}, got {keep}")
-        pieces = _chunks(len(ids), keep, PREFILL_CHUNK)
-        features, logits = [], None
-        for n, (start, end) in enumerate(pieces):
-            if n:
-                _check_stop()
-            last = n == len(pieces) - 1
-            logits, feats = self._run(list(ids[start:end]), keep if last else 1, layers)
-            features.append(feats)
-        return logits, (torch.cat(features) if layers else None)
 
     def _run(self, ids: list[int], keep: int, layers: tuple[int, ...]):
         m = self.nmodel
@@ -536,7 +464,7 @@ def head_unsupported_reason(head) -> str | None:
     return None
 
 
-class NativeEagleWeights:
+class NativeEagleWeights(RotaryTables):
     """An ``Eagle3Head``'s decoder layer, final norm and ``lm_head`` in BF16 and the C head model
     over them (``nf_head_create``), built once per head, embedding table and kernel
     (:meth:`of`) and shared by the drafters' caches (one step at a time).
@@ -623,14 +551,6 @@ class NativeEagleWeights:
             self.lib.nf_free(handle)
             self.handle = None
 
-    def rope(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(capacity, head_dim) cos and sin for positions 0..capacity-1 (the head's rotary)."""
-        if self._rope is None or self._rope[0].shape[0] < capacity:
-            with torch.no_grad():
-                pos = torch.arange(capacity)[None]
-                cos, sin = self.rotary(self.embed[:1][None], pos)
-            self._rope = (cos[0].float().contiguous(), sin[0].float().contiguous())
-        return self._rope
 
 
 class NativeEagleHead:
