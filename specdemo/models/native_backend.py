@@ -330,6 +330,26 @@ class NativeModel(RotaryTables):
 
 
 
+def _grow_cache(owner, needed: int, layers: int, weights) -> None:
+    """Give ``owner`` (a :class:`NativeKV` or :class:`NativeEagleHead`: ``capacity``,
+    ``k_cache``, ``v_cache``) room for ``needed`` positions: float32 (layers, n_kv, capacity,
+    head_dim) keys and values, the capacity doubled from :data:`MIN_CAPACITY` until it fits, the
+    cached positions copied; ``weights`` (its ``n_kv``, ``head_dim`` and rotary tables) computes
+    the tables for the new capacity."""
+    capacity = max(owner.capacity, MIN_CAPACITY)
+    while capacity < needed:
+        capacity *= 2
+    if capacity == owner.capacity:
+        return
+    shape = (layers, weights.n_kv, capacity, weights.head_dim)
+    new_k, new_v = torch.zeros(shape), torch.zeros(shape)
+    if owner.k_cache is not None:
+        new_k[:, :, :owner.capacity] = owner.k_cache
+        new_v[:, :, :owner.capacity] = owner.v_cache
+    owner.k_cache, owner.v_cache, owner.capacity = new_k, new_v, capacity
+    weights.rope(capacity)
+
+
 class NativeKV(StaticCacheKV):
     """:class:`specdemo.core.kv.KVModel`'s interface over a :class:`NativeModel`: a static
     float32 KV cache of one sequence, rollback by length.
@@ -352,19 +372,8 @@ class NativeKV(StaticCacheKV):
         self.reset()
 
     def _grow(self, needed: int) -> None:
-        capacity = max(self.capacity, MIN_CAPACITY)
-        while capacity < needed:
-            capacity *= 2
-        if capacity == self.capacity:
-            return
         m = self.nmodel
-        shape = (m.n_layer, m.n_kv, capacity, m.head_dim)
-        new_k, new_v = torch.zeros(shape), torch.zeros(shape)
-        if self.k_cache is not None:
-            new_k[:, :, :self.capacity] = self.k_cache
-            new_v[:, :, :self.capacity] = self.v_cache
-        self.k_cache, self.v_cache, self.capacity = new_k, new_v, capacity
-        m.rope(capacity)
+        _grow_cache(self, needed, m.n_layer, m)
 
     @property
     def cache_bytes(self) -> int:
@@ -569,8 +578,7 @@ class NativeEagleHead:
     def __init__(self, head, embed: torch.Tensor | None = None, kernel: str | None = None,
                  capacity: int = MIN_CAPACITY) -> None:
         if embed is None:
-            table = head.embed_tokens if head.embed_tokens is not None else (
-                head._target_embed or [None])[0]
+            table = head.embedding_table()
             if table is None:
                 raise NativeError("the EAGLE-3 head needs the target's embeddings: call attach()")
             embed = table.weight
@@ -581,19 +589,7 @@ class NativeEagleHead:
         self._grow(capacity)
 
     def _grow(self, needed: int) -> None:
-        capacity = max(self.capacity, MIN_CAPACITY)
-        while capacity < needed:
-            capacity *= 2
-        if capacity == self.capacity:
-            return
-        w = self.weights
-        shape = (1, w.n_kv, capacity, w.head_dim)
-        new_k, new_v = torch.zeros(shape), torch.zeros(shape)
-        if self.k_cache is not None:
-            new_k[:, :, :self.capacity] = self.k_cache
-            new_v[:, :, :self.capacity] = self.v_cache
-        self.k_cache, self.v_cache, self.capacity = new_k, new_v, capacity
-        w.rope(capacity)
+        _grow_cache(self, needed, 1, self.weights)
 
     def step(self, hidden: torch.Tensor, ids: list[int], start: int,
              keep: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -173,13 +173,18 @@ class Eagle3Head(nn.Module):
         """Use the target's input embeddings (not copied, not saved, not counted as its memory)."""
         self._target_embed = (embeddings,)
 
+    def embedding_table(self) -> nn.Module | None:
+        """The head's own embeddings, else the attached target's, else None."""
+        return self.embed_tokens if self.embed_tokens is not None else (
+            self._target_embed or [None])[0]
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, T) target ids -> (B, T, H) embeddings.
 
         Raises:
             RuntimeError: the head has no embeddings of its own and none were attached.
         """
-        table = self.embed_tokens if self.embed_tokens is not None else (self._target_embed or [None])[0]
+        table = self.embedding_table()
         if table is None:
             raise RuntimeError("the EAGLE-3 head needs the target's embeddings: call attach()")
         return table(ids).to(self.fc.weight.dtype)
