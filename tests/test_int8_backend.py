@@ -15,7 +15,7 @@ import torch
 
 from specdemo.models import compiled_backend as cb
 from specdemo.models import ggml_backend as gb
-from tiny import CharTokenizer, tiny_llama
+from tiny import CharTokenizer, LoadedStandIn, tiny_llama
 
 
 @pytest.fixture(autouse=True)
@@ -25,15 +25,7 @@ def eager(monkeypatch):
     monkeypatch.setenv(cb.COMPILE_ENV, "0")
 
 
-class _Loaded:
-    """What the backends read of a models.LoadedModel."""
-
-    def __init__(self, model, backend="transformers"):
-        self.model, self.spec, self.backend = model, "tiny", backend
-        self.tokenizer = CharTokenizer()
-        self.device, self.quantization, self.vocab_size = torch.device("cpu"), None, 32
-        self.dtype = torch.float32
-        self.eos_token_ids = frozenset({0})
+_Loaded = LoadedStandIn  # what the backends read of a models.LoadedModel
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import torch
 
 from specdemo.models import ggml_backend as gb
 from specdemo.models import native_backend as nb
-from tiny import CharTokenizer, tiny_llama
+from tiny import CharTokenizer, LoadedStandIn, tiny_llama
 
 try:
     nb.library()
@@ -29,15 +29,7 @@ except nb.NativeError as exc:  # no C compiler on this machine: the refusal has 
 needs_library = pytest.mark.skipif(NO_LIBRARY is not None, reason=f"{NO_LIBRARY}")
 
 
-class _Loaded:
-    """What the backends read of a models.LoadedModel."""
-
-    def __init__(self, model, backend="transformers"):
-        self.model, self.spec, self.backend = model, "tiny", backend
-        self.tokenizer = CharTokenizer()
-        self.device, self.quantization, self.vocab_size = torch.device("cpu"), None, 32
-        self.dtype = torch.float32
-        self.eos_token_ids = frozenset({0})
+_Loaded = LoadedStandIn  # what the backends read of a models.LoadedModel
 
 
 def _bf16_valued(model):

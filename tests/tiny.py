@@ -142,3 +142,15 @@ def tiny_mtp_target(seed: int = 0, vocab_size: int = 32, layers: int = 2, hidden
             else:
                 p.normal_(0.0, 0.1)
     return model, mtp
+
+
+class LoadedStandIn:
+    """What the target backends read of a ``models.LoadedModel``: a tiny model on the CPU in
+    float32, a 32-token vocabulary, end-of-sequence id 0."""
+
+    def __init__(self, model, backend="transformers", spec="tiny", tokenizer=None):
+        self.model, self.spec, self.backend = model, spec, backend
+        self.tokenizer = tokenizer or CharTokenizer()
+        self.device, self.quantization, self.vocab_size = torch.device("cpu"), None, 32
+        self.dtype = torch.float32
+        self.eos_token_ids = frozenset({0})
