@@ -481,7 +481,8 @@ static void rows_fma(const float *x, int n, int K, const uint16_t *W, int b0, in
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 static inline __attribute__((always_inline)) void block_dp(const uint16_t *xb, int t0, const int NT,
                                                           int K, const uint16_t *wb, float *y,
-                                                          int ldy, int rows) {
+                                                          int ldy, int rows, const uint16_t *next,
+                                                          int pass, int passes) {
     __m512 acc[RB][TB];
     for (int r = 0; r < RB; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
@@ -490,6 +491,15 @@ static inline __attribute__((always_inline)) void block_dp(const uint16_t *xb, i
 #if PF > 0
         for (int r = 0; r < RB; r++) _mm_prefetch((const char *)(wk + PF + r * 32), _MM_HINT_T0);
 #endif
+        if (next) {
+            /* the passes over this block share the next block's lines evenly: global chunk g of
+             * passes x K/32 prefetches chunk g / passes when g is a multiple of passes */
+            int g = pass * (K / 32) + k / 32;
+            if (g % passes == 0) {
+                const uint16_t *nk = next + (size_t)(g / passes) * 32 * RB;
+                for (int r = 0; r < RB; r++) _mm_prefetch((const char *)(nk + r * 32), _MM_HINT_T1);
+            }
+        }
         __m512bh w[RB];
         for (int r = 0; r < RB; r++) w[r] = (__m512bh)_mm512_loadu_si512((const void *)(wk + r * 32));
         for (int t = 0; t < NT; t++) {
@@ -520,6 +530,9 @@ static inline __attribute__((always_inline)) void block_dp(const uint16_t *xb, i
     }
 }
 
+#ifndef NF_PF_MIN
+#define NF_PF_MIN 4 /* forwards of at least this many tokens prefetch the next block (0: never) */
+#endif
 /* The same with activations in BF16 (xb: (n, K) BF16) and VDPBF16PS: 32 products a step. */
 static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int b0, int b1,
                         int M, float *y, int ldy) {
@@ -528,7 +541,11 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
         int o = b * RB, rows = M - o < RB ? M - o : RB;
         for (int t0 = 0; t0 < n; t0 += TB) {
             int nt = n - t0 < TB ? n - t0 : TB;
-#define CALL_DP(NT) block_dp(xb, t0, NT, K, wb, y + o, ldy, rows)
+            /* a pass after the first reads the block from L1: meanwhile the next block streams
+             * into L2, so the memory is never idle while the cores compute */
+            int passes = (n + TB - 1) / TB;
+            const uint16_t *next = NF_PF_MIN > 0 && n >= NF_PF_MIN && b + 1 < b1 ? wb + (size_t)RB * K : NULL;
+#define CALL_DP(NT) block_dp(xb, t0, NT, K, wb, y + o, ldy, rows, next, t0 / TB, passes)
             SWITCH_NT(CALL_DP)
         }
     }

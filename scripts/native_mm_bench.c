@@ -1,0 +1,55 @@
+/* The matmuls of one SmolLM2-135M forward through the native backend's kernel (dpbf16), timed
+ * for n = 1..8 tokens: no attention, no norms, random BF16 weights (269 MB). What it separates:
+ * streaming the weights from memory (the default) against computing alone (SMALL=1: every
+ * matmul reads the same first weights, which stay in cache). HUGE=1 asks for huge pages.
+ *
+ *   cc -O3 -march=native -fopenmp [-DNF_PF_MIN=0] -o /tmp/mm scripts/native_mm_bench.c -lm -lpthread
+ *   OMP_WAIT_POLICY=ACTIVE /tmp/mm [threads=2] [repeats=20]
+ *
+ * Prints per n the median and best milliseconds, the ratio of medians to n = 1 and the weight
+ * bytes per second. Needs AVX512-BF16. */
+#include <sys/mman.h>
+#include "../specdemo/models/native_forward.c"
+#include <stdio.h>
+/* time the matmuls of one SmolLM2-135M forward (no attention, no norms) for n = 1..8 */
+int main(int argc, char **argv) {
+    int nth = argc > 1 ? atoi(argv[1]) : 2;
+    int reps = argc > 2 ? atoi(argv[2]) : 20;
+    int L = 30, H = 576, Q = 960, I = 1536, V = 49152;
+    nf_model *m = nf_create(L, H, 9, 3, 64, I, V, 1e-5f, 0.125f, nth, KERNEL_DPBF16);
+    m->capacity = 16; grow_scratch(m, 16);
+    size_t per = (size_t)Q * H + (size_t)H * H + (size_t)2 * I * H + (size_t)H * I;
+    size_t tot = per * L + (size_t)V * H;
+    uint16_t *W = aligned_alloc(2<<20, (tot * 2 + (2<<20)) & ~((size_t)(2<<20)-1));
+    if (getenv("HUGE")) madvise(W, tot*2, MADV_HUGEPAGE);
+    int small = getenv("SMALL") != NULL;
+    for (size_t i = 0; i < tot; i++) W[i] = 0x3c00 + (i * 2654435761u >> 20) % 256; /* small bf16 */
+    float *x = malloc(sizeof(float) * 16 * V), *y = malloc(sizeof(float) * 16 * V);
+    for (int i = 0; i < 16 * V; i++) x[i] = (((long)i * 7919) % 100) / 100.0f;
+    double base = 0;
+    for (int n = 1; n <= 8; n++) {
+        double best = 1e9, times[64];
+        for (int r = 0; r < reps; r++) {
+            double t0 = now_s();
+            uint16_t *w = W;
+            for (int l = 0; l < L; l++) {
+                matmul(m, x, n, H, w, Q, y); w += (size_t)Q * H;
+                if (small) w = W;
+                matmul(m, x, n, H, w, H, y); w += (size_t)H * H;
+                matmul(m, x, n, H, w, 2 * I, y); w += (size_t)2 * I * H;
+                matmul(m, x, n, I, w, H, y); w += (size_t)H * I;
+            }
+            if (!small) matmul(m, x, n, H, w, V, y);
+            double t = now_s() - t0;
+            times[r % 64] = t;
+            if (t < best) best = t;
+        }
+        /* median */
+        int k = reps < 64 ? reps : 64;
+        for (int i = 0; i < k; i++) for (int j = i + 1; j < k; j++) if (times[j] < times[i]) { double tt = times[i]; times[i] = times[j]; times[j] = tt; }
+        double med = times[k / 2];
+        if (n == 1) base = med;
+        printf("n=%d median %.2f ms best %.2f ms ratio %.2f  (%.1f GB/s)\n", n, med * 1e3, best * 1e3, med / base, tot * 2 / med / 1e9);
+    }
+    return 0;
+}
