@@ -439,17 +439,36 @@ static inline float hsum16(v16 v) {
 #define IF_TB8(x)
 #endif
 
+#ifndef NF_PF_MIN
+#define NF_PF_MIN 4 /* forwards of at least this many tokens prefetch the next block (0: never) */
+#endif
+
+/* Prefetch into L2 this pass's share of the next weight block `next` (NULL: none) at chunk k:
+ * the passes over a block share the next block's lines evenly (global chunk g of passes x K/32
+ * fetches chunk g / passes when g is a multiple of passes), so the memory streams while the
+ * cores compute from L1. */
+static inline __attribute__((always_inline)) void prefetch_next(const uint16_t *next, int k, int K,
+                                                               int pass, int passes) {
+    if (!next) return;
+    int g = pass * (K / 32) + k / 32;
+    if (g % passes) return;
+    const uint16_t *nk = next + (size_t)(g / passes) * 32 * RB;
+    for (int r = 0; r < RB; r++) __builtin_prefetch(nk + r * 32, 0, 2); /* locality 2: L2 (prefetcht1 on x86) */
+}
+
 /* y[t0 + t, o + r] for t < NT (a compile-time constant at every call: the accumulators stay in
  * registers), r < RB: float32 FMA over BF16 weights widened to float32. wb: the repacked
  * block. */
 static inline __attribute__((always_inline)) void block_fma(const float *x, int t0, const int NT,
                                                            int K, const uint16_t *wb, float *y,
-                                                           int ldy, int rows) {
+                                                           int ldy, int rows, const uint16_t *next,
+                                                           int pass, int passes) {
     v16 acc[RB][TB];
     for (int r = 0; r < RB; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = (v16){0};
     for (int k = 0; k < K; k += 32) {
         const uint16_t *wk = wb + (size_t)k * RB;
+        prefetch_next(next, k, K, pass, passes);
         for (int half = 0; half < 32; half += 16) {
             v16 w[RB];
             for (int r = 0; r < RB; r++) w[r] = load_bf16x16(wk + r * 32 + half);
@@ -470,9 +489,11 @@ static void rows_fma(const float *x, int n, int K, const uint16_t *W, int b0, in
     for (int b = b0; b < b1; b++) {
         const uint16_t *wb = W + (size_t)b * RB * K;
         int o = b * RB, rows = M - o < RB ? M - o : RB;
+        int passes = (n + TB - 1) / TB;
+        const uint16_t *next = NF_PF_MIN > 0 && n >= NF_PF_MIN && b + 1 < b1 ? wb + (size_t)RB * K : NULL;
         for (int t0 = 0; t0 < n; t0 += TB) {
             int nt = n - t0 < TB ? n - t0 : TB;
-#define CALL_FMA(NT) block_fma(x, t0, NT, K, wb, y + o, ldy, rows)
+#define CALL_FMA(NT) block_fma(x, t0, NT, K, wb, y + o, ldy, rows, next, t0 / TB, passes)
             SWITCH_NT(CALL_FMA)
         }
     }
@@ -491,15 +512,7 @@ static inline __attribute__((always_inline)) void block_dp(const uint16_t *xb, i
 #if PF > 0
         for (int r = 0; r < RB; r++) _mm_prefetch((const char *)(wk + PF + r * 32), _MM_HINT_T0);
 #endif
-        if (next) {
-            /* the passes over this block share the next block's lines evenly: global chunk g of
-             * passes x K/32 prefetches chunk g / passes when g is a multiple of passes */
-            int g = pass * (K / 32) + k / 32;
-            if (g % passes == 0) {
-                const uint16_t *nk = next + (size_t)(g / passes) * 32 * RB;
-                for (int r = 0; r < RB; r++) _mm_prefetch((const char *)(nk + r * 32), _MM_HINT_T1);
-            }
-        }
+        prefetch_next(next, k, K, pass, passes);
         __m512bh w[RB];
         for (int r = 0; r < RB; r++) w[r] = (__m512bh)_mm512_loadu_si512((const void *)(wk + r * 32));
         for (int t = 0; t < NT; t++) {
@@ -530,21 +543,16 @@ static inline __attribute__((always_inline)) void block_dp(const uint16_t *xb, i
     }
 }
 
-#ifndef NF_PF_MIN
-#define NF_PF_MIN 4 /* forwards of at least this many tokens prefetch the next block (0: never) */
-#endif
 /* The same with activations in BF16 (xb: (n, K) BF16) and VDPBF16PS: 32 products a step. */
 static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int b0, int b1,
                         int M, float *y, int ldy) {
     for (int b = b0; b < b1; b++) {
         const uint16_t *wb = W + (size_t)b * RB * K;
         int o = b * RB, rows = M - o < RB ? M - o : RB;
+        int passes = (n + TB - 1) / TB;
+        const uint16_t *next = NF_PF_MIN > 0 && n >= NF_PF_MIN && b + 1 < b1 ? wb + (size_t)RB * K : NULL;
         for (int t0 = 0; t0 < n; t0 += TB) {
             int nt = n - t0 < TB ? n - t0 : TB;
-            /* a pass after the first reads the block from L1: meanwhile the next block streams
-             * into L2, so the memory is never idle while the cores compute */
-            int passes = (n + TB - 1) / TB;
-            const uint16_t *next = NF_PF_MIN > 0 && n >= NF_PF_MIN && b + 1 < b1 ? wb + (size_t)RB * K : NULL;
 #define CALL_DP(NT) block_dp(xb, t0, NT, K, wb, y + o, ldy, rows, next, t0 / TB, passes)
             SWITCH_NT(CALL_DP)
         }
