@@ -111,3 +111,36 @@ def test_resume_continues_the_same_loss_curve(target, features, tmp_path):
                           max_steps=12)
     assert resumed.step == 12
     assert resumed.losses == pytest.approx(straight.losses, rel=1e-4, abs=1e-5)
+
+
+def test_init_starts_from_an_earlier_runs_head_and_refuses_what_does_not_fit(target, features, tmp_path):
+    """``train-draft --init DIR``: the new head takes the weights and draft-vocabulary maps of
+    the head an earlier run left in DIR, so training more data starts where that run ended (its
+    first loss is the earlier run's level, not a fresh head's); another draft vocabulary, a
+    missing or a damaged checkpoint is refused in one sentence and changes nothing."""
+    from specdemo.interfaces.train_cli import warm_start
+    _, items = features
+    first = train.train(_head(target, items), target, items, RECIPE, tmp_path / "a", max_steps=30)
+    saved = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["head"]
+    fresh = _head(target, items)
+    assert warm_start(fresh, tmp_path / "a") is None
+    for name, value in saved.items():
+        assert torch.equal(fresh.state_dict()[name], value), name
+    again = train.train(fresh, target, items, replace(RECIPE, warmup_steps=1, learning_rate=1e-4),
+                        tmp_path / "b", max_steps=1)
+    cold = train.train(_head(target, items), target, items, RECIPE, tmp_path / "c", max_steps=1)
+    assert again.losses[0] < 0.5 * cold.losses[0]
+    assert again.losses[0] == pytest.approx(first.losses[-1], rel=0.5)
+
+    other = train.new_head(target, replace(RECIPE, draft_vocab_size=16),
+                           train.token_counts(items, target.vocab_size))
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    problem = warm_start(other, tmp_path / "a")
+    assert "d2t is (24,) there, (16,) here; give --draft-vocab 24" in problem
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+    assert "no checkpoint.pt there" in warm_start(other, tmp_path / "missing")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "checkpoint.pt").write_bytes(b"\x80\x04 not a checkpoint")
+    problem = warm_start(other, tmp_path / "d")
+    assert problem.startswith(f"--init {tmp_path / 'd'}: checkpoint.pt could not be read")
+    assert "\n" not in problem

@@ -78,6 +78,10 @@ def register(sub) -> None:
                    help="held-out prompts in the report (0 = no report)")
     p.add_argument("--device", default="auto")
     p.add_argument("--resume", action="store_true", help="continue from what --out holds")
+    p.add_argument("--init", type=Path, default=None, metavar="DIR",
+                   help="start from the drafter an earlier train-draft run left in DIR (its "
+                        "checkpoint.pt; same kind and shapes, its draft vocabulary kept), e.g. to "
+                        "train on more data; a fresh learning-rate schedule")
     p.set_defaults(func=cmd_train)
 
 
@@ -252,6 +256,8 @@ def _train(args: argparse.Namespace) -> int:
     where["capture"] = (f"the target on {device}" if kept < len(shards)
                         else "kept from an earlier run (feature shards in the folder)")
     where["train"] = f"{device}, {recipe.train_dtype}"
+    if args.init is not None:  # the folder's name only: no machine paths in what may ship
+        where["train"] += f", started from the drafter of an earlier run ({args.init.name})"
     if args.stop_after == "features":
         print(f"features are in {out / data.FEATURES}; run the same command with --resume to go on")
         return 0
@@ -271,6 +277,10 @@ def _train(args: argparse.Namespace) -> int:
         subset = [answers[i] for i in picked]
         drafter = (train.new_head(target, recipe, train.token_counts(items, target.vocab_size))
                    if args.kind == "eagle3" else dflash_train.new_drafter(target, recipe))
+        if args.init is not None:
+            problem = warm_start(drafter, args.init)
+            if problem:
+                fail(problem)
         trainer = train.train if args.kind == "eagle3" else dflash_train.train
         t0 = time.time()
         try:
@@ -299,6 +309,36 @@ def _train(args: argparse.Namespace) -> int:
     if len(sizes) > 1 and curve:
         print(write_curve(out, curve, args.kind).read_text())
     return 0
+
+
+def warm_start(drafter, folder: Path) -> str | None:
+    """Load the weights (and an EAGLE-3 head's draft-vocabulary maps) of the drafter that an
+    earlier run left in ``folder/checkpoint.pt`` into ``drafter``.
+
+    Returns:
+        None, or one sentence why not (no checkpoint there, a damaged file, another kind or
+        other shapes); ``drafter`` is unchanged then.
+    """
+    import torch
+    ckpt = folder / "checkpoint.pt"
+    if not ckpt.is_file():
+        return f"--init {folder}: no checkpoint.pt there (a folder an earlier train-draft run wrote)"
+    try:
+        saved = torch.load(ckpt, map_location="cpu", weights_only=False)["head"]
+    except Exception as exc:  # a damaged or foreign file: one sentence, nothing changed
+        return f"--init {folder}: checkpoint.pt could not be read ({type(exc).__name__})"
+    mine = drafter.state_dict()
+    if set(saved) != set(mine):
+        return (f"--init {folder}: its drafter is another kind or layout "
+                f"({len(set(saved) ^ set(mine))} weights differ by name)")
+    for name, value in saved.items():
+        if value.shape != mine[name].shape:
+            hint = (f"; give --draft-vocab {value.shape[0]}" if name in ("d2t", "lm_head.weight")
+                    else "")
+            return (f"--init {folder}: {name} is {tuple(value.shape)} there, "
+                    f"{tuple(mine[name].shape)} here{hint}")
+    drafter.load_state_dict(saved)
+    return None
 
 
 def check_inputs(args: argparse.Namespace) -> list[dict]:
