@@ -283,3 +283,28 @@ def test_an_unknown_kernel_leaves_native_out_of_auto_with_the_reason(monkeypatch
     assert reason == f"{nb.KERNEL_ENV}=bogus is not a native kernel; use fma or dpbf16"
     names, why = gb.candidate_backends(loaded)
     assert "native" not in names and f"native not available: {reason}" in why
+
+
+@needs_library
+def test_training_features_captured_on_native_match_transformers(tmp_path, monkeypatch):
+    """``train-draft --capture-backend native``: the shards have the same layout, ids and
+    prompt lengths as the float32 capture, and features and final hidden states equal it within
+    the fma kernel's float32 summation order (BF16-valued weights), for answers of two lengths."""
+    from specdemo.services.training import data
+    model = _bf16_valued(tiny_llama(seed=5, layers=3, hidden=64))
+    loaded = _Loaded(model)
+    answers = [{"ids": IDS, "n_prompt": 4}, {"ids": IDS[:7] + [11, 13], "n_prompt": 3}]
+    layers = (1, 2, 3)
+    ref = data.capture_features(loaded, answers, layers, tmp_path / "hf", shard_size=1)
+    monkeypatch.setenv("SPECDEMO_NATIVE_KERNEL", "fma")
+    got = data.capture_features(loaded, answers, layers, tmp_path / "nat", shard_size=1,
+                                backend="native")
+    assert [p.name for p in got] == [p.name for p in ref] == ["00000.pt", "00001.pt"]
+    for a, b in zip(ref, got):
+        (x,), (y,) = torch.load(a, weights_only=False), torch.load(b, weights_only=False)
+        assert torch.equal(x["ids"], y["ids"]) and x["n_prompt"] == y["n_prompt"]
+        assert x["features"].shape == y["features"].shape and y["features"].dtype == torch.float16
+        torch.testing.assert_close(y["features"].float(), x["features"].float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(y["last"].float(), x["last"].float(), atol=2e-2, rtol=2e-2)
+    with pytest.raises(ValueError, match="capture backend 'gpu'"):
+        data.capture_features(loaded, answers, layers, tmp_path / "x", backend="gpu")
