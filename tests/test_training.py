@@ -144,3 +144,25 @@ def test_init_starts_from_an_earlier_runs_head_and_refuses_what_does_not_fit(tar
     problem = warm_start(other, tmp_path / "d")
     assert problem.startswith(f"--init {tmp_path / 'd'}: checkpoint.pt could not be read")
     assert "\n" not in problem
+
+
+def test_capture_after_more_answers_keeps_full_shards_and_redoes_the_short_last_one(target, tmp_path):
+    """Answers are appended across sessions: a capture of the longer list keeps the shards that
+    already hold their 16 answers and captures the last shard of the shorter list again (it held
+    4), so every answer has its features, in order."""
+    out = tmp_path / "run"
+    out.mkdir()
+    data.generate_answers(target, _prompts(12, 3), out, answers_per_prompt=2, max_new_tokens=8,
+                          batch_size=8)
+    answers = data.load_answers(out)
+    assert len(answers) == 24
+    first = data.capture_features(target, answers[:20], LAYERS, out, shard_size=16)
+    assert [len(torch.load(p, weights_only=False)) for p in first] == [16, 4]
+    kept = first[0].stat().st_mtime_ns
+    second = data.capture_features(target, answers, LAYERS, out, shard_size=16)
+    items = [x for p in second for x in torch.load(p, weights_only=False)]
+    assert [x["ids"].tolist() for x in items] == [a["ids"] for a in answers]
+    assert second[0].stat().st_mtime_ns == kept
+    (out / "features" / "00001.pt").write_bytes(b"cut short")  # a damaged shard is redone too
+    third = data.capture_features(target, answers, LAYERS, out, shard_size=16)
+    assert len(torch.load(third[1], weights_only=False)) == 8

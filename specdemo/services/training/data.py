@@ -227,7 +227,7 @@ def capture_features(target, answers: list[dict], indices: tuple[int, ...], out_
         path = folder / f"{s:05d}.pt"
         shards.append(path)
         chunk = answers[start:start + shard_size]
-        if path.exists():
+        if path.exists() and _shard_holds(path, chunk):
             bar.update(len(chunk))
             continue
         items = []
@@ -255,6 +255,17 @@ def capture_features(target, answers: list[dict], indices: tuple[int, ...], out_
         tmp.rename(path)  # a shard exists only when complete
     bar.close()
     return shards
+
+
+def _shard_holds(path: Path, chunk: list[dict]) -> bool:
+    """Whether the shard at ``path`` holds exactly these answers (the last shard of a smaller
+    answer set holds fewer: it is captured again once more answers were appended)."""
+    try:
+        items = torch.load(path, weights_only=False, mmap=True)
+    except Exception:  # damaged (e.g. cut short by a full disk): capture it again
+        return False
+    return len(items) == len(chunk) and all(
+        x["ids"].tolist() == r["ids"] for x, r in zip(items, chunk))
 
 
 def _native_capture(target, indices: tuple[int, ...]):
