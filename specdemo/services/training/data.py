@@ -185,14 +185,15 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
 
 
 def load_answers(out_dir: Path) -> list[dict]:
-    """The complete lines of ``answers.jsonl``, in (prompt_index, answer_index) order."""
+    """The complete lines of ``answers.jsonl``, in the order they were written (generation
+    appends: answers added in a later session come last, so feature shards captured before
+    them keep their answers; sorting by prompt would move every later answer)."""
     rows = []
     for line in (out_dir / ANSWERS).read_text().splitlines():
         try:
             rows.append(json.loads(line))
         except ValueError:
             continue
-    rows.sort(key=lambda r: (r["prompt_index"], r["answer_index"]))
     return rows
 
 
