@@ -166,3 +166,17 @@ def test_capture_after_more_answers_keeps_full_shards_and_redoes_the_short_last_
     (out / "features" / "00001.pt").write_bytes(b"cut short")  # a damaged shard is redone too
     third = data.capture_features(target, answers, LAYERS, out, shard_size=16)
     assert len(torch.load(third[1], weights_only=False)) == 8
+
+
+def test_new_head_names_the_verifier_class_when_the_target_config_has_none(target, features):
+    """A target built from a GGUF has no ``config.architectures``; the head's config then names
+    the target's transformers class (what speculators' verifier config and vLLM read)."""
+    _, items = features
+    before = target.model.config.architectures
+    target.model.config.architectures = None
+    try:
+        head = _head(target, items)
+    finally:
+        target.model.config.architectures = before
+    assert type(target.model).__name__ == "LlamaForCausalLM"
+    assert head.verifier["architectures"] == ["LlamaForCausalLM"]

@@ -82,9 +82,12 @@ def new_head(target, recipe: Recipe, token_counts: torch.Tensor) -> Eagle3Head:
     torch.manual_seed(recipe.seed)
     from ...models.learned import verifier_name
     layer.num_hidden_layers = 1  # the head's own draft layers, as its config.json says
+    # a target built from a GGUF has no config.architectures: its transformers class names it
+    architectures = list(getattr(target.model.config, "architectures", None) or [])
+    if not architectures and type(target.model).__name__.endswith("ForCausalLM"):
+        architectures = [type(target.model).__name__]
     head = Eagle3Head(layer, recipe.draft_vocab_size, recipe.feature_layers,
-                      verifier={"name_or_path": verifier_name(target), "architectures":
-                                list(getattr(target.model.config, "architectures", None) or [])})
+                      verifier={"name_or_path": verifier_name(target), "architectures": architectures})
     head = head.to(target.device)  # built where the target runs: its features, embeddings, head
     d2t, t2d = build_maps(token_counts, recipe.draft_vocab_size)
     head.d2t.copy_(d2t)
