@@ -109,3 +109,41 @@ def test_features_larger_than_the_disk_are_refused_and_larger_than_memory_only_n
     train_cli._check_space(1_000_000, 1152, tmp_path)
     assert "exceed the free memory (1.0 GB); training reads them from disk" in capsys.readouterr().err
 
+
+
+def _init_folder(tmp_path, head):
+    import torch
+    folder = tmp_path / "earlier"
+    folder.mkdir()
+    torch.save({"head": head}, folder / "checkpoint.pt")
+    return folder
+
+
+@pytest.mark.parametrize("case", ["missing", "damaged", "vocabulary", "kind"])
+def test_a_bad_init_is_refused_before_any_work(tmp_path, capsys, no_target_load, case):
+    """``--init`` is checked with the other inputs: the target is never loaded, nothing is
+    generated or written into ``--out``, and the sentence says what to change."""
+    import torch
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    if case == "missing":
+        folder, expected = tmp_path / "nowhere", "no checkpoint.pt there"
+    elif case == "damaged":
+        folder = tmp_path / "bad"
+        folder.mkdir()
+        (folder / "checkpoint.pt").write_text("junk\n")
+        expected = "checkpoint.pt could not be read (damaged, or not one train-draft wrote)"
+    elif case == "vocabulary":
+        folder = _init_folder(tmp_path, {"d2t": torch.zeros(4096, dtype=torch.long)})
+        expected = "its draft vocabulary has 4096 ids and this run's 8192; give --draft-vocab 4096"
+    else:
+        folder = _init_folder(tmp_path, {"fc.weight": torch.zeros(2, 2)})
+        expected = "it holds a DFlash drafter, this run trains an EAGLE-3 head: give --kind dflash"
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        main(["train-draft", "--target", "builtin:smollm2-135m", "--out", str(out),
+              "--prompts", str(prompts), "--init", str(folder)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --init {folder}: " + err.split(": ", 2)[2] and expected in err
+    assert "\n" not in err and not out.exists()

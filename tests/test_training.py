@@ -136,7 +136,7 @@ def test_init_starts_from_an_earlier_runs_head_and_refuses_what_does_not_fit(tar
                            train.token_counts(items, target.vocab_size))
     before = {k: v.clone() for k, v in other.state_dict().items()}
     problem = warm_start(other, tmp_path / "a")
-    assert "d2t is (24,) there, (16,) here; give --draft-vocab 24" in problem
+    assert "its draft vocabulary has 24 ids and this run's 16; give --draft-vocab 24" in problem
     assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
     assert "no checkpoint.pt there" in warm_start(other, tmp_path / "missing")
     (tmp_path / "d").mkdir()

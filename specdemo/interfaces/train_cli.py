@@ -229,9 +229,13 @@ def _train(args: argparse.Namespace) -> int:
     t0 = time.time()
     budget_s = None if args.generate_minutes is None else 60 * args.generate_minutes
     if args.answers is not None:
-        if not (out / data.ANSWERS).exists():
-            import shutil
-            shutil.copyfile(args.answers, out / data.ANSWERS)
+        import filecmp
+        import shutil
+        kept_answers = out / data.ANSWERS
+        if not kept_answers.exists() or not filecmp.cmp(args.answers, kept_answers, shallow=False):
+            if kept_answers.exists():  # e.g. more answers generated since: shards that still fit are kept
+                print(f"--answers differs from the copy in {out}: using the new file")
+            shutil.copyfile(args.answers, kept_answers)
     elif args.generate_endpoint:
         data.generate_answers_endpoint(args.generate_endpoint, target.tokenizer, train_rows, out,
                                        recipe.answers_per_prompt, recipe.temperature, recipe.max_new_tokens,
@@ -335,24 +339,58 @@ def warm_start(drafter, folder: Path) -> str | None:
         return f"--init {folder}: no checkpoint.pt there (a folder an earlier train-draft run wrote)"
     try:
         saved = torch.load(ckpt, map_location="cpu", weights_only=False)["head"]
-    except Exception as exc:  # a damaged or foreign file: one sentence, nothing changed
-        return f"--init {folder}: checkpoint.pt could not be read ({type(exc).__name__})"
+    except Exception:  # a damaged or foreign file: one sentence, nothing changed
+        return f"--init {folder}: checkpoint.pt could not be read (damaged, or not one train-draft wrote)"
     mine = drafter.state_dict()
+    if "d2t" in saved and "d2t" in mine and saved["d2t"].shape != mine["d2t"].shape:
+        return _vocab_problem(folder, saved["d2t"].shape[0], mine["d2t"].shape[0])
     if set(saved) != set(mine):
         return (f"--init {folder}: its drafter is another kind or layout "
                 f"({len(set(saved) ^ set(mine))} weights differ by name)")
     for name, value in saved.items():
         if value.shape != mine[name].shape:
-            hint = (f"; give --draft-vocab {value.shape[0]}" if name in ("d2t", "lm_head.weight")
-                    else "")
-            return (f"--init {folder}: {name} is {tuple(value.shape)} there, "
-                    f"{tuple(mine[name].shape)} here{hint}")
+            return (f"--init {folder}: its weight {name} is {tuple(value.shape)}, this run's "
+                    f"{tuple(mine[name].shape)} (another target or recipe)")
     drafter.load_state_dict(saved)
     return None
 
 
+def _vocab_problem(folder: Path, theirs: int, ours: int) -> str:
+    return (f"--init {folder}: its draft vocabulary has {theirs} ids and this run's {ours}; "
+            f"give --draft-vocab {theirs}")
+
+
+def check_init(args: argparse.Namespace) -> None:
+    """Refuse ``--init`` before any work (nothing loaded, generated or written): no checkpoint
+    there, a damaged one, another kind of drafter, or another draft vocabulary size.
+
+    Raises:
+        SystemExit(2) with one sentence.
+    """
+    from .decode_cli import fail
+    if args.init is None:
+        return
+    import torch
+    folder = args.init
+    ckpt = folder / "checkpoint.pt"
+    if not ckpt.is_file():
+        fail(f"--init {folder}: no checkpoint.pt there (a folder an earlier train-draft run wrote)")
+    try:
+        saved = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)["head"]
+    except Exception:  # damaged or foreign: one sentence
+        fail(f"--init {folder}: checkpoint.pt could not be read (damaged, or not one train-draft wrote)")
+    theirs = "eagle3" if "d2t" in saved else "dflash"
+    if theirs != args.kind:
+        fail(f"--init {folder}: it holds {'an EAGLE-3 head' if theirs == 'eagle3' else 'a DFlash drafter'}, "
+             f"this run trains {'an EAGLE-3 head' if args.kind == 'eagle3' else 'a DFlash drafter'}: "
+             f"give --kind {theirs}")
+    if theirs == "eagle3" and saved["d2t"].shape[0] != args.draft_vocab:
+        fail(_vocab_problem(folder, saved["d2t"].shape[0], args.draft_vocab))
+
+
 def check_inputs(args: argparse.Namespace) -> list[dict]:
-    """The rows of the prompts file, once ``--out`` and ``--prompts`` are known to be usable.
+    """The rows of the prompts file, once ``--out``, ``--prompts`` and ``--init`` are known to be
+    usable.
 
     Raises:
         SystemExit(2), with one sentence naming the file (and line): ``--out`` is a file or a
@@ -384,6 +422,7 @@ def check_inputs(args: argparse.Namespace) -> list[dict]:
     if not data.split_rows(rows, heldout=False):
         fail(f"--prompts {path} holds no training prompts ({len(rows)} rows, none outside the "
              "held-out split): training on nothing would save an untrained drafter")
+    check_init(args)
     return rows
 
 
