@@ -119,6 +119,7 @@ def test_saved_folders_load_with_the_same_weights(target, items, tmp_path, layou
     assert loaded.info["layout"] == layout
     for name, value in model.state_dict().items():
         assert torch.equal(loaded.model.state_dict()[name], value), name
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in folder.rglob("*.safetensors"))
 
 
 @pytest.mark.slow
@@ -156,7 +157,10 @@ def test_cli_trains_dflash_at_two_data_sizes_and_reports_speed(target, tmp_path,
     assert "answer tokens" in (out / "data_size_curve.md").read_text()
     ran_on = json.loads((out / "train.json").read_text())["stages_ran_on"]
     assert ran_on == {"generate": "the target on cpu", "capture": "the target on cpu",
-                      "train": "cpu, float32"}
+                      "train": "cpu, float32",
+                      "report": "the target on cpu (transformers, float32: the reference)"}
+    timings = json.loads((out / "train.json").read_text())["timings_s"]
+    assert 0 < timings["report_s"] < timings["total_s"]
 
 
 def test_cli_refuses_bad_sizes_in_one_sentence(tmp_path, capsys):

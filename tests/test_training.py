@@ -100,6 +100,8 @@ def test_saved_folder_loads_through_the_loader(target, features, tmp_path):
     assert torch.equal(loaded.head.d2t, head.d2t)
     for name, value in head.state_dict().items():
         assert torch.equal(loaded.head.state_dict()[name], value), name
+    # readable by others like the folder's other files (safetensors writes a private 0600 file)
+    assert (tmp_path / "head" / "model.safetensors").stat().st_mode & 0o777 == 0o644
 
 
 def test_resume_continues_the_same_loss_curve(target, features, tmp_path):

@@ -311,8 +311,13 @@ def _train(args: argparse.Namespace) -> int:
         print(f"saved the {'EAGLE-3 head' if args.kind == 'eagle3' else 'DFlash drafter'} in "
               f"{folder} ({'speculators layout' if args.kind == 'eagle3' else 'transformers layout; z-lab layout in zlab/'})")
         if args.report_prompts:
+            t0 = time.time()
             path, results = report(args.kind, folder, target, drafter, rows, args.report_prompts,
                                    info, ks)
+            info["timings_s"]["report_s"] = time.time() - t0
+            info["timings_s"]["total_s"] = time.time() - started
+            info["stages_ran_on"]["report"] = f"the target on {device} (transformers, float32: the reference)"
+            (folder / "train.json").write_text(json.dumps(info, indent=1))
             print(path.read_text())
             curve.append({"fraction": size, "answers": len(items),
                           "answer_tokens": info["data"]["answer_tokens"],

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -260,5 +261,6 @@ def save_head(head: Eagle3Head, folder: Path, dtype: torch.dtype = torch.bfloat1
     state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
              for k, v in head.state_dict().items() if not k.startswith("rotary_emb")}
     save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
+    os.chmod(folder / WEIGHTS, 0o644)  # safetensors writes through a private temporary file (0600)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return folder

@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -274,6 +275,8 @@ def save(model, folder: Path, target, dtype: torch.dtype = torch.bfloat16,
     state = {back.get(k, k): v.contiguous() for k, v in out.state_dict().items()
              if not k.startswith("rotary_emb")}
     save_file(state, str(z / "model.safetensors"), metadata={"format": "pt"})
+    for weights in folder.rglob("*.safetensors"):  # written through private temporary files (0600)
+        os.chmod(weights, 0o644)
     dflash_config = {"mask_token_id": int(cfg.mask_token_id),
                      "target_layer_ids": [int(i) for i in cfg.target_layer_ids],
                      "block_size": int(cfg.block_size)}
