@@ -147,3 +147,19 @@ def test_a_bad_init_is_refused_before_any_work(tmp_path, capsys, no_target_load,
     err = capsys.readouterr().err.strip()
     assert err == f"error: --init {folder}: " + err.split(": ", 2)[2] and expected in err
     assert "\n" not in err and not out.exists()
+
+
+def test_train_json_names_the_checkout_commit_when_specdemo_is_not_installed():
+    """train.json's versions: specdemo runs from a checkout, not an installed package, so the
+    commit stands for its version (it read "n/a")."""
+    import re
+    import subprocess
+    from pathlib import Path
+    from specdemo.interfaces.train_cli import _versions
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=root).stdout.strip()
+    got = _versions()["specdemo"]
+    assert got == f"commit {head}" and re.fullmatch(r"commit [0-9a-f]{7,}", got)

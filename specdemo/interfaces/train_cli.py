@@ -31,7 +31,9 @@ def _count(flag: str):
 
 def register(sub) -> None:
     p = sub.add_parser("train-draft", help="train an EAGLE-3 or DFlash drafter for a target on this machine")
-    p.add_argument("--target", default="builtin:smollm2-135m")
+    p.add_argument("--target", default="builtin:smollm2-135m",
+                   help="the target the drafter is trained for: builtin:NAME, a local folder or a "
+                        "hub id (default: builtin:smollm2-135m)")
     p.add_argument("--out", required=True, type=Path, help="output folder (resumable)")
     p.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash"])
     p.add_argument("--prompts", type=Path, default=None,
@@ -106,8 +108,20 @@ def _versions() -> dict:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
-            out[name] = "n/a"
+            out[name] = _checkout_commit() if name == "specdemo" else "n/a"
     return out
+
+
+def _checkout_commit() -> str:
+    """``commit <short hash>`` of the git checkout specdemo runs from (it is not installed as a
+    package), or "n/a"."""
+    import subprocess
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=5, cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return "n/a"
+    return f"commit {done.stdout.strip()}" if done.returncode == 0 and done.stdout.strip() else "n/a"
 
 
 def _machine() -> dict:
