@@ -344,6 +344,19 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_init(folder: Path) -> tuple[dict | None, str | None]:
+    """(the drafter state in ``folder/checkpoint.pt``, None), or (None, one sentence why it
+    cannot be read: no checkpoint there, or a damaged or foreign file). Memory-mapped."""
+    import torch
+    ckpt = folder / "checkpoint.pt"
+    if not ckpt.is_file():
+        return None, f"--init {folder}: no checkpoint.pt there (a folder an earlier train-draft run wrote)"
+    try:
+        return torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)["head"], None
+    except Exception:  # a damaged or foreign file: one sentence
+        return None, f"--init {folder}: checkpoint.pt could not be read (damaged, or not one train-draft wrote)"
+
+
 def warm_start(drafter, folder: Path) -> str | None:
     """Load the weights (and an EAGLE-3 head's draft-vocabulary maps) of the drafter that an
     earlier run left in ``folder/checkpoint.pt`` into ``drafter``.
@@ -352,14 +365,9 @@ def warm_start(drafter, folder: Path) -> str | None:
         None, or one sentence why not (no checkpoint there, a damaged file, another kind or
         other shapes); ``drafter`` is unchanged then.
     """
-    import torch
-    ckpt = folder / "checkpoint.pt"
-    if not ckpt.is_file():
-        return f"--init {folder}: no checkpoint.pt there (a folder an earlier train-draft run wrote)"
-    try:
-        saved = torch.load(ckpt, map_location="cpu", weights_only=False)["head"]
-    except Exception:  # a damaged or foreign file: one sentence, nothing changed
-        return f"--init {folder}: checkpoint.pt could not be read (damaged, or not one train-draft wrote)"
+    saved, problem = _read_init(folder)
+    if problem:
+        return problem
     mine = drafter.state_dict()
     if "d2t" in saved and "d2t" in mine and saved["d2t"].shape != mine["d2t"].shape:
         return _vocab_problem(folder, saved["d2t"].shape[0], mine["d2t"].shape[0])
@@ -389,15 +397,10 @@ def check_init(args: argparse.Namespace) -> None:
     from .decode_cli import fail
     if args.init is None:
         return
-    import torch
     folder = args.init
-    ckpt = folder / "checkpoint.pt"
-    if not ckpt.is_file():
-        fail(f"--init {folder}: no checkpoint.pt there (a folder an earlier train-draft run wrote)")
-    try:
-        saved = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)["head"]
-    except Exception:  # damaged or foreign: one sentence
-        fail(f"--init {folder}: checkpoint.pt could not be read (damaged, or not one train-draft wrote)")
+    saved, problem = _read_init(folder)
+    if problem:
+        fail(problem)
     theirs = "eagle3" if "d2t" in saved else "dflash"
     if theirs != args.kind:
         fail(f"--init {folder}: it holds {'an EAGLE-3 head' if theirs == 'eagle3' else 'a DFlash drafter'}, "

@@ -456,6 +456,12 @@ static inline __attribute__((always_inline)) void prefetch_next(const uint16_t *
     for (int r = 0; r < RB; r++) __builtin_prefetch(nk + r * 32, 0, 2); /* locality 2: L2 (prefetcht1 on x86) */
 }
 
+/* The block after wb when a forward of n tokens prefetches it (n >= NF_PF_MIN and this
+ * thread has one more block), else NULL. */
+static inline const uint16_t *next_block(const uint16_t *wb, int n, int K, int more) {
+    return NF_PF_MIN > 0 && n >= NF_PF_MIN && more ? wb + (size_t)RB * K : NULL;
+}
+
 /* y[t0 + t, o + r] for t < NT (a compile-time constant at every call: the accumulators stay in
  * registers), r < RB: float32 FMA over BF16 weights widened to float32. wb: the repacked
  * block. */
@@ -486,11 +492,11 @@ static inline __attribute__((always_inline)) void block_fma(const float *x, int 
  * every (t, o) runs the same instruction sequence whatever n is. */
 static void rows_fma(const float *x, int n, int K, const uint16_t *W, int b0, int b1, int M,
                      float *y, int ldy) {
+    int passes = (n + TB - 1) / TB;
     for (int b = b0; b < b1; b++) {
         const uint16_t *wb = W + (size_t)b * RB * K;
         int o = b * RB, rows = M - o < RB ? M - o : RB;
-        int passes = (n + TB - 1) / TB;
-        const uint16_t *next = NF_PF_MIN > 0 && n >= NF_PF_MIN && b + 1 < b1 ? wb + (size_t)RB * K : NULL;
+        const uint16_t *next = next_block(wb, n, K, b + 1 < b1);
         for (int t0 = 0; t0 < n; t0 += TB) {
             int nt = n - t0 < TB ? n - t0 : TB;
 #define CALL_FMA(NT) block_fma(x, t0, NT, K, wb, y + o, ldy, rows, next, t0 / TB, passes)
@@ -546,11 +552,11 @@ static inline __attribute__((always_inline)) void block_dp(const uint16_t *xb, i
 /* The same with activations in BF16 (xb: (n, K) BF16) and VDPBF16PS: 32 products a step. */
 static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int b0, int b1,
                         int M, float *y, int ldy) {
+    int passes = (n + TB - 1) / TB;
     for (int b = b0; b < b1; b++) {
         const uint16_t *wb = W + (size_t)b * RB * K;
         int o = b * RB, rows = M - o < RB ? M - o : RB;
-        int passes = (n + TB - 1) / TB;
-        const uint16_t *next = NF_PF_MIN > 0 && n >= NF_PF_MIN && b + 1 < b1 ? wb + (size_t)RB * K : NULL;
+        const uint16_t *next = next_block(wb, n, K, b + 1 < b1);
         for (int t0 = 0; t0 < n; t0 += TB) {
             int nt = n - t0 < TB ? n - t0 : TB;
 #define CALL_DP(NT) block_dp(xb, t0, NT, K, wb, y + o, ldy, rows, next, t0 / TB, passes)

@@ -220,6 +220,22 @@ def capture_features(target, answers: list[dict], indices: tuple[int, ...], out_
     if backend not in ("transformers", "native"):
         raise ValueError(f"capture backend {backend!r}: transformers or native")
     run = _native_capture(target, indices) if backend == "native" else None
+
+    def captured(chunk: list[dict]):
+        """(answer, features (N, F), last (N, H)) per answer of ``chunk``, in order."""
+        if run is not None:  # one answer a forward
+            for r in chunk:
+                yield (r, *run(r["ids"]))
+            return
+        for b in range(0, len(chunk), batch_size):  # batch_size answers a forward, right-padded
+            batch = chunk[b:b + batch_size]
+            width = max(len(r["ids"]) for r in batch)
+            ids = torch.tensor([r["ids"] + [0] * (width - len(r["ids"])) for r in batch])
+            mask = torch.tensor([[1] * len(r["ids"]) + [0] * (width - len(r["ids"])) for r in batch])
+            feats, last = capture(target.model, ids.to(target.device), indices, mask.to(target.device))
+            for j, r in enumerate(batch):
+                yield r, feats[j, :len(r["ids"])], last[j, :len(r["ids"])]
+
     folder = out_dir / FEATURES
     folder.mkdir(parents=True, exist_ok=True)
     shards = []
@@ -232,25 +248,10 @@ def capture_features(target, answers: list[dict], indices: tuple[int, ...], out_
             bar.update(len(chunk))
             continue
         items = []
-        if run is not None:
-            for r in chunk:
-                feats, last = run(r["ids"])
-                items.append({"ids": torch.tensor(r["ids"], dtype=torch.int32), "n_prompt": r["n_prompt"],
-                              "features": feats.to(torch.float16), "last": last.to(torch.float16)})
-                bar.update(1)
-            chunk = []
-        for b in range(0, len(chunk), batch_size):
-            batch = chunk[b:b + batch_size]
-            width = max(len(r["ids"]) for r in batch)
-            ids = torch.tensor([r["ids"] + [0] * (width - len(r["ids"])) for r in batch])
-            mask = torch.tensor([[1] * len(r["ids"]) + [0] * (width - len(r["ids"])) for r in batch])
-            feats, last = capture(target.model, ids.to(target.device), indices, mask.to(target.device))
-            for j, r in enumerate(batch):
-                n = len(r["ids"])
-                items.append({"ids": torch.tensor(r["ids"], dtype=torch.int32), "n_prompt": r["n_prompt"],
-                              "features": feats[j, :n].to(torch.float16).cpu(),
-                              "last": last[j, :n].to(torch.float16).cpu()})
-            bar.update(len(batch))
+        for r, feats, last in captured(chunk):
+            items.append({"ids": torch.tensor(r["ids"], dtype=torch.int32), "n_prompt": r["n_prompt"],
+                          "features": feats.to(torch.float16).cpu(), "last": last.to(torch.float16).cpu()})
+            bar.update(1)
         tmp = path.with_suffix(".tmp")
         torch.save(items, tmp)
         tmp.rename(path)  # a shard exists only when complete
