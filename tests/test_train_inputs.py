@@ -5,6 +5,7 @@ sentence naming the file (and line), with exit status 2, and nothing is written 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -119,7 +120,19 @@ def _init_folder(tmp_path, head):
     return folder
 
 
-@pytest.mark.parametrize("case", ["missing", "damaged", "vocabulary", "kind"])
+def test_init_reads_a_shipped_head_by_its_builtin_name():
+    """``--init builtin:NAME`` reads the shipped head's model.safetensors (it has no
+    checkpoint.pt): the early check sees an EAGLE-3 head, and refuses it for a DFlash run."""
+    import argparse
+    from specdemo.interfaces.train_cli import _read_init, check_init
+    saved, problem = _read_init(Path("builtin:smollm2-135m-eagle3"))
+    assert problem is None and saved["d2t"].shape == (8192,) and "fc.weight" in saved
+    check_init(argparse.Namespace(init=Path("builtin:smollm2-135m-eagle3"), kind="eagle3"))
+    with pytest.raises(SystemExit):
+        check_init(argparse.Namespace(init=Path("builtin:smollm2-135m-eagle3"), kind="dflash"))
+
+
+@pytest.mark.parametrize("case", ["missing", "damaged", "kind"])
 def test_a_bad_init_is_refused_before_any_work(tmp_path, capsys, no_target_load, case):
     """``--init`` is checked with the other inputs: the target is never loaded, nothing is
     generated or written into ``--out``, and the sentence says what to change."""
@@ -127,15 +140,12 @@ def test_a_bad_init_is_refused_before_any_work(tmp_path, capsys, no_target_load,
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hi"}\n')
     if case == "missing":
-        folder, expected = tmp_path / "nowhere", "no checkpoint.pt there"
+        folder, expected = tmp_path / "nowhere", "no checkpoint.pt or model.safetensors there"
     elif case == "damaged":
         folder = tmp_path / "bad"
         folder.mkdir()
         (folder / "checkpoint.pt").write_text("junk\n")
         expected = "checkpoint.pt could not be read (damaged, or not one train-draft wrote)"
-    elif case == "vocabulary":
-        folder = _init_folder(tmp_path, {"d2t": torch.zeros(4096, dtype=torch.long)})
-        expected = "its draft vocabulary has 4096 ids and this run's 8192; give --draft-vocab 4096"
     else:
         folder = _init_folder(tmp_path, {"fc.weight": torch.zeros(2, 2)})
         expected = "it holds a DFlash drafter, this run trains an EAGLE-3 head: give --kind dflash"
@@ -163,3 +173,30 @@ def test_train_json_names_the_checkout_commit_when_specdemo_is_not_installed():
                           cwd=root).stdout.strip()
     got = _versions()["specdemo"]
     assert got == f"commit {head}" and re.fullmatch(r"commit [0-9a-f]{7,}", got)
+
+
+def test_resume_says_which_given_options_the_saved_recipe_overrides(tmp_path, capsys):
+    """``--resume`` trains with the recipe saved in the folder (so a resumed run equals an
+    uninterrupted one); an option on the command line that differs from it is named, not
+    silently dropped."""
+    import argparse
+    from dataclasses import asdict
+    from specdemo.interfaces.train_cli import _recipe
+    from specdemo.services.training import train
+    saved = train.Recipe(epochs=3, draft_vocab_size=8192, feature_layers=(2, 15, 27),
+                         train_dtype="bfloat16", temperature=[0.7, 1.0])
+    recipe_file = tmp_path / "recipe.json"
+    recipe_file.write_text(json.dumps({**asdict(saved), "feature_layers": [2, 15, 27]}))
+    args = argparse.Namespace(resume=True, kind="eagle3", epochs=1, learning_rate=saved.learning_rate,
+                              train_dtype="bfloat16", batch_tokens=saved.batch_tokens,
+                              answers_per_prompt=saved.answers_per_prompt,
+                              max_tokens=saved.max_new_tokens, draft_vocab=8192,
+                              ttt_steps=saved.ttt_steps)
+    recipe = _recipe(args, None, recipe_file, temperature=(0.7, 1.0))
+    assert recipe.epochs == 3
+    err = capsys.readouterr().err
+    assert err.strip() == (f"--resume keeps the recipe saved in {tmp_path}: epochs 3 (this command: 1); "
+                           "start another folder to change it")
+    args.epochs = 3
+    _recipe(args, None, recipe_file, temperature=(0.7, 1.0))
+    assert capsys.readouterr().err == ""

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdemo.core.drafters.eagle import Eagle3Drafter
+from specdemo.core.drafters.vocab import target_ids
 from specdemo.models.learned import load_learned
 from specdemo.core.engine import generate
 from specdemo.core.kv import KVModel
@@ -115,11 +116,13 @@ def test_resume_continues_the_same_loss_curve(target, features, tmp_path):
     assert resumed.losses == pytest.approx(straight.losses, rel=1e-4, abs=1e-5)
 
 
-def test_init_starts_from_an_earlier_runs_head_and_refuses_what_does_not_fit(target, features, tmp_path):
+def test_init_starts_from_an_earlier_runs_head_and_refuses_what_does_not_fit(target, features, tmp_path,
+                                                                              capsys):
     """``train-draft --init DIR``: the new head takes the weights and draft-vocabulary maps of
     the head an earlier run left in DIR, so training more data starts where that run ended (its
-    first loss is the earlier run's level, not a fresh head's); another draft vocabulary, a
-    missing or a damaged checkpoint is refused in one sentence and changes nothing."""
+    first loss is the earlier run's level, not a fresh head's); with another draft vocabulary the
+    shared ids keep their rows; other layer shapes, a missing or a damaged checkpoint are refused
+    in one sentence and change nothing."""
     from specdemo.interfaces.train_cli import warm_start
     _, items = features
     first = train.train(_head(target, items), target, items, RECIPE, tmp_path / "a", max_steps=30)
@@ -134,13 +137,44 @@ def test_init_starts_from_an_earlier_runs_head_and_refuses_what_does_not_fit(tar
     assert again.losses[0] < 0.5 * cold.losses[0]
     assert again.losses[0] == pytest.approx(first.losses[-1], rel=0.5)
 
-    other = train.new_head(target, replace(RECIPE, draft_vocab_size=16),
-                           train.token_counts(items, target.vocab_size))
-    before = {k: v.clone() for k, v in other.state_dict().items()}
-    problem = warm_start(other, tmp_path / "a")
-    assert "its draft vocabulary has 24 ids and this run's 16; give --draft-vocab 24" in problem
-    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
-    assert "no checkpoint.pt there" in warm_start(other, tmp_path / "missing")
+    # another draft vocabulary (16 of the 24 ids the earlier head has, and 4 it lacks): every
+    # other weight carries over, the shared ids keep the earlier head's rows, new ids the target's
+    counts = train.token_counts(items, target.vocab_size)
+    theirs = [int(i) for i in target_ids(saved["d2t"])]
+    outside = [i for i in range(target.vocab_size) if i not in theirs][:4]
+    counts = torch.zeros_like(counts)
+    counts[theirs[:12]] = 10
+    counts[outside] = 5
+    other = train.new_head(target, replace(RECIPE, draft_vocab_size=16), counts)
+    fresh_rows = other.lm_head.weight.detach().clone()
+    assert warm_start(other, tmp_path / "a") is None
+    assert "12 of this run's 16 draft ids carried over from the earlier head's 24; 4 new ids" \
+        in capsys.readouterr().out
+    ours = [int(i) for i in other.draft_ids()]
+    assert sorted(ours) == sorted(theirs[:12] + outside)
+    for row, tid in enumerate(ours):
+        expected = (saved["lm_head.weight"][theirs.index(tid)] if tid in theirs
+                    else fresh_rows[row])
+        assert torch.equal(other.lm_head.weight[row], expected), tid
+    for name, value in saved.items():
+        if name not in ("d2t", "t2d", "lm_head.weight"):
+            assert torch.equal(other.state_dict()[name], value), name
+    wider = _head(target, items)
+    wider.fc = torch.nn.Linear(wider.fc.in_features, wider.fc.out_features + 1, bias=False)
+    before = {k: v.clone() for k, v in wider.state_dict().items()}
+    assert "its weight fc.weight is" in warm_start(wider, tmp_path / "a")
+    assert all(torch.equal(before[k], v) for k, v in wider.state_dict().items())
+    assert "no checkpoint.pt or model.safetensors there" in warm_start(other, tmp_path / "missing")
+    # a folder with the saved weights only (a shipped head): BF16 values, widened to float32
+    from safetensors.torch import save_file
+    (tmp_path / "s").mkdir()
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in saved.items()},
+              str(tmp_path / "s" / "model.safetensors"))
+    from_weights = _head(target, items)
+    assert warm_start(from_weights, tmp_path / "s") is None
+    for name, value in saved.items():
+        expected = value.to(torch.bfloat16).float() if value.is_floating_point() else value
+        assert torch.equal(from_weights.state_dict()[name], expected), name
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "checkpoint.pt").write_bytes(b"\x80\x04 not a checkpoint")
     problem = warm_start(other, tmp_path / "d")

@@ -86,8 +86,11 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from what --out holds")
     p.add_argument("--init", type=Path, default=None, metavar="DIR",
                    help="start from the drafter an earlier train-draft run left in DIR (its "
-                        "checkpoint.pt; same kind and shapes, its draft vocabulary kept), e.g. to "
-                        "train on more data; a fresh learning-rate schedule")
+                        "checkpoint.pt, else its model.safetensors; or builtin:NAME, a shipped "
+                        "head; same kind and layer shapes), e.g. to train on more data; "
+                        "a fresh learning-rate schedule. An EAGLE-3 head's draft vocabulary is "
+                        "built from this run's answers: ids both vocabularies hold keep the "
+                        "earlier head's output rows, new ids start from the target's head")
     p.set_defaults(func=cmd_train)
 
 
@@ -169,6 +172,14 @@ def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
     common = dict(epochs=args.epochs, learning_rate=args.learning_rate, train_dtype=args.train_dtype,
                   batch_tokens=args.batch_tokens, answers_per_prompt=args.answers_per_prompt,
                   max_new_tokens=args.max_tokens, temperature=temperature)
+    if saved:
+        given = {**common, **({"draft_vocab_size": args.draft_vocab, "ttt_steps": args.ttt_steps}
+                              if args.kind == "eagle3" else {})}
+        kept = [f"{k} {saved[k]} (this command: {v})" for k, v in given.items()
+                if k in saved and saved[k] != (list(v) if isinstance(v, tuple) else v)]
+        if kept:
+            print(f"--resume keeps the recipe saved in {recipe_file.parent}: " + ", ".join(kept)
+                  + "; start another folder to change it", file=sys.stderr)
     if args.kind == "eagle3":
         if saved:
             return train.Recipe(**{**saved, "feature_layers": tuple(saved["feature_layers"])})
@@ -344,52 +355,94 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init_folder(folder: Path) -> Path:
+    """``builtin:NAME`` -> the shipped drafter's folder; any other value as given."""
+    text = str(folder)
+    if text.startswith("builtin:"):
+        from ..models.learned import BUILTIN_DIR
+        return BUILTIN_DIR / text.split(":", 1)[1]
+    return folder
+
+
 def _read_init(folder: Path) -> tuple[dict | None, str | None]:
-    """(the drafter state in ``folder/checkpoint.pt``, None), or (None, one sentence why it
-    cannot be read: no checkpoint there, or a damaged or foreign file). Memory-mapped."""
+    """(the drafter state in ``folder``, None), or (None, one sentence why it cannot be read).
+
+    Reads ``checkpoint.pt`` (memory-mapped, float32: what a run leaves to resume), else the
+    saved weights ``model.safetensors`` (e.g. a shipped head, ``builtin:NAME``; BF16, widened
+    when loaded into the float32 drafter)."""
     import torch
-    ckpt = folder / "checkpoint.pt"
-    if not ckpt.is_file():
-        return None, f"--init {folder}: no checkpoint.pt there (a folder an earlier train-draft run wrote)"
-    try:
-        return torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)["head"], None
-    except Exception:  # a damaged or foreign file: one sentence
-        return None, f"--init {folder}: checkpoint.pt could not be read (damaged, or not one train-draft wrote)"
+    where = _init_folder(folder)
+    ckpt = where / "checkpoint.pt"
+    if ckpt.is_file():
+        try:
+            return torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)["head"], None
+        except Exception:  # a damaged or foreign file: one sentence
+            return None, f"--init {folder}: checkpoint.pt could not be read (damaged, or not one train-draft wrote)"
+    weights = where / "model.safetensors"
+    if weights.is_file():
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            return load_file(weights), None
+        except (SafetensorError, OSError, ValueError):
+            return None, f"--init {folder}: model.safetensors could not be read (damaged)"
+    return None, (f"--init {folder}: no checkpoint.pt or model.safetensors there (a folder an earlier "
+                  "train-draft run wrote, or builtin:NAME)")
 
 
 def warm_start(drafter, folder: Path) -> str | None:
-    """Load the weights (and an EAGLE-3 head's draft-vocabulary maps) of the drafter that an
-    earlier run left in ``folder/checkpoint.pt`` into ``drafter``.
+    """Load the weights of the drafter in ``folder`` (what :func:`_read_init` reads: an earlier
+    run's ``checkpoint.pt``, else ``model.safetensors``; ``builtin:NAME``) into ``drafter``.
+
+    An EAGLE-3 head keeps its own draft vocabulary (``d2t``/``t2d``, built from this run's
+    answers, of any size): each draft id that the earlier head's vocabulary also holds takes that
+    head's ``lm_head`` row, and an id new to the vocabulary keeps its fresh row (the target's
+    head row). A head trained before the data grew to new languages thus gains their ids without
+    starting over. Prints how many ids carried over when the vocabularies differ.
 
     Returns:
-        None, or one sentence why not (no checkpoint there, a damaged file, another kind or
-        other shapes); ``drafter`` is unchanged then.
+        None, or one sentence why not (nothing to read there, a damaged file, another kind or
+        other layer shapes); ``drafter`` is unchanged then.
     """
+    import torch
     saved, problem = _read_init(folder)
     if problem:
         return problem
     mine = drafter.state_dict()
-    if "d2t" in saved and "d2t" in mine and saved["d2t"].shape != mine["d2t"].shape:
-        return _vocab_problem(folder, saved["d2t"].shape[0], mine["d2t"].shape[0])
     if set(saved) != set(mine):
         return (f"--init {folder}: its drafter is another kind or layout "
                 f"({len(set(saved) ^ set(mine))} weights differ by name)")
+    remap = "d2t" in mine and not torch.equal(saved["d2t"].to(mine["d2t"].device), mine["d2t"])
+    vocab_keys = {"d2t", "t2d", "lm_head.weight"} if remap else set()
     for name, value in saved.items():
-        if value.shape != mine[name].shape:
+        if name not in vocab_keys and value.shape != mine[name].shape:
             return (f"--init {folder}: its weight {name} is {tuple(value.shape)}, this run's "
                     f"{tuple(mine[name].shape)} (another target or recipe)")
-    drafter.load_state_dict(saved)
+    if remap and saved["lm_head.weight"].shape[1:] != mine["lm_head.weight"].shape[1:]:
+        return (f"--init {folder}: its lm_head rows are {saved['lm_head.weight'].shape[1]} wide, "
+                f"this run's {mine['lm_head.weight'].shape[1]} (another target)")
+    if not remap:
+        drafter.load_state_dict(saved)
+        return None
+    from ..core.drafters.vocab import target_ids
+    theirs_ids = target_ids(saved["d2t"]).cpu()
+    ours_ids = target_ids(mine["d2t"]).cpu()
+    row_of = torch.full((int(max(theirs_ids.max(), ours_ids.max())) + 1,), -1, dtype=torch.long)
+    row_of[theirs_ids] = torch.arange(theirs_ids.numel())
+    rows = row_of[ours_ids]  # (Vd,) the earlier head's row of each of our draft ids, -1 if new
+    shared = rows >= 0
+    head = mine["lm_head.weight"].clone()
+    head[shared.to(head.device)] = saved["lm_head.weight"][rows[shared]].to(head)
+    drafter.load_state_dict({**saved, "d2t": mine["d2t"], "t2d": mine["t2d"], "lm_head.weight": head})
+    print(f"--init: {int(shared.sum()):,} of this run's {ours_ids.numel():,} draft ids carried over "
+          f"from the earlier head's {theirs_ids.numel():,}; {int((~shared).sum()):,} new ids start "
+          "from the target's head rows")
     return None
-
-
-def _vocab_problem(folder: Path, theirs: int, ours: int) -> str:
-    return (f"--init {folder}: its draft vocabulary has {theirs} ids and this run's {ours}; "
-            f"give --draft-vocab {theirs}")
 
 
 def check_init(args: argparse.Namespace) -> None:
     """Refuse ``--init`` before any work (nothing loaded, generated or written): no checkpoint
-    there, a damaged one, another kind of drafter, or another draft vocabulary size.
+    there, a damaged one, or another kind of drafter.
 
     Raises:
         SystemExit(2) with one sentence.
@@ -406,8 +459,6 @@ def check_init(args: argparse.Namespace) -> None:
         fail(f"--init {folder}: it holds {'an EAGLE-3 head' if theirs == 'eagle3' else 'a DFlash drafter'}, "
              f"this run trains {'an EAGLE-3 head' if args.kind == 'eagle3' else 'a DFlash drafter'}: "
              f"give --kind {theirs}")
-    if theirs == "eagle3" and saved["d2t"].shape[0] != args.draft_vocab:
-        fail(_vocab_problem(folder, saved["d2t"].shape[0], args.draft_vocab))
 
 
 def check_inputs(args: argparse.Namespace) -> list[dict]:
