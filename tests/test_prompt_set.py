@@ -53,6 +53,26 @@ def test_heldout_is_disjoint_from_train_and_from_the_bench(rows):
     assert not bench & {r["prompt"] for r in rows}
 
 
+def test_everyday_chat_rows_come_last_in_new_phrasings_with_two_templates_held_out(rows):
+    """The everyday chat rows are appended (the rows before keep the indices answers refer to),
+    use none of the benchmark's chat phrasings, and hold two templates out whole, so a report on
+    them measures phrasings never trained on; the 20-prompt report's picks are unchanged."""
+    from specdemo.interfaces.train_cli import heldout_prompts
+    everyday = prompt_more.build_everyday()
+    assert rows[-len(everyday):] == everyday and len(everyday) >= 300
+    assert heldout_prompts(rows, 20) == heldout_prompts(rows[:-len(everyday)], 20)
+    bench_openings = {" ".join(p.split()[:3]) for p in load_prompts(["chat"])["chat"]}
+    assert not {r["prompt"] for r in everyday if " ".join(r["prompt"].split()[:3]) in bench_openings}
+    held = {r["prompt"] for r in everyday if r["split"] == "heldout"}
+    by_template = prompt_more.everyday_heldout()
+    assert set(by_template) == prompt_more.EVERYDAY_HELDOUT
+    assert held and held == {p for prompts in by_template.values() for p in prompts}
+    for template, prompts in by_template.items():  # every prompt of a held-out template
+        stem = template.split("{")[0]
+        assert prompts and all(p.startswith(stem) for p in prompts)
+        assert not [r for r in everyday if r["prompt"].startswith(stem) and r["split"] == "train"]
+
+
 def test_conversations_end_with_the_prompt_as_the_users_turn(rows):
     convs = [r for r in rows if "messages" in r]
     assert len(convs) >= 500

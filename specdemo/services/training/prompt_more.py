@@ -256,9 +256,70 @@ def build_more(seed: int = 1) -> dict[str, list]:
             "summary": summary, "creative": creative, "chinese": chinese, "other-languages": other}
 
 
+#: Everyday requests in phrasings the topic templates above never use (wave 3, seventh session):
+#: a head trained on "What is {t}?"-style templates accepted 2.20 tokens a step on held-out topics
+#: of those templates and 1.54 on the benchmark's chat prompts. None of these repeats a benchmark
+#: chat template ("Give me three tips for ...", "What should I pack for ...", "How do I politely
+#: ...", "What is the difference between ...").
+GOALS = ["get better at cooking", "keep my desk tidy", "spend less time on my phone", "learn to swim as an adult",
+         "plan a birthday party", "eat more vegetables", "start running", "write a cover letter",
+         "move to a new apartment", "organise my photos", "learn to play the guitar", "wake up earlier",
+         "keep in touch with old friends", "get started with photography", "paint a room", "learn to draw",
+         "prepare for a long flight", "host a dinner for six people", "build an emergency fund",
+         "make my small kitchen work better", "take better notes in class", "get back into reading",
+         "teach my child to ride a bike", "stick to a budget", "grow tomatoes on a balcony",
+         "be more patient", "give a toast at a wedding", "choose a used car", "learn basic first aid",
+         "plan a road trip", "cut down on coffee", "set up a home workout routine", "ask for a raise",
+         "clean my oven", "care for a new kitten", "write a thank-you note", "prepare for a job fair",
+         "volunteer in my town", "make a weekly meal plan", "reduce food waste"]
+PAIRS = [("tea", "coffee"), ("renting", "buying a home"), ("a laptop", "a tablet"), ("walking", "cycling"),
+         ("email", "a phone call"), ("paper books", "e-books"), ("a gas stove", "an induction hob"),
+         ("trains", "planes"), ("a savings account", "index funds"), ("cats", "dogs"),
+         ("working early", "working late"), ("group study", "studying alone"), ("yoga", "pilates"),
+         ("a city", "the countryside"), ("handwritten notes", "typed notes"), ("LED bulbs", "halogen bulbs")]
+PEOPLE = [("my landlord", "about a broken heater"), ("a neighbour", "about loud music at night"),
+          ("my manager", "to ask for a day off"), ("a friend", "to apologise for missing their party"),
+          ("my teacher", "to ask for more time on an essay"), ("a colleague", "to thank them for their help"),
+          ("a shop", "to return a faulty kettle"), ("my team", "to announce that I am leaving"),
+          ("a new client", "to introduce myself"), ("my sister", "to congratulate her on a new job")]
+EVERYDAY_T = ["I want to {g}. Where should I start?", "What are some simple ways to {g}?",
+              "Can you suggest a one-week plan to {g}?", "What mistakes do people make when they try to {g}?",
+              "I keep failing to {g}. Any advice?", "Explain step by step how to {g}.",
+              "My friend wants to {g}. What would you tell them?", "What do I need to {g}?"]
+COMPARE_T = ["Which is better for me: {a} or {b}?", "Should I choose {a} or {b}? Help me decide.",
+             "What are the trade-offs between {a} and {b}?"]
+MESSAGE_T = ["Help me write a short message to {who} {why}.", "Draft a friendly email to {who} {why}."]
+#: templates held out whole (split "heldout"): a check that a head generalises across phrasings
+EVERYDAY_HELDOUT = {"My friend wants to {g}. What would you tell them?", "Draft a friendly email to {who} {why}."}
+
+
+def _everyday() -> list[tuple[str, str]]:
+    """(template, prompt) of every everyday chat prompt, in order."""
+    rows = [(t, t.format(g=g)) for t in EVERYDAY_T for g in GOALS]
+    rows += [(t, t.format(a=a, b=b)) for t in COMPARE_T for a, b in PAIRS]
+    rows += [(t, t.format(who=w, why=y)) for t in MESSAGE_T for w, y in PEOPLE]
+    return rows
+
+
+def build_everyday() -> list[dict]:
+    """Everyday chat rows (task "chat"), deterministic; two templates held out whole."""
+    return [{"task": "chat", "prompt": prompt, "split": "heldout" if t in EVERYDAY_HELDOUT else "train"}
+            for t, prompt in _everyday()]
+
+
+def everyday_heldout() -> dict[str, list[str]]:
+    """{held-out template: its prompts, in order} (``EVERYDAY_HELDOUT``, sorted)."""
+    out: dict[str, list[str]] = {t: [] for t in sorted(EVERYDAY_HELDOUT)}
+    for t, prompt in _everyday():
+        if t in out:
+            out[t].append(prompt)
+    return out
+
+
 def build(seed: int = 0) -> list[dict]:
     """Every prompt as {"task", "prompt", "split"[, "messages"]} (split: "train" or "heldout"),
-    deterministic: the wave-2 rows first, unchanged, then the wave-3 rows."""
+    deterministic: the wave-2 rows first, unchanged, then the wave-3 rows, then the everyday chat
+    rows (appended last so that the rows before keep their indices, which answers refer to)."""
     rows = build_wave2(seed)
     seen = {r["prompt"] for r in rows}
     rng = random.Random(seed + 1)
@@ -270,6 +331,7 @@ def build(seed: int = 0) -> list[dict]:
         n_held = max(2, round(len(items) * HELDOUT_FRACTION))
         rows += [{"task": task, **i, "split": "heldout" if n < n_held else "train"} for n, i in enumerate(items)]
         seen.update(i["prompt"] for i in items)
+    rows += [r for r in build_everyday() if r["prompt"] not in seen]
     return rows
 
 
