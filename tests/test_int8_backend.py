@@ -60,7 +60,28 @@ def test_compiling_uses_a_kernel_inductor_can_compile(monkeypatch):
     monkeypatch.setenv(cb.KERNEL_ENV, "onednn")  # refused: inductor needs frozen weights for it
     assert cb.default_kernel() == "int_mm"
     monkeypatch.setenv(cb.COMPILE_ENV, "0")
+    assert cb.default_kernel() == ("onednn" if cb.onednn_available() and cb.onednn_exact() else "int_mm")
+
+
+def test_without_vnni_the_int8_backend_uses_int_mm(monkeypatch):
+    """oneDNN's u8 x s8 kernel sums pairs in saturating 16 bits on x86 without VNNI (seen on an
+    AVX2 AMD EPYC): the default there is int_mm, even when oneDNN is asked for."""
+    import platform
+    monkeypatch.delenv(cb.COMPILE_ENV, raising=False)
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    from specdemo.core import machine
+    monkeypatch.setattr(machine, "cpu_flags", lambda: "fpu sse2 avx2 fma")
+    assert not cb.onednn_exact()
+    monkeypatch.setenv(cb.KERNEL_ENV, "onednn")
+    assert cb.default_kernel() == "int_mm"
+    monkeypatch.setattr(machine, "cpu_flags", lambda: "fpu avx2 avx512f avx512_vnni")
+    assert cb.onednn_exact()
     assert cb.default_kernel() == ("onednn" if cb.onednn_available() else "int_mm")
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    assert cb.onednn_exact()
+
+
+NO_VNNI = "oneDNN's int8 sums saturate on x86 without VNNI (onednn_exact); the backend uses int_mm here"
 
 
 def test_smoothing_factors_known_values():
@@ -78,6 +99,8 @@ def test_int8_linear_is_the_integer_product_and_rows_do_not_depend_on_the_batch(
         pytest.skip("this torch build has no fbgemm")
     if kernel == "onednn" and not cb.onednn_available():
         pytest.skip("this torch build has no oneDNN int8 linear")
+    if kernel == "onednn" and not cb.onednn_exact():
+        pytest.skip(NO_VNNI)
     torch.manual_seed(0)
     w, x = torch.randn(48, 40), torch.randn(5, 40)
     x[:, 3] *= 20  # an outlier channel: the pinned range must still be each row's own
@@ -140,6 +163,8 @@ def test_a_verification_forward_equals_one_token_steps_bit_for_bit(tiny, kernel,
     plain output here)."""
     if kernel == "onednn" and not cb.onednn_available():
         pytest.skip("this torch build has no oneDNN int8 linear")
+    if kernel == "onednn" and not cb.onednn_exact():
+        pytest.skip(NO_VNNI)
     monkeypatch.setenv(cb.KERNEL_ENV, kernel)
     q = cb.Int8Model(tiny[0])
     assert q.head.kernel == kernel

@@ -152,3 +152,17 @@ def default_threads() -> int:
     except (AttributeError, OSError):
         n = os.cpu_count() or 1
     return max(1, min(8, n))
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags as /proc/cpuinfo lists them ("flags" on x86, "Features" on Arm),
+    space-separated; elsewhere (macOS, Windows) ``platform.machine()``."""
+    import platform
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()

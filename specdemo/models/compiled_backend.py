@@ -176,6 +176,20 @@ def onednn_available() -> bool:
 
 
 KERNEL_ENV = "SPECDEMO_INT8_KERNEL"  # onednn | int_mm | fbgemm (see default_kernel)
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def onednn_exact() -> bool:
+    """Whether oneDNN's u8 x s8 kernel sums exactly here: False on an x86 CPU without VNNI
+    (none of :data:`VNNI_FLAGS`), where its u8 x s8 kernels add product pairs in saturating
+    16-bit sums (``vpmaddubsw``; oneDNN's developer guide, "Nuances of int8 Computations"). On a
+    2-core AMD EPYC (Zen 3, AVX2) a product was off by 0.86 of ~1.9 and a tiny test model's
+    logits by 0.11 where 0.02 is allowed: a row's result is no longer its integer product."""
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
+        return True
+    from ..core.machine import cpu_flags
+    return any(flag in cpu_flags().split() for flag in VNNI_FLAGS)
 
 
 def default_kernel() -> str:
@@ -193,11 +207,17 @@ def default_kernel() -> str:
     backend. fbgemm was fastest here (20.7 ms a one-token forward, one thread) but its float
     epilogue differs in the last bits between batch sizes, and the next layer's int8 rounding
     amplifies that: greedy speculative output differed from plain on 11 (n-gram) and 16
-    (EAGLE-3) of 20 prompts (docs/cpu-backends.md)."""
+    (EAGLE-3) of 20 prompts (docs/cpu-backends.md). On an x86 CPU without VNNI oneDNN's sums
+    are not exact (:func:`onednn_exact`): ``int_mm`` there, whatever was asked."""
     asked = os.environ.get(KERNEL_ENV, "").strip().lower()
     if asked == "fbgemm" and "fbgemm" in torch.backends.quantized.supported_engines:
         return "fbgemm"
     if asked == "int_mm" or not onednn_available():
+        return "int_mm"
+    if not onednn_exact():
+        if asked == "onednn":
+            log.warning("%s=onednn: this CPU has no VNNI, so oneDNN's int8 sums saturate and "
+                        "are not exact; int_mm is used", KERNEL_ENV)
         return "int_mm"
     if compile_enabled():  # inductor lowers onednn::qlinear_pointwise only for frozen weights
         if asked == "onednn":
