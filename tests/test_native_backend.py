@@ -116,6 +116,73 @@ def test_a_verification_forward_equals_one_token_steps_bit_for_bit(tiny, kernel,
 
 
 @needs_library
+def test_the_16_lane_build_agrees_with_this_machines_build(tiny, monkeypatch):
+    """On x86 with AVX2 but not AVX-512 the fma kernel and the elementwise code run in 8-lane
+    vectors (NF_V8; GCC kept 16-lane vectors in memory there); -DNF_NO_V8 builds the 16-lane code
+    every other CPU runs. Both are transformers' forward up to the order of float32 sums, and
+    both give a verification forward the one-token steps' logits bit for bit (elsewhere the two
+    builds are the same code)."""
+    default = nb.NativeKV(nb.NativeModel(tiny, kernel="fma")).forward(IDS, len(IDS))
+    default_path = nb.library_path()
+    monkeypatch.setattr(nb, "_LIB", None)  # restored after the test: the default build again
+    monkeypatch.setattr(nb, "_LIB_ERROR", None)
+    monkeypatch.setenv(nb.CFLAGS_ENV, "-DNF_NO_V8")
+    nm = nb.NativeModel(tiny, kernel="fma")
+    assert nb.library_path() != default_path and nb.library_path().exists()  # its own build
+    kv = nb.NativeKV(nm)
+    wide = kv.forward(IDS, len(IDS))
+    torch.testing.assert_close(wide, default, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(wide, _hf(tiny, IDS), atol=2e-5, rtol=1e-4)
+    kv.rollback(3)
+    steps = torch.cat([kv.forward([i]) for i in IDS[3:12]])
+    kv.rollback(3)
+    assert torch.equal(kv.forward(IDS[3:12], logits_to_keep=9), steps)
+
+
+def _dequantised_int8(model):
+    """A copy of ``model`` whose linear weights (the head too, not the embedding) are their
+    per-row int8 roundings (absmax / 127, round to nearest), as float32."""
+    import copy
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in out.named_parameters():
+            if p.dim() == 2 and "embed_tokens" not in name:
+                scale = p.abs().amax(1, keepdim=True).clamp(min=1e-12) / 127
+                p.copy_(torch.round(p / scale).clamp(-127, 127) * scale)
+    return out
+
+
+@needs_library
+def test_int8_weights_are_transformers_forward_over_the_rounded_weights():
+    """native-int8: int8 weights with one scale a row, widened to float32 in the fma kernel;
+    on the same token ids it gives transformers' logits for the dequantised weights up to the
+    order of float32 sums, at about half the weight bytes of BF16."""
+    model = tiny_llama(seed=4, layers=3, hidden=64)
+    nm = nb.NativeModel(model, kernel="fma", weights="int8")
+    ours = nb.NativeKV(nm).forward(IDS, len(IDS))
+    torch.testing.assert_close(ours, _hf(_dequantised_int8(model), IDS), atol=2e-5, rtol=1e-4)
+    assert (ours - _hf(model, IDS)).abs().max() > 1e-4  # the rounding is there (0.004 here)
+    bf16 = nb.NativeModel(model, kernel="fma")
+    scales = sum(t.numel() * 4 for t in nm.scales)
+    assert nm.weight_bytes == (bf16.weight_bytes - 7 * 64 * 4) // 2 + 7 * 64 * 4 + scales
+    assert len(nm.scales) == 4 * 3 + 1 and nm.scales[-1].numel() == 32  # vocab 32 rows
+    with pytest.raises(ValueError, match="use bf16 or int8"):
+        nb.NativeModel(model, weights="int4")
+
+
+@needs_library
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_int8_verification_forward_equals_one_token_steps_bit_for_bit(threads):
+    kv = nb.NativeKV(nb.NativeModel(tiny_llama(seed=4, layers=3, hidden=64), weights="int8",
+                                    threads=threads))
+    kv.forward(IDS[:3])
+    steps = torch.cat([kv.forward([i]) for i in IDS[3:12]])
+    for width in (2, 4, 5, 9):
+        kv.rollback(3)
+        assert torch.equal(kv.forward(IDS[3:3 + width], logits_to_keep=width), steps[:width]), width
+
+
+@needs_library
 def test_one_thread_and_two_give_the_same_numbers(tiny):
     one = nb.NativeKV(nb.NativeModel(tiny, threads=1)).forward(IDS, len(IDS))
     two = nb.NativeKV(nb.NativeModel(tiny, threads=2)).forward(IDS, len(IDS))
@@ -168,11 +235,12 @@ def test_head_dim_not_a_multiple_of_16_and_a_vocabulary_padded_to_whole_blocks()
 
 
 @needs_library
-def test_engine_greedy_speculative_equals_plain_on_the_native_backend():
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_engine_greedy_speculative_equals_plain_on_the_native_backend(weights):
     from specdemo.core.drafters import NgramDrafter
     from specdemo.core.engine import generate
     from specdemo.core.policy import FixedDraftLength
-    nm = nb.NativeModel(tiny_llama(seed=3, layers=3, hidden=64))
+    nm = nb.NativeModel(tiny_llama(seed=3, layers=3, hidden=64), weights=weights)
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
     tok = CharTokenizer()
     runs = {name: generate(nb.NativeKV(nm), prompt, tok, drafter=drafter,
@@ -190,9 +258,15 @@ def test_backend_selection_and_refusals(tiny, monkeypatch):
         assert (chosen.backend, choice.reason) == ("native", "asked for")
         assert isinstance(gb.target_kv(chosen), nb.NativeKV)
         assert nb.native_model(loaded) is nb.native_model(loaded)  # built once per model
-        assert "native" in gb.candidate_backends(loaded)[0]
+        assert {"native", "native-int8"} <= set(gb.candidate_backends(loaded)[0])
+        chosen, choice = gb.with_backend(loaded, "native-int8")
+        assert (chosen.backend, choice.reason) == ("native-int8", "asked for")
+        kv = gb.target_kv(chosen)
+        assert kv.nmodel.weights == "int8" and kv.backend == "native-int8"
+        assert kv.nmodel is not nb.native_model(loaded)  # the BF16 one is kept apart
     finally:
         delattr(tiny, nb._ATTR)
+        delattr(tiny, nb._ATTR + "_int8")
     quantized = _Loaded(tiny)
     quantized.quantization = "int4"
     with pytest.raises(nb.NativeError, match="--quantization int4 is a transformers path"):
@@ -221,7 +295,8 @@ def test_without_a_c_compiler_the_backend_says_so_and_auto_leaves_it_out(monkeyp
     reason = nb.unavailable_reason(loaded)
     assert reason.startswith("the native backend needs a C compiler")
     names, why = gb.candidate_backends(loaded)
-    assert "native" not in names and f"native not available: {reason}" in why
+    assert "native" not in names and "native-int8" not in names
+    assert f"native not available: {reason}" in why
     with pytest.raises(nb.NativeError, match="needs a C compiler"):
         gb.with_backend(loaded, "native")
 
@@ -282,7 +357,8 @@ def test_an_unknown_kernel_leaves_native_out_of_auto_with_the_reason(monkeypatch
     reason = nb.unavailable_reason(loaded)
     assert reason == f"{nb.KERNEL_ENV}=bogus is not a native kernel; use fma or dpbf16"
     names, why = gb.candidate_backends(loaded)
-    assert "native" not in names and f"native not available: {reason}" in why
+    assert "native" not in names and "native-int8" not in names
+    assert f"native not available: {reason}" in why
 
 
 @needs_library

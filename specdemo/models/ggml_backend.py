@@ -470,16 +470,17 @@ def ggml_model(loaded, threads: int | None = None, backend: str | None = None) -
 def target_kv(loaded):
     """A KV-cached target for the engine on ``loaded``'s backend: a :class:`GgmlKV` when
     ``loaded.backend`` is ``ggml``, a ``compiled_backend.Int8KV`` when it is ``int8``, a
-    ``native_backend.NativeKV`` when it is ``native``, else transformers'
+    ``native_backend.NativeKV`` when it is ``native`` or ``native-int8``, else transformers'
     :class:`specdemo.core.kv.KVModel`."""
     if backend_of(loaded) in GGML_BACKENDS:
         return GgmlKV(ggml_model(loaded), loaded.model, backend=backend_of(loaded))
     if getattr(loaded, "backend", "transformers") == "int8":
         from .compiled_backend import Int8KV, int8_model
         return Int8KV(int8_model(loaded))
-    if getattr(loaded, "backend", "transformers") == "native":
-        from .native_backend import NativeKV, native_model
-        return NativeKV(native_model(loaded))
+    from .native_backend import BACKENDS as NATIVE_BACKENDS
+    if getattr(loaded, "backend", "transformers") in NATIVE_BACKENDS:
+        from .native_backend import NativeKV, model_of
+        return NativeKV(model_of(loaded))
     from ..core.kv import KVModel
     return KVModel(loaded.model)
 
@@ -566,7 +567,7 @@ def candidate_backends(loaded) -> tuple[tuple[str, ...], list[str]]:
     from .native_backend import unavailable_reason as native_reason
     reason = native_reason(loaded) if loaded.device.type == "cpu" else "not on the CPU"
     if reason is None:
-        names.append("native")
+        names += ["native", "native-int8"]
     else:
         why.append(f"native not available: {reason}")
     return tuple(names), why
@@ -642,14 +643,15 @@ def with_backend(loaded, backend: str = "auto"):
     Args:
         loaded: a ``models.LoadedModel``.
         backend: ``auto`` (:func:`choose_backend` on a CPU; transformers elsewhere),
-            ``transformers``, ``ggml``, ``ggml-bf16``, ``int8`` (``compiled_backend.py``) or
-            ``native`` (``native_backend.py``).
+            ``transformers``, ``ggml``, ``ggml-bf16``, ``int8`` (``compiled_backend.py``),
+            ``native`` or ``native-int8`` (``native_backend.py``: BF16 or int8 weights).
     Returns:
         (a LoadedModel with ``backend`` set, the :class:`BackendChoice`).
     Raises:
         GgmlError: ``ggml`` was asked for and cannot serve this target (the reason).
         compiled_backend.Int8Error: ``int8`` was asked for and cannot serve this target.
-        native_backend.NativeError: ``native`` was asked for and cannot serve this target.
+        native_backend.NativeError: ``native`` or ``native-int8`` was asked for and cannot
+            serve this target.
         ValueError: an unknown backend name.
     """
     name = (backend or "auto").strip().lower()
@@ -664,9 +666,10 @@ def with_backend(loaded, backend: str = "auto"):
         from .compiled_backend import int8_model
         int8_model(loaded)  # raises with the reason
         return replace_backend(loaded, name), BackendChoice(name, "asked for")
-    if name == "native":
+    from .native_backend import BACKENDS as NATIVE_BACKENDS
+    if name in NATIVE_BACKENDS:
         from .native_backend import native_model
-        native_model(loaded)  # raises with the reason
+        native_model(loaded, NATIVE_BACKENDS[name])  # raises with the reason
         return replace_backend(loaded, name), BackendChoice(name, "asked for")
     if loaded.device.type != "cpu":
         return replace_backend(loaded, "transformers"), BackendChoice(

@@ -25,6 +25,13 @@ so and ``auto`` leaves it out. The weights are the transformers model's (for the
 models: the dequantised Q4_1 values) rounded to BF16, so logits differ from the float32 reference
 by that rounding; the transformers float32 path stays the reference for losslessness tests, and
 speculative output on this backend is compared with plain output *of this backend*.
+
+``native-int8`` (:data:`BACKENDS`) is the same forward over int8 weights with one float32 scale
+per output row (absmax / 127, round to nearest: weight-only, as gpt-fast's int8 and
+``compiled_backend``'s), widened to float32 in the ``fma`` kernel: half the bytes a token of
+BF16, for CPUs where reading the weights is what a step waits for. Its logits differ from the
+float32 reference by that rounding; greedy speculative output still equals plain output of the
+same backend bit for bit.
 """
 
 from __future__ import annotations
@@ -33,7 +40,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import threading
@@ -43,10 +49,13 @@ import torch
 
 from ..core.errors import ModelLoadError
 from ..core.kv import RotaryTables, StaticCacheKV
+from ..core.machine import cpu_flags
 
 log = logging.getLogger(__name__)
 
 NAME = "native"
+#: backend name -> weight format of the C forward
+BACKENDS = {"native": "bf16", "native-int8": "int8"}
 SOURCE = Path(__file__).with_name("native_forward.c")
 ARCHITECTURES = ("llama",)  # transformers model_type values whose forward the C file computes
 MIN_CAPACITY = 512  # cache positions allocated at first; doubled when a forward passes them
@@ -64,17 +73,6 @@ class NativeError(ModelLoadError):
 _LIB = None
 _LIB_ERROR: str | None = None
 _LIB_LOCK = threading.Lock()
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def _compiler() -> str | None:
@@ -96,7 +94,7 @@ def library_path() -> Path:
     """Where the compiled library of this source, compiler and CPU lives (it may not exist yet)."""
     from .builtin import cache_dir
     key = hashlib.sha256(SOURCE.read_bytes() + (_compiler() or "").encode()
-                         + _cpu_flags().encode() + _extra_flags().encode()).hexdigest()[:16]
+                         + cpu_flags().encode() + _extra_flags().encode()).hexdigest()[:16]
     return cache_dir() / "native" / f"libspecdemo_native-{key}.so"
 
 
@@ -157,6 +155,7 @@ def library():
         lib.nf_rows.restype = c.c_int
         lib.nf_set_layer.argtypes = [c.c_void_p, c.c_int] + [c.c_void_p] * 6
         lib.nf_set_output.argtypes = [c.c_void_p] * 4
+        lib.nf_set_scales.argtypes = [c.c_void_p, c.c_int] + [c.c_void_p] * 4
         lib.nf_set_cache.argtypes = [c.c_void_p] * 5 + [c.c_int]
         lib.nf_forward.restype = c.c_int
         lib.nf_forward.argtypes = [c.c_void_p, c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_void_p,
@@ -240,6 +239,21 @@ def repack(w: torch.Tensor, rows: int) -> torch.Tensor:
     return blocks.contiguous().view(-1)
 
 
+def _int8(rows: int, *weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights stacked by rows as int8 with one scale per row (absmax / 127, round to
+    nearest; w ~= q * scale), :func:`repack`ed in blocks of ``rows``.
+
+    Returns:
+        (q: (ceil(M / rows) * rows * K,) int8, scale: (ceil(M / rows) * rows,) float32; padded
+        rows 0)."""
+    w = torch.cat([w.detach() for w in weights]).float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    pad = -scale.numel() % rows
+    scale = torch.cat([scale, scale.new_zeros(pad)]) if pad else scale
+    return repack(q, rows), scale.contiguous()
+
+
 def _bf16(rows: int, *weights: torch.Tensor) -> torch.Tensor:
     """The weights stacked by rows, rounded to BF16 (round to nearest even), :func:`repack`ed
     in blocks of ``rows``."""
@@ -253,17 +267,22 @@ class NativeModel(RotaryTables):
     Args:
         model: a transformers ``LlamaForCausalLM`` on the CPU (float32 or bfloat16).
         threads: threads of the C forward (default: the cores this process may use, at most 8).
-        kernel: ``fma`` or ``dpbf16`` (default :func:`default_kernel`).
+        kernel: ``fma`` or ``dpbf16`` (default :func:`default_kernel`); int8 weights always
+            use the ``fma`` arithmetic (float32 activations).
+        weights: ``bf16`` or ``int8`` (per-row scales, :func:`_int8`).
     Raises:
         NativeError: :func:`unsupported_reason`, the library could not be built, or the C
             model could not be created.
     """
 
     def __init__(self, model: torch.nn.Module, threads: int | None = None,
-                 kernel: str | None = None) -> None:
+                 kernel: str | None = None, weights: str = "bf16") -> None:
         reason = unsupported_reason(model)
         if reason:
             raise NativeError(reason)
+        if weights not in ("bf16", "int8"):
+            raise ValueError(f"weights {weights!r}: use bf16 or int8")
+        self.weights = weights
         from ..core.machine import default_threads
         self.lib = library()
         self.kernel = kernel or default_kernel()
@@ -279,6 +298,14 @@ class NativeModel(RotaryTables):
         self.threads = threads or default_threads()
         base = model.model
         rows = self.lib.nf_rows()
+        self.scales: list[torch.Tensor] = []  # int8: (qkv, o, gate_up, down) row scales a layer, then the head's
+
+        def pack(*ws):
+            if weights == "bf16":
+                return _bf16(rows, *ws)
+            q, scale = _int8(rows, *ws)
+            self.scales.append(scale)
+            return q
         self.scaling = float(getattr(base.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
         with torch.no_grad():
             self.embed = base.embed_tokens.weight.detach().float().contiguous()  # (V, H)
@@ -287,15 +314,15 @@ class NativeModel(RotaryTables):
             for layer in base.layers:
                 a, m = layer.self_attn, layer.mlp
                 self.layers.append({
-                    "qkv": _bf16(rows, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
-                    "o": _bf16(rows, a.o_proj.weight),
-                    "gate_up": _bf16(rows, m.gate_proj.weight, m.up_proj.weight),
-                    "down": _bf16(rows, m.down_proj.weight),
+                    "qkv": pack(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                    "o": pack(a.o_proj.weight),
+                    "gate_up": pack(m.gate_proj.weight, m.up_proj.weight),
+                    "down": pack(m.down_proj.weight),
                     "norm1": layer.input_layernorm.weight.detach().float().contiguous(),
                     "norm2": layer.post_attention_layernorm.weight.detach().float().contiguous(),
                 })
             self.norm = base.norm.weight.detach().float().contiguous()
-            self.head = _bf16(rows, model.get_output_embeddings().weight)
+            self.head = pack(model.get_output_embeddings().weight)
         self.rotary = base.rotary_emb
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.lock = threading.Lock()
@@ -310,6 +337,10 @@ class NativeModel(RotaryTables):
                                                ("qkv", "o", "gate_up", "down", "norm1", "norm2")))
         self.lib.nf_set_output(handle, self.embed.data_ptr(), self.norm.data_ptr(),
                                self.head.data_ptr())
+        if weights == "int8":  # four scale arrays a layer, in pack order, then the head's
+            for i in range(self.n_layer):
+                self.lib.nf_set_scales(handle, i, *(t.data_ptr() for t in self.scales[4 * i:4 * i + 4]))
+            self.lib.nf_set_scales(handle, -1, self.scales[-1].data_ptr(), None, None, None)
         self._cache_owner = None  # the NativeKV whose cache the C model points at
 
     def __del__(self) -> None:
@@ -320,13 +351,14 @@ class NativeModel(RotaryTables):
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights one forward reads: the BF16 matrices and the norms (the embedding
-        rows read are not counted, as in ``costs.weight_bytes_per_forward``)."""
-        total = self.head.numel() * 2 + self.norm.numel() * 4
+        """Bytes of weights one forward reads: the BF16 or int8 matrices (with their row scales)
+        and the norms (the embedding rows read are not counted, as in
+        ``costs.weight_bytes_per_forward``)."""
+        total = self.head.numel() * self.head.element_size() + self.norm.numel() * 4
         for lay in self.layers:
-            total += sum(lay[k].numel() * 2 for k in ("qkv", "o", "gate_up", "down"))
+            total += sum(lay[k].numel() * lay[k].element_size() for k in ("qkv", "o", "gate_up", "down"))
             total += (lay["norm1"].numel() + lay["norm2"].numel()) * 4
-        return total
+        return total + sum(t.numel() * 4 for t in self.scales)
 
 
 
@@ -363,6 +395,7 @@ class NativeKV(StaticCacheKV):
 
     def __init__(self, nmodel: NativeModel, capacity: int = MIN_CAPACITY) -> None:
         self.nmodel = nmodel
+        self.backend = NAME if nmodel.weights == "bf16" else "native-int8"
         self.n_layer = nmodel.n_layer
         self.model = nmodel.model  # what callers read: config, input embeddings
         self.device = torch.device("cpu")
@@ -431,21 +464,28 @@ def unavailable_reason(loaded) -> str | None:
     return None
 
 
-def native_model(loaded) -> NativeModel:
-    """The :class:`NativeModel` of ``loaded``, built once per transformers model (~1 s for 135M).
+def native_model(loaded, weights: str = "bf16") -> NativeModel:
+    """The :class:`NativeModel` of ``loaded`` with ``weights`` (``bf16`` or ``int8``), built
+    once per transformers model and weight format (~1 s for 135M).
 
     Raises:
         NativeError: :func:`unavailable_reason`.
     """
+    attr = _ATTR if weights == "bf16" else f"{_ATTR}_{weights}"
     with _ATTACH_LOCK:
-        nmodel = getattr(loaded.model, _ATTR, None)
+        nmodel = getattr(loaded.model, attr, None)
         if nmodel is None:
             reason = unavailable_reason(loaded)
             if reason:
                 raise NativeError(reason)
-            nmodel = NativeModel(loaded.model)
-            setattr(loaded.model, _ATTR, nmodel)
+            nmodel = NativeModel(loaded.model, weights=weights)
+            setattr(loaded.model, attr, nmodel)
         return nmodel
+
+
+def model_of(loaded) -> NativeModel:
+    """The :class:`NativeModel` that ``loaded``'s backend (``native`` or ``native-int8``) runs."""
+    return native_model(loaded, BACKENDS[loaded.backend])
 
 
 # ----------------------------------------------------------------------------- EAGLE-3 head
@@ -650,7 +690,7 @@ def head_stepper(drafter, loaded) -> None:
     ``CombinedDrafter``) the C head step when ``loaded`` (a ``models.LoadedModel``) runs on the
     native backend; anything else is left as it is (the torch head is the reference). A head the
     C step cannot compute keeps the torch step (logged once, not an error)."""
-    if getattr(loaded, "backend", "transformers") != NAME or drafter is None:
+    if getattr(loaded, "backend", "transformers") not in BACKENDS or drafter is None:
         return
     for d in (drafter, getattr(drafter, "learned", None)):
         if d is None or not hasattr(d, "use_stepper") or getattr(d, "stepper", None) is not None:

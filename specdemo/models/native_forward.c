@@ -41,8 +41,15 @@
 #endif
 
 #define NF_MAX_THREADS 64
+/* NF_V8: the fma kernel accumulates in 8-lane vectors (one AVX register each), on x86 CPUs with
+ * AVX but not AVX-512. GCC (12, -march=znver3) keeps 64-byte vectors it has no register for in
+ * memory, so the 16-lane kernel ran its accumulators through the stack there: forward(1) 26 ms
+ * and forward(8) 6.5x that on a 2-core AMD EPYC (Zen 3, AVX2). */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) && !defined(NF_NO_V8)
+#define NF_V8 1
+#endif
 #ifndef TB
-#define TB 4 /* tokens per register block (RB * TB accumulators in registers), at most 6 */
+#define TB 4 /* tokens per register block (RB * TB accumulators in registers), at most 8 */
 #endif
 #ifndef RB
 #define RB 4 /* rows per block of a repacked weight (native_backend.ROWS) */
@@ -183,8 +190,9 @@ static void pool_run(nf_pool *pool, nf_task fn, void *arg) {
 /* ------------------------------------------------------------------------------ model */
 
 typedef struct {
-    const uint16_t *qkv, *o, *gate_up, *down;
+    const uint16_t *qkv, *o, *gate_up, *down; /* BF16; int8 (as int8_t) where a scale is set */
     const float *norm1, *norm2;
+    const float *s_qkv, *s_o, *s_gate_up, *s_down; /* int8 weights: per-row scales, else NULL */
 } nf_layer;
 
 typedef struct {
@@ -192,7 +200,8 @@ typedef struct {
     float eps, scaling;
     const float *embed; /* (vocab, hidden) float32 */
     const float *norm;  /* (hidden,) */
-    const uint16_t *head; /* (vocab, hidden) BF16 */
+    const uint16_t *head; /* (vocab, hidden) BF16, or int8 with s_head */
+    const float *s_head;  /* int8 output head: (vocab rounded up to RB,) row scales, else NULL */
     nf_layer *layers;
     float *k_cache, *v_cache; /* (n_layer, n_kv, capacity, D) */
     const float *cos, *sin;   /* (capacity, D) */
@@ -270,6 +279,20 @@ void nf_set_output(void *p, const float *embed, const float *norm, const uint16_
     m->embed = embed; m->norm = norm; m->head = head;
 }
 
+/* Int8 weights for layer i (i = -1: the output head): each non-NULL scale array (rows rounded up
+ * to RB, float32) says that the weight set for it by nf_set_layer / nf_set_output holds int8
+ * values q (the same repacked layout, one byte a value) and w[o, k] = q[o, k] * scale[o]. */
+void nf_set_scales(void *p, int i, const float *qkv, const float *o, const float *gate_up,
+                   const float *down) {
+    nf_model *m = (nf_model *)p;
+    if (i < 0) {
+        m->s_head = qkv;
+        return;
+    }
+    nf_layer *l = &m->layers[i];
+    l->s_qkv = qkv; l->s_o = o; l->s_gate_up = gate_up; l->s_down = down;
+}
+
 /* The caller's KV cache and rotary tables for positions 0..capacity-1 (set again after growing). */
 void nf_set_cache(void *p, float *k_cache, float *v_cache, const float *cos, const float *sin,
                   int capacity) {
@@ -329,39 +352,63 @@ static inline v16 load_bf16x16(const uint16_t *p) {
 }
 
 typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
+typedef int8_t vb16 __attribute__((vector_size(16), aligned(1)));
+
+/* int8 -> float32 for 16 values */
+static inline v16 load_i8x16(const int8_t *p) {
+    vb16 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, v16);
+}
+
+/* vf: the vector the elementwise code (attention, SiLU, exp) works in, VL floats: one AVX
+ * register with NF_V8, else the 16-lane v16. */
+#ifdef NF_V8
+#define VL 8
+typedef __m256 vf;
+typedef int32_t vi __attribute__((vector_size(32)));
+static inline vf loadv(const float *p) { return _mm256_loadu_ps(p); }
+static inline void storev(float *p, vf v) { _mm256_storeu_ps(p, v); }
+#else
+#define VL 16
+typedef v16 vf;
+typedef vi16 vi;
+static inline vf loadv(const float *p) { return load16(p); }
+static inline void storev(float *p, vf v) { memcpy(p, &v, sizeof v); }
+#endif
 
 /* mask ? a : b, lane by lane (mask: a vector comparison's all-ones / zero lanes) */
-static inline v16 vselect(vi16 mask, v16 a, v16 b) {
-    vi16 ai, bi;
+static inline vf vselect(vi mask, vf a, vf b) {
+    vi ai, bi;
     memcpy(&ai, &a, sizeof ai);
     memcpy(&bi, &b, sizeof bi);
-    vi16 r = (mask & ai) | (~mask & bi);
-    v16 out;
+    vi r = (mask & ai) | (~mask & bi);
+    vf out;
     memcpy(&out, &r, sizeof out);
     return out;
 }
 
-/* e^x for 16 floats (Cephes expf: range reduction by ln 2, degree-6 polynomial; ~1 ulp),
+/* e^x for VL floats (Cephes expf: range reduction by ln 2, degree-6 polynomial; ~1 ulp),
  * x clamped to [-87.3, 88.7]. The same instructions for every lane and every call, so a value's
  * result does not depend on its neighbours. */
-static inline v16 exp16(v16 x) {
-    const v16 hi = (v16){0} + 88.7228391f, lo = (v16){0} - 87.3365447f;
+static inline vf expv(vf x) {
+    const vf hi = (vf){0} + 88.7228391f, lo = (vf){0} - 87.3365447f;
     x = vselect(x > hi, hi, x);
     x = vselect(x < lo, lo, x);
-    v16 kf = x * 1.44269504088896341f + 12582912.0f;
+    vf kf = x * 1.44269504088896341f + 12582912.0f;
     kf = kf - 12582912.0f; /* round to nearest */
-    v16 r = x - kf * 0.693359375f;
+    vf r = x - kf * 0.693359375f;
     r = r - kf * -2.12194440e-4f;
-    v16 z = r * r;
-    v16 y = 1.9875691500E-4f * r + 1.3981999507E-3f;
+    vf z = r * r;
+    vf y = 1.9875691500E-4f * r + 1.3981999507E-3f;
     y = y * r + 8.3334519073E-3f;
     y = y * r + 4.1665795894E-2f;
     y = y * r + 1.6666665459E-1f;
     y = y * r + 5.0000001201E-1f;
     y = y * z + r + 1.0f;
-    vi16 k = __builtin_convertvector(kf, vi16);
-    vi16 bits = (k + 127) << 23;
-    v16 scale;
+    vi k = __builtin_convertvector(kf, vi);
+    vi bits = (k + 127) << 23;
+    vf scale;
     memcpy(&scale, &bits, sizeof scale);
     return y * scale;
 }
@@ -447,37 +494,87 @@ static inline float hsum16(v16 v) {
  * the passes over a block share the next block's lines evenly (global chunk g of passes x K/32
  * fetches chunk g / passes when g is a multiple of passes), so the memory streams while the
  * cores compute from L1. */
-static inline __attribute__((always_inline)) void prefetch_next(const uint16_t *next, int k, int K,
-                                                               int pass, int passes) {
+static inline __attribute__((always_inline)) void prefetch_next(const void *next, int k, int K,
+                                                               int pass, int passes, const int esz) {
     if (!next) return;
     int g = pass * (K / 32) + k / 32;
     if (g % passes) return;
-    const uint16_t *nk = next + (size_t)(g / passes) * 32 * RB;
-    for (int r = 0; r < RB; r++) __builtin_prefetch(nk + r * 32, 0, 2); /* locality 2: L2 (prefetcht1 on x86) */
+    const char *nk = (const char *)next + (size_t)(g / passes) * 32 * RB * esz;
+    for (int off = 0; off < 32 * RB * esz; off += 64)
+        __builtin_prefetch(nk + off, 0, 2); /* locality 2: L2 (prefetcht1 on x86) */
 }
 
 /* The block after wb when a forward of n tokens prefetches it (n >= NF_PF_MIN and this
  * thread has one more block), else NULL. */
-static inline const uint16_t *next_block(const uint16_t *wb, int n, int K, int more) {
-    return NF_PF_MIN > 0 && n >= NF_PF_MIN && more ? wb + (size_t)RB * K : NULL;
+static inline const void *next_block(const void *wb, int n, int K, int more, int esz) {
+    return NF_PF_MIN > 0 && n >= NF_PF_MIN && more ? (const char *)wb + (size_t)RB * K * esz : NULL;
 }
+
+#ifdef NF_V8
+/* BF16 -> float32 for 8 values: widen to 32 bits, shift into the high half */
+static inline __m256 load_bf16x8(const uint16_t *p) {
+    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+
+/* int8 -> float32 for 8 values */
+static inline __m256 load_i8x8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* a fixed pairwise order, the same for every call */
+static inline float hsum8(__m256 v) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* a[i] + a[i+4] */
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                              /* s4[0]+s4[2], s4[1]+s4[3] */
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+#define hsumv hsum8
+#else
+#define hsumv hsum16
+#endif
 
 /* y[t0 + t, o + r] for t < NT (a compile-time constant at every call: the accumulators stay in
  * registers), r < RB: float32 FMA over BF16 weights widened to float32. wb: the repacked
- * block. */
+ * block. With NF_V8, 8-lane accumulators (RB * TB registers; every lane adds its columns in
+ * the same order whatever NT is). */
 static inline __attribute__((always_inline)) void block_fma(const float *x, int t0, const int NT,
-                                                           int K, const uint16_t *wb, float *y,
-                                                           int ldy, int rows, const uint16_t *next,
-                                                           int pass, int passes) {
+                                                           int K, const void *wv, float *y,
+                                                           int ldy, int rows, const void *next,
+                                                           int pass, int passes, const int I8,
+                                                           const float *scale) {
+    const uint16_t *wb = (const uint16_t *)wv;
+    const int8_t *wq = (const int8_t *)wv;
+#ifdef NF_V8
+    __m256 acc[RB][TB];
+    for (int r = 0; r < RB; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k += 32) {
+        const uint16_t *wk = wb + (size_t)k * RB;
+        const int8_t *qk = wq + (size_t)k * RB;
+        prefetch_next(next, k, K, pass, passes, I8 ? 1 : 2);
+        for (int e = 0; e < 32; e += 8) {
+            __m256 w[RB];
+            for (int r = 0; r < RB; r++) w[r] = I8 ? load_i8x8(qk + r * 32 + e) : load_bf16x8(wk + r * 32 + e);
+            for (int t = 0; t < NT; t++) {
+                __m256 xv = _mm256_loadu_ps(x + (size_t)(t0 + t) * K + k + e);
+                for (int r = 0; r < RB; r++) acc[r][t] = _mm256_fmadd_ps(w[r], xv, acc[r][t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < rows; r++)
+            y[(size_t)(t0 + t) * ldy + r] = I8 ? hsum8(acc[r][t]) * scale[r] : hsum8(acc[r][t]);
+#else
     v16 acc[RB][TB];
     for (int r = 0; r < RB; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = (v16){0};
     for (int k = 0; k < K; k += 32) {
         const uint16_t *wk = wb + (size_t)k * RB;
-        prefetch_next(next, k, K, pass, passes);
+        const int8_t *qk = wq + (size_t)k * RB;
+        prefetch_next(next, k, K, pass, passes, I8 ? 1 : 2);
         for (int half = 0; half < 32; half += 16) {
             v16 w[RB];
-            for (int r = 0; r < RB; r++) w[r] = load_bf16x16(wk + r * 32 + half);
+            for (int r = 0; r < RB; r++) w[r] = I8 ? load_i8x16(qk + r * 32 + half) : load_bf16x16(wk + r * 32 + half);
             for (int t = 0; t < NT; t++) {
                 v16 xv = load16(x + (size_t)(t0 + t) * K + k + half);
                 for (int r = 0; r < RB; r++) acc[r][t] += w[r] * xv;
@@ -485,30 +582,43 @@ static inline __attribute__((always_inline)) void block_fma(const float *x, int 
         }
     }
     for (int t = 0; t < NT; t++)
-        for (int r = 0; r < rows; r++) y[(size_t)(t0 + t) * ldy + r] = hsum16(acc[r][t]);
+        for (int r = 0; r < rows; r++)
+            y[(size_t)(t0 + t) * ldy + r] = I8 ? hsum16(acc[r][t]) * scale[r] : hsum16(acc[r][t]);
+#endif
 }
 
 /* y[t, o] = sum_k x[t, k] * W[o, k] for row blocks [b0, b1), tokens t < n, M rows in all;
  * every (t, o) runs the same instruction sequence whatever n is. */
-static void rows_fma(const float *x, int n, int K, const uint16_t *W, int b0, int b1, int M,
-                     float *y, int ldy) {
-    int passes = (n + TB - 1) / TB;
+static inline __attribute__((always_inline)) void rows_fma_w(const float *x, int n, int K,
+                                                             const void *W, int b0, int b1, int M,
+                                                             float *y, int ldy, const int I8,
+                                                             const float *S) {
+    int passes = (n + TB - 1) / TB, esz = I8 ? 1 : 2;
     for (int b = b0; b < b1; b++) {
-        const uint16_t *wb = W + (size_t)b * RB * K;
+        const void *wb = (const char *)W + (size_t)b * RB * K * esz;
         int o = b * RB, rows = M - o < RB ? M - o : RB;
-        const uint16_t *next = next_block(wb, n, K, b + 1 < b1);
+        const void *next = next_block(wb, n, K, b + 1 < b1, esz);
         for (int t0 = 0; t0 < n; t0 += TB) {
             int nt = n - t0 < TB ? n - t0 : TB;
-#define CALL_FMA(NT) block_fma(x, t0, NT, K, wb, y + o, ldy, rows, next, t0 / TB, passes)
+#define CALL_FMA(NT) block_fma(x, t0, NT, K, wb, y + o, ldy, rows, next, t0 / TB, passes, I8, I8 ? S + o : NULL)
             SWITCH_NT(CALL_FMA)
         }
     }
 }
 
+/* ... BF16 weights (S NULL) or int8 weights with per-row scales S (M rounded up to RB,) */
+static void rows_fma(const float *x, int n, int K, const void *W, int b0, int b1, int M, float *y,
+                     int ldy, const float *S) {
+    if (S)
+        rows_fma_w(x, n, K, W, b0, b1, M, y, ldy, 1, S);
+    else
+        rows_fma_w(x, n, K, W, b0, b1, M, y, ldy, 0, NULL);
+}
+
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 static inline __attribute__((always_inline)) void block_dp(const uint16_t *xb, int t0, const int NT,
                                                           int K, const uint16_t *wb, float *y,
-                                                          int ldy, int rows, const uint16_t *next,
+                                                          int ldy, int rows, const void *next,
                                                           int pass, int passes) {
     __m512 acc[RB][TB];
     for (int r = 0; r < RB; r++)
@@ -518,7 +628,7 @@ static inline __attribute__((always_inline)) void block_dp(const uint16_t *xb, i
 #if PF > 0
         for (int r = 0; r < RB; r++) _mm_prefetch((const char *)(wk + PF + r * 32), _MM_HINT_T0);
 #endif
-        prefetch_next(next, k, K, pass, passes);
+        prefetch_next(next, k, K, pass, passes, 2);
         __m512bh w[RB];
         for (int r = 0; r < RB; r++) w[r] = (__m512bh)_mm512_loadu_si512((const void *)(wk + r * 32));
         for (int t = 0; t < NT; t++) {
@@ -556,7 +666,7 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
     for (int b = b0; b < b1; b++) {
         const uint16_t *wb = W + (size_t)b * RB * K;
         int o = b * RB, rows = M - o < RB ? M - o : RB;
-        const uint16_t *next = next_block(wb, n, K, b + 1 < b1);
+        const void *next = next_block(wb, n, K, b + 1 < b1, 2);
         for (int t0 = 0; t0 < n; t0 += TB) {
             int nt = n - t0 < TB ? n - t0 : TB;
 #define CALL_DP(NT) block_dp(xb, t0, NT, K, wb, y + o, ldy, rows, next, t0 / TB, passes)
@@ -572,6 +682,7 @@ typedef struct {
     const uint16_t *xb;
     int n, K, M;
     const uint16_t *W;
+    const float *S; /* int8 weights' row scales, else NULL */
     float *y;
 } mm_args;
 
@@ -582,19 +693,21 @@ static void mm_task(void *p, int ith, int nth) {
     int b0 = (int)((long)blocks * ith / nth), b1 = (int)((long)blocks * (ith + 1) / nth);
     if (b0 >= b1) return;
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-    if (a->m->kernel == KERNEL_DPBF16) {
+    if (a->m->kernel == KERNEL_DPBF16 && !a->S) {
         rows_dpbf16(a->xb, a->n, a->K, a->W, b0, b1, a->M, a->y, a->M);
         return;
     }
 #endif
-    rows_fma(a->x, a->n, a->K, a->W, b0, b1, a->M, a->y, a->M);
+    rows_fma(a->x, a->n, a->K, a->W, b0, b1, a->M, a->y, a->M, a->S);
 }
 
 /* y (n, M) = x (n, K) W^T with W (M, K) BF16 repacked in blocks of RB rows (M rounded up to
- * a multiple of RB, the extra rows zero), on every thread of the pool */
-static void matmul(nf_model *m, const float *x, int n, int K, const uint16_t *W, int M, float *y) {
-    mm_args a = {m, x, NULL, n, K, M, W, y};
-    if (m->kernel == KERNEL_DPBF16) {
+ * a multiple of RB, the extra rows zero), on every thread of the pool; with S, W holds int8
+ * values in the same layout and row o is scaled by S[o] (float32 activations: the fma kernel) */
+static void matmul(nf_model *m, const float *x, int n, int K, const uint16_t *W, const float *S,
+                   int M, float *y) {
+    mm_args a = {m, x, NULL, n, K, M, W, S, y};
+    if (m->kernel == KERNEL_DPBF16 && !S) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
         for (size_t i = 0; i < (size_t)n * K; i += 32) /* K is a multiple of 32 */
             _mm512_storeu_si512((void *)(m->xb + i),
@@ -628,10 +741,10 @@ static void rope(float *v, const float *cos, const float *sin, int D) {
 
 /* q . k over D floats: 16-lane partial sums when D is a multiple of 16 (a fixed order) */
 static inline float dot(const float *q, const float *k, int D) {
-    if (D % 16 == 0) {
-        v16 acc = (v16){0};
-        for (int d = 0; d < D; d += 16) acc += load16(q + d) * load16(k + d);
-        return hsum16(acc);
+    if (D % VL == 0) {
+        vf acc = (vf){0};
+        for (int d = 0; d < D; d += VL) acc += loadv(q + d) * loadv(k + d);
+        return hsumv(acc);
     }
     float s = 0.0f;
     for (int d = 0; d < D; d++) s += q[d] * k[d];
@@ -667,29 +780,25 @@ static void att_task(void *p, int ith, int nth) {
         }
         float sum = 0.0f;
         int j = 0;
-        for (; j + 16 <= T; j += 16) {
-            v16 e = exp16(load16(scores + j) - mx);
-            memcpy(scores + j, &e, sizeof e);
-        }
+        for (; j + VL <= T; j += VL) storev(scores + j, expv(loadv(scores + j) - mx));
         if (j < T) { /* the tail through the same function, lanes past T unused */
-            float tail[16] = {0};
+            float tail[VL] = {0};
             memcpy(tail, scores + j, sizeof(float) * (T - j));
-            v16 e = exp16(load16(tail) - mx);
-            memcpy(tail, &e, sizeof e);
+            storev(tail, expv(loadv(tail) - mx));
             memcpy(scores + j, tail, sizeof(float) * (T - j));
         }
         for (j = 0; j < T; j++) sum += scores[j];
         float *out = m->att + (size_t)t * H * D + (size_t)h * D;
-        if (D % 16 == 0 && D <= 256) {
-            v16 acc[16];
-            int nv = D / 16;
-            for (int c = 0; c < nv; c++) acc[c] = (v16){0};
+        if (D % VL == 0 && D <= 256) {
+            vf acc[256 / VL];
+            int nv = D / VL;
+            for (int c = 0; c < nv; c++) acc[c] = (vf){0};
             for (int j = 0; j < T; j++) {
                 const float *vj = V + (size_t)j * D;
                 float pj = scores[j];
-                for (int c = 0; c < nv; c++) acc[c] += pj * load16(vj + 16 * c);
+                for (int c = 0; c < nv; c++) acc[c] += pj * loadv(vj + VL * c);
             }
-            memcpy(out, acc, sizeof(float) * D);
+            for (int c = 0; c < nv; c++) storev(out + VL * c, acc[c]);
         } else {
             for (int d = 0; d < D; d++) out[d] = 0.0f;
             for (int j = 0; j < T; j++) {
@@ -727,20 +836,19 @@ static void layer_rest(nf_model *m, int l, int n, int start, float *x) {
     }
     att_args aa = {m, l, n, start};
     pool_run(&m->pool, att_task, &aa);
-    matmul(m, m->att, n, qd, L->o, Hd, h);
+    matmul(m, m->att, n, qd, L->o, L->s_o, Hd, h);
     for (size_t i = 0; i < (size_t)n * Hd; i++) x[i] += h[i];
     rms_norm(x, L->norm2, h, n, Hd, m->eps);
-    matmul(m, h, n, Hd, L->gate_up, 2 * m->inter, m->gu);
+    matmul(m, h, n, Hd, L->gate_up, L->s_gate_up, 2 * m->inter, m->gu);
     for (int t = 0; t < n; t++) {
         const float *g = m->gu + (size_t)t * 2 * m->inter, *u = g + m->inter;
         float *a = m->act + (size_t)t * m->inter;
-        for (int i = 0; i < m->inter; i += 16) { /* inter is a multiple of 32 */
-            v16 gv = load16(g + i);
-            v16 av = gv / (1.0f + exp16(-gv)) * load16(u + i);
-            memcpy(a + i, &av, sizeof av);
+        for (int i = 0; i < m->inter; i += VL) { /* inter is a multiple of 32 */
+            vf gv = loadv(g + i);
+            storev(a + i, gv / (1.0f + expv(-gv)) * loadv(u + i));
         }
     }
-    matmul(m, m->act, n, m->inter, L->down, Hd, h);
+    matmul(m, m->act, n, m->inter, L->down, L->s_down, Hd, h);
     for (size_t i = 0; i < (size_t)n * Hd; i++) x[i] += h[i];
 }
 
@@ -771,7 +879,7 @@ int nf_forward(void *p, const int32_t *ids, int n, int start, int keep, float *l
         if (l == m->n_layer) break;
         const nf_layer *L = &m->layers[l];
         rms_norm(x, L->norm1, h, n, Hd, m->eps);
-        matmul(m, h, n, Hd, L->qkv, q_width, m->qkv);
+        matmul(m, h, n, Hd, L->qkv, L->s_qkv, q_width, m->qkv);
         layer_rest(m, l, n, start, x);
     }
     rms_norm(x, m->norm, h, n, Hd, m->eps);
@@ -780,7 +888,7 @@ int nf_forward(void *p, const int32_t *ids, int n, int start, int keep, float *l
         for (int t = 0; t < n; t++)
             memcpy(feats + ((size_t)t * n_want + w) * Hd, h + (size_t)t * Hd, sizeof(float) * Hd);
     }
-    matmul(m, h + (size_t)(n - keep) * Hd, keep, Hd, m->head, m->vocab, logits);
+    matmul(m, h + (size_t)(n - keep) * Hd, keep, Hd, m->head, m->s_head, m->vocab, logits);
     return 0;
 }
 
@@ -849,10 +957,10 @@ int nf_head_forward(void *p, const float *hidden_in, const int32_t *ids, int n, 
         memcpy(x + (size_t)t * Hd, (m->head_flags & NF_HEAD_NORM_BEFORE_RESIDUAL) ? row + Hd : ht,
                sizeof(float) * Hd);
     }
-    matmul(m, xin, n, 2 * Hd, L->qkv, q_width, m->qkv);
+    matmul(m, xin, n, 2 * Hd, L->qkv, L->s_qkv, q_width, m->qkv);
     layer_rest(m, 0, n, start, x);
     rms_norm(x, m->norm, h, n, Hd, m->eps);
     memcpy(hidden_out, (m->head_flags & NF_HEAD_NORM_OUTPUT) ? h : x, sizeof(float) * n * Hd);
-    matmul(m, h + (size_t)(n - keep) * Hd, keep, Hd, m->head, m->vocab, logits);
+    matmul(m, h + (size_t)(n - keep) * Hd, keep, Hd, m->head, m->s_head, m->vocab, logits);
     return 0;
 }

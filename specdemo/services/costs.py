@@ -238,9 +238,9 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
     if backend == "int8":
         from ..models.compiled_backend import int8_model
         nbytes = int8_model(loaded).weight_bytes
-    elif backend == "native":
-        from ..models.native_backend import native_model
-        nbytes = native_model(loaded).weight_bytes
+    elif backend in ("native", "native-int8"):
+        from ..models.native_backend import model_of
+        nbytes = model_of(loaded).weight_bytes
     else:
         nbytes = (weight_bytes_per_forward(loaded.model) if backend == "transformers"
                   else ggml_model(loaded).size_bytes)
@@ -305,7 +305,8 @@ def format_report(r: CostReport) -> str:
         return "n/a" if x is None else format(x, spec)
     from ..models.ggml_backend import GGML_BACKENDS
     own = {"int8": "int8 weights (from " + r.dtype + ")", "native": "BF16 weights (from "
-           + r.dtype + ")"}  # these backends keep their own copy of torch's weights
+           + r.dtype + ")", "native-int8": "int8 weights, per-row scales (from " + r.dtype + ")"}
+    # (these backends keep their own copy of torch's weights)
     weights = (own.get(r.backend, r.dtype) if r.backend not in GGML_BACKENDS  # ggml reads the GGUF
                else (GGML_BACKENDS[r.backend] or "the GGUF file's own") + " weights")
     lines = [f"{r.target} on {r.device}, {weights}"
