@@ -377,7 +377,7 @@ def register(sub) -> None:
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="auto (default): measure every backend available for the target and "
                         "report the one auto chooses first; or only transformers / ggml / ggml-bf16 / "
-                        "int8 / native")
+                        "int8 / native / native-int8")
     p.add_argument("--llama-bench", action="store_true",
                    help="also run llama.cpp's llama-bench (tg 64, same threads) on the GGUF")
     p.add_argument("--json", action="store_true", help="print one JSON object")
