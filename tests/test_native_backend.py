@@ -116,23 +116,25 @@ def test_a_verification_forward_equals_one_token_steps_bit_for_bit(tiny, kernel,
 
 
 @needs_library
-def test_the_16_lane_build_agrees_with_this_machines_build(tiny, monkeypatch):
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_the_16_lane_build_agrees_with_this_machines_build(tiny, monkeypatch, weights):
     """On x86 with AVX2 but not AVX-512 the fma kernel and the elementwise code run in 8-lane
     vectors (NF_V8; GCC kept 16-lane vectors in memory there); -DNF_NO_V8 builds the 16-lane code
-    every other CPU runs. Both are transformers' forward up to the order of float32 sums, and
-    both give a verification forward the one-token steps' logits bit for bit (elsewhere the two
-    builds are the same code)."""
-    default = nb.NativeKV(nb.NativeModel(tiny, kernel="fma")).forward(IDS, len(IDS))
+    every other CPU runs. Both are transformers' forward (on the int8-rounded weights for int8)
+    up to the order of float32 sums, and both give a verification forward the one-token steps'
+    logits bit for bit (elsewhere the two builds are the same code)."""
+    default = nb.NativeKV(nb.NativeModel(tiny, kernel="fma", weights=weights)).forward(IDS, len(IDS))
     default_path = nb.library_path()
     monkeypatch.setattr(nb, "_LIB", None)  # restored after the test: the default build again
     monkeypatch.setattr(nb, "_LIB_ERROR", None)
     monkeypatch.setenv(nb.CFLAGS_ENV, "-DNF_NO_V8")
-    nm = nb.NativeModel(tiny, kernel="fma")
+    nm = nb.NativeModel(tiny, kernel="fma", weights=weights)
     assert nb.library_path() != default_path and nb.library_path().exists()  # its own build
     kv = nb.NativeKV(nm)
     wide = kv.forward(IDS, len(IDS))
     torch.testing.assert_close(wide, default, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(wide, _hf(tiny, IDS), atol=2e-5, rtol=1e-4)
+    ref = _hf(tiny if weights == "bf16" else _dequantised_int8(tiny), IDS)
+    torch.testing.assert_close(wide, ref, atol=2e-5, rtol=1e-4)
     kv.rollback(3)
     steps = torch.cat([kv.forward([i]) for i in IDS[3:12]])
     kv.rollback(3)
