@@ -23,9 +23,20 @@ fi
 py=.venv/bin/python
 pip() { "$py" -m pip "$@"; }
 
+# what a set-up of each kind installs, as a checksum of its requirement files
+want_of() {
+  cat requirements.txt requirements-models.txt $( [ "$1" = test ] && echo requirements-dev.txt requirements-engines.txt requirements-oracles.txt ) $( [ "$1" = engines ] && echo requirements-engines.txt ) | cksum
+}
+current() { [ "$(cat ".venv/.specdemo-setup-$1" 2>/dev/null)" = "$(want_of "$1")" ]; }
 stamp=.venv/.specdemo-setup-$verb
-want=$(cat requirements.txt requirements-models.txt $( [ "$verb" = test ] && echo requirements-dev.txt requirements-engines.txt requirements-oracles.txt ) $( [ "$verb" = engines ] && echo requirements-engines.txt ) | cksum)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+want=$(want_of "$verb")
+# the test set-up installs everything the app's and engines' do, and engines' everything the app's
+done_already=false
+if current "$verb"; then done_already=true
+elif [ "$verb" != test ] && current test; then done_already=true
+elif [ "$verb" = app ] && current engines; then done_already=true
+fi
+if [ "$done_already" = false ]; then
   # 2. torch. On Linux without an NVIDIA GPU, PyPI's default torch is the CUDA build (~6 GB):
   # take the CPU build instead, unless pip's own configuration (a constraint or a local wheel
   # folder) already resolves torch to a file on this disk, which it then keeps.
