@@ -33,13 +33,13 @@ int main(int argc, char **argv) {
             double t0 = now_s();
             uint16_t *w = W;
             for (int l = 0; l < L; l++) {
-                matmul(m, x, n, H, w, Q, y); w += (size_t)Q * H;
+                matmul(m, x, n, H, w, NULL, Q, y); w += (size_t)Q * H;
                 if (small) w = W;
-                matmul(m, x, n, H, w, H, y); w += (size_t)H * H;
-                matmul(m, x, n, H, w, 2 * I, y); w += (size_t)2 * I * H;
-                matmul(m, x, n, I, w, H, y); w += (size_t)H * I;
+                matmul(m, x, n, H, w, NULL, H, y); w += (size_t)H * H;
+                matmul(m, x, n, H, w, NULL, 2 * I, y); w += (size_t)2 * I * H;
+                matmul(m, x, n, I, w, NULL, H, y); w += (size_t)H * I;
             }
-            if (!small) matmul(m, x, n, H, w, V, y);
+            if (!small) matmul(m, x, n, H, w, NULL, V, y);
             double t = now_s() - t0;
             times[r % 64] = t;
             if (t < best) best = t;

@@ -533,6 +533,27 @@ static inline float hsum8(__m256 v) {
 #define hsumv hsum16
 #endif
 
+/* mv: the fma kernel's accumulator, MV float lanes: one AVX register (NF_V8), else v16 */
+#ifdef NF_V8
+#define MV 8
+typedef __m256 mv;
+static inline mv mv_zero(void) { return _mm256_setzero_ps(); }
+static inline mv mv_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline mv mv_fma(mv w, mv x, mv acc) { return _mm256_fmadd_ps(w, x, acc); }
+#define mv_bf16 load_bf16x8
+#define mv_i8 load_i8x8
+#define mv_sum hsum8
+#else
+#define MV 16
+typedef v16 mv;
+static inline mv mv_zero(void) { return (v16){0}; }
+static inline mv mv_load(const float *p) { return load16(p); }
+static inline mv mv_fma(mv w, mv x, mv acc) { return acc + w * x; }
+#define mv_bf16 load_bf16x16
+#define mv_i8 load_i8x16
+#define mv_sum hsum16
+#endif
+
 /* y[t0 + t, o + r] for t < NT (a compile-time constant at every call: the accumulators stay in
  * registers), r < RB: float32 FMA over BF16 weights widened to float32. wb: the repacked
  * block. With NF_V8, 8-lane accumulators (RB * TB registers; every lane adds its columns in
@@ -544,47 +565,25 @@ static inline __attribute__((always_inline)) void block_fma(const float *x, int 
                                                            const float *scale) {
     const uint16_t *wb = (const uint16_t *)wv;
     const int8_t *wq = (const int8_t *)wv;
-#ifdef NF_V8
-    __m256 acc[RB][TB];
+    mv acc[RB][TB];
     for (int r = 0; r < RB; r++)
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+        for (int t = 0; t < NT; t++) acc[r][t] = mv_zero();
     for (int k = 0; k < K; k += 32) {
         const uint16_t *wk = wb + (size_t)k * RB;
         const int8_t *qk = wq + (size_t)k * RB;
         prefetch_next(next, k, K, pass, passes, I8 ? 1 : 2);
-        for (int e = 0; e < 32; e += 8) {
-            __m256 w[RB];
-            for (int r = 0; r < RB; r++) w[r] = I8 ? load_i8x8(qk + r * 32 + e) : load_bf16x8(wk + r * 32 + e);
+        for (int e = 0; e < 32; e += MV) {
+            mv w[RB];
+            for (int r = 0; r < RB; r++) w[r] = I8 ? mv_i8(qk + r * 32 + e) : mv_bf16(wk + r * 32 + e);
             for (int t = 0; t < NT; t++) {
-                __m256 xv = _mm256_loadu_ps(x + (size_t)(t0 + t) * K + k + e);
-                for (int r = 0; r < RB; r++) acc[r][t] = _mm256_fmadd_ps(w[r], xv, acc[r][t]);
+                mv xv = mv_load(x + (size_t)(t0 + t) * K + k + e);
+                for (int r = 0; r < RB; r++) acc[r][t] = mv_fma(w[r], xv, acc[r][t]);
             }
         }
     }
     for (int t = 0; t < NT; t++)
         for (int r = 0; r < rows; r++)
-            y[(size_t)(t0 + t) * ldy + r] = I8 ? hsum8(acc[r][t]) * scale[r] : hsum8(acc[r][t]);
-#else
-    v16 acc[RB][TB];
-    for (int r = 0; r < RB; r++)
-        for (int t = 0; t < NT; t++) acc[r][t] = (v16){0};
-    for (int k = 0; k < K; k += 32) {
-        const uint16_t *wk = wb + (size_t)k * RB;
-        const int8_t *qk = wq + (size_t)k * RB;
-        prefetch_next(next, k, K, pass, passes, I8 ? 1 : 2);
-        for (int half = 0; half < 32; half += 16) {
-            v16 w[RB];
-            for (int r = 0; r < RB; r++) w[r] = I8 ? load_i8x16(qk + r * 32 + half) : load_bf16x16(wk + r * 32 + half);
-            for (int t = 0; t < NT; t++) {
-                v16 xv = load16(x + (size_t)(t0 + t) * K + k + half);
-                for (int r = 0; r < RB; r++) acc[r][t] += w[r] * xv;
-            }
-        }
-    }
-    for (int t = 0; t < NT; t++)
-        for (int r = 0; r < rows; r++)
-            y[(size_t)(t0 + t) * ldy + r] = I8 ? hsum16(acc[r][t]) * scale[r] : hsum16(acc[r][t]);
-#endif
+            y[(size_t)(t0 + t) * ldy + r] = I8 ? mv_sum(acc[r][t]) * scale[r] : mv_sum(acc[r][t]);
 }
 
 /* y[t, o] = sum_k x[t, k] * W[o, k] for row blocks [b0, b1), tokens t < n, M rows in all;
