@@ -386,3 +386,17 @@ def test_training_features_captured_on_native_match_transformers(tmp_path, monke
         torch.testing.assert_close(y["last"].float(), x["last"].float(), atol=2e-2, rtol=2e-2)
     with pytest.raises(ValueError, match="capture backend 'gpu'"):
         data.capture_features(loaded, answers, layers, tmp_path / "x", backend="gpu")
+
+
+@needs_library
+def test_the_matmul_benchmark_script_still_compiles(tmp_path):
+    """scripts/native_mm_bench.c includes native_forward.c and calls its matmul: a change of
+    that signature must reach the script (it once did not)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "native_mm_bench.c"
+    run = subprocess.run([cc, "-fsyntax-only", "-std=gnu11", str(script)], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
