@@ -246,9 +246,8 @@ def _int8(rows: int, *weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     Returns:
         (q: (ceil(M / rows) * rows * K,) int8, scale: (ceil(M / rows) * rows,) float32; padded
         rows 0)."""
-    w = torch.cat([w.detach() for w in weights]).float()
-    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    from .compiled_backend import quantize_rows
+    q, scale = quantize_rows(torch.cat([w.detach() for w in weights]))
     pad = -scale.numel() % rows
     scale = torch.cat([scale, scale.new_zeros(pad)]) if pad else scale
     return repack(q, rows), scale.contiguous()
@@ -280,7 +279,7 @@ class NativeModel(RotaryTables):
         reason = unsupported_reason(model)
         if reason:
             raise NativeError(reason)
-        if weights not in ("bf16", "int8"):
+        if weights not in BACKENDS.values():
             raise ValueError(f"weights {weights!r}: use bf16 or int8")
         self.weights = weights
         from ..core.machine import default_threads
@@ -395,7 +394,7 @@ class NativeKV(StaticCacheKV):
 
     def __init__(self, nmodel: NativeModel, capacity: int = MIN_CAPACITY) -> None:
         self.nmodel = nmodel
-        self.backend = NAME if nmodel.weights == "bf16" else "native-int8"
+        self.backend = next(name for name, w in BACKENDS.items() if w == nmodel.weights)
         self.n_layer = nmodel.n_layer
         self.model = nmodel.model  # what callers read: config, input embeddings
         self.device = torch.device("cpu")

@@ -533,31 +533,21 @@ static inline float hsum8(__m256 v) {
 #define hsumv hsum16
 #endif
 
-/* mv: the fma kernel's accumulator, MV float lanes: one AVX register (NF_V8), else v16 */
+/* the fma kernel's weight loads and multiply-add in vf (VL lanes) */
 #ifdef NF_V8
-#define MV 8
-typedef __m256 mv;
-static inline mv mv_zero(void) { return _mm256_setzero_ps(); }
-static inline mv mv_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline mv mv_fma(mv w, mv x, mv acc) { return _mm256_fmadd_ps(w, x, acc); }
-#define mv_bf16 load_bf16x8
-#define mv_i8 load_i8x8
-#define mv_sum hsum8
+#define loadv_bf16 load_bf16x8
+#define loadv_i8 load_i8x8
+static inline vf fmav(vf w, vf x, vf acc) { return _mm256_fmadd_ps(w, x, acc); }
 #else
-#define MV 16
-typedef v16 mv;
-static inline mv mv_zero(void) { return (v16){0}; }
-static inline mv mv_load(const float *p) { return load16(p); }
-static inline mv mv_fma(mv w, mv x, mv acc) { return acc + w * x; }
-#define mv_bf16 load_bf16x16
-#define mv_i8 load_i8x16
-#define mv_sum hsum16
+#define loadv_bf16 load_bf16x16
+#define loadv_i8 load_i8x16
+static inline vf fmav(vf w, vf x, vf acc) { return acc + w * x; }
 #endif
 
 /* y[t0 + t, o + r] for t < NT (a compile-time constant at every call: the accumulators stay in
- * registers), r < RB: float32 FMA over BF16 weights widened to float32. wb: the repacked
- * block. With NF_V8, 8-lane accumulators (RB * TB registers; every lane adds its columns in
- * the same order whatever NT is). */
+ * registers), r < RB: float32 FMA over BF16 (I8: int8, then times scale[r]) weights widened to
+ * float32. wv: the repacked block. Accumulators are vf (VL lanes; RB * TB registers with
+ * NF_V8); every lane adds its columns in the same order whatever NT is. */
 static inline __attribute__((always_inline)) void block_fma(const float *x, int t0, const int NT,
                                                            int K, const void *wv, float *y,
                                                            int ldy, int rows, const void *next,
@@ -565,25 +555,25 @@ static inline __attribute__((always_inline)) void block_fma(const float *x, int 
                                                            const float *scale) {
     const uint16_t *wb = (const uint16_t *)wv;
     const int8_t *wq = (const int8_t *)wv;
-    mv acc[RB][TB];
+    vf acc[RB][TB];
     for (int r = 0; r < RB; r++)
-        for (int t = 0; t < NT; t++) acc[r][t] = mv_zero();
+        for (int t = 0; t < NT; t++) acc[r][t] = (vf){0};
     for (int k = 0; k < K; k += 32) {
         const uint16_t *wk = wb + (size_t)k * RB;
         const int8_t *qk = wq + (size_t)k * RB;
         prefetch_next(next, k, K, pass, passes, I8 ? 1 : 2);
-        for (int e = 0; e < 32; e += MV) {
-            mv w[RB];
-            for (int r = 0; r < RB; r++) w[r] = I8 ? mv_i8(qk + r * 32 + e) : mv_bf16(wk + r * 32 + e);
+        for (int e = 0; e < 32; e += VL) {
+            vf w[RB];
+            for (int r = 0; r < RB; r++) w[r] = I8 ? loadv_i8(qk + r * 32 + e) : loadv_bf16(wk + r * 32 + e);
             for (int t = 0; t < NT; t++) {
-                mv xv = mv_load(x + (size_t)(t0 + t) * K + k + e);
-                for (int r = 0; r < RB; r++) acc[r][t] = mv_fma(w[r], xv, acc[r][t]);
+                vf xv = loadv(x + (size_t)(t0 + t) * K + k + e);
+                for (int r = 0; r < RB; r++) acc[r][t] = fmav(w[r], xv, acc[r][t]);
             }
         }
     }
     for (int t = 0; t < NT; t++)
         for (int r = 0; r < rows; r++)
-            y[(size_t)(t0 + t) * ldy + r] = I8 ? mv_sum(acc[r][t]) * scale[r] : mv_sum(acc[r][t]);
+            y[(size_t)(t0 + t) * ldy + r] = I8 ? hsumv(acc[r][t]) * scale[r] : hsumv(acc[r][t]);
 }
 
 /* y[t, o] = sum_k x[t, k] * W[o, k] for row blocks [b0, b1), tokens t < n, M rows in all;
@@ -738,7 +728,7 @@ static void rope(float *v, const float *cos, const float *sin, int D) {
     for (int i = half; i < D; i++) v[i] = tmp[i] * cos[i] + tmp[i - half] * sin[i];
 }
 
-/* q . k over D floats: 16-lane partial sums when D is a multiple of 16 (a fixed order) */
+/* q . k over D floats: VL-lane partial sums when D is a multiple of VL (a fixed order) */
 static inline float dot(const float *q, const float *k, int D) {
     if (D % VL == 0) {
         vf acc = (vf){0};

@@ -235,10 +235,11 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         forward_s = measure_forward_s(kv, max_n, context=context, repeats=repeats, clock=tick)
     bandwidth = measure_bandwidth_GBps(loaded.device, clock=tick)
     plain = measure_plain_tokens_per_s(loaded, plain_tokens, context, clock=tick)
+    from ..models.native_backend import BACKENDS as NATIVE_BACKENDS
     if backend == "int8":
         from ..models.compiled_backend import int8_model
         nbytes = int8_model(loaded).weight_bytes
-    elif backend in ("native", "native-int8"):
+    elif backend in NATIVE_BACKENDS:
         from ..models.native_backend import model_of
         nbytes = model_of(loaded).weight_bytes
     else:

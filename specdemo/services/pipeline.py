@@ -232,9 +232,8 @@ class Pipeline:
         (``native_backend.head_stepper``)."""
         drafter = make_drafter(self.draft_spec, self.target.model, self.target.vocab_size,
                                self.draft_source)
-        if getattr(self.target, "backend", "transformers") in ("native", "native-int8"):
-            from ..models.native_backend import head_stepper
-            head_stepper(drafter, self.target)
+        from ..models.native_backend import head_stepper
+        head_stepper(drafter, self.target)  # only on the native backends
         return drafter
 
     def forward_costs(self) -> dict[int, float]:

@@ -363,7 +363,7 @@ def _compile_native_once(loaded, backend: str) -> None:
     """The native backend's first use on a machine compiles its C forward (~2-10 s): a step of
     its own, so the start-up says what it waits for (a failure is said by the backend choice)."""
     from ..models import native_backend
-    if backend not in ("auto", "native", "native-int8") or loaded.device.type != "cpu":
+    if (backend != "auto" and backend not in native_backend.BACKENDS) or loaded.device.type != "cpu":
         return
     if native_backend.unsupported_reason(loaded.model) or native_backend.library_path().exists():
         return
