@@ -12,7 +12,10 @@ decoding with each draft and a fixed draft length on ``--backend``; it compares 
 differs from float32's (the backend's weights differ, so this is expected); "spec vs plain"
 counts prompts where speculative output differs from plain output on the same backend (the
 engine's losslessness on that backend; docs/losslessness.md explains why reduced precision can
-flip a near-tie).
+flip a near-tie). "top-1 agreement" feeds each prompt and float32's greedy answer through the
+backend in one forward (teacher forcing) and counts the answer positions where the backend's
+most likely next token is float32's: a per-token measure of the backend's rounding that one
+early flip cannot hide, as it hides the rest of a greedy answer.
 """
 
 from __future__ import annotations
@@ -33,8 +36,19 @@ def _row(name: str, pairs: list[tuple[str, str, list[int], list[int]]]) -> dict:
     return {"comparison": name, **divergences(pairs)}
 
 
+def top1_agreement(kv, prompt_ids: list[int], answer: list[int]) -> tuple[int, int]:
+    """(positions where ``kv``'s argmax is the answer's token, positions): ``kv`` (a fresh
+    KV-cached target) runs prompt + answer[:-1] in one forward, its logits for the answer's
+    positions kept."""
+    if not answer:
+        return 0, 0
+    logits = kv.forward(prompt_ids + answer[:-1], logits_to_keep=len(answer))
+    agree = sum(int(a) == b for a, b in zip(logits.argmax(-1).tolist(), answer))
+    return agree, len(answer)
+
+
 def measure(target: str, backend: str, drafts: list[str], k: int, max_new_tokens: int) -> list[dict]:
-    from specdemo.models.ggml_backend import with_backend
+    from specdemo.models.ggml_backend import target_kv, with_backend
     from specdemo.models.learned import is_learned, load_learned
     from specdemo.models.loading import load_model
     from specdemo.services.pipeline import DecodeSettings, Pipeline
@@ -54,6 +68,13 @@ def measure(target: str, backend: str, drafts: list[str], k: int, max_new_tokens
     rows = [_row(f"{backend} plain vs transformers float32 plain",
                  [(t, p, ref[i], plain[i]) for i, (t, p) in enumerate(prompts)])]
     print(rows[-1]["comparison"], rows[-1]["diverged"], file=sys.stderr, flush=True)
+    agree = total = 0
+    for i, (_, prompt) in enumerate(prompts):
+        a, n = top1_agreement(target_kv(ours), ref_pipe.prompt_ids(prompt), ref[i])
+        agree, total = agree + a, total + n
+    rows[0]["top1_agreement"] = {"agree": agree, "positions": total}
+    print(f"{backend} top-1 agreement with float32's greedy tokens (teacher forced): "
+          f"{agree} of {total} ({agree / max(total, 1):.1%})", file=sys.stderr, flush=True)
     for draft in drafts:
         source = load_learned(draft, ours) if is_learned(draft) else None
         spec_pipe = Pipeline(ours, draft, source)
@@ -87,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.time() - start:.0f} s")
     print(header)
     print(table(rows))
+    tf = rows[0]["top1_agreement"]
+    print(f"\n{args.backend} top-1 agreement with float32's greedy tokens (teacher forced): "
+          f"{tf['agree']} of {tf['positions']} ({tf['agree'] / max(tf['positions'], 1):.1%})")
     if args.json:
         Path(args.json).write_text(json.dumps({"header": header, "rows": rows}, indent=1))
     return 0

@@ -62,11 +62,11 @@ def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys, tmp_path):
     assert out["fast_path"] is None  # not loaded through load_model: nothing was patched
     assert out["stock_forward_s"] is None and out["stock_forward_ratio"] is None
     # auto: a float32 Llama without a GGUF file has the transformers and int8 backends, and the
-    # native ones (BF16 and int8 weights) where a C compiler is found, each measured once; the
+    # native ones where a C compiler is found, each measured once; the
     # report is the one auto chose
-    from specdemo.models.native_backend import unavailable_reason
+    from specdemo.models.native_backend import BACKENDS, unavailable_reason
     names = ["int8", "transformers"] + ([] if unavailable_reason(_loaded(model))
-                                        else ["native", "native-int8"])
+                                        else list(BACKENDS))
     assert out["backend"] in names
     assert sorted(out["backends"]) == sorted(names)
     assert out["backends"][out["backend"]]["forward_s"] == out["forward_s"]

@@ -329,9 +329,9 @@ def test_auto_measures_both_backends_and_stores_the_choice(tiny, monkeypatch, tm
         monkeypatch.setenv("SPECDEMO_INT8_COMPILE", "0")  # the int8 candidate, eager
         loaded = _Loaded(model, str(g.path))
         first = gb.choose_backend(loaded)
-        # a float32 Llama: int8 too, and native (BF16 and int8 weights) where a C compiler is found
-        from specdemo.models.native_backend import unavailable_reason
-        native = set() if unavailable_reason(loaded) else {"native", "native-int8"}
+        # a float32 Llama: int8 too, and the native backends where a C compiler is found
+        from specdemo.models.native_backend import BACKENDS, unavailable_reason
+        native = set() if unavailable_reason(loaded) else set(BACKENDS)
         assert first.backend in {"transformers", "ggml", "int8"} | native and not first.cached
         assert set(first.cost_s) == {"transformers", "ggml", "int8"} | native
         assert first.backend == min(first.cost_s, key=first.cost_s.get)

@@ -168,14 +168,64 @@ def test_int8_weights_are_transformers_forward_over_the_rounded_weights():
     scales = sum(t.numel() * 4 for t in nm.scales)
     assert nm.weight_bytes == (bf16.weight_bytes - 7 * 64 * 4) // 2 + 7 * 64 * 4 + scales
     assert len(nm.scales) == 4 * 3 + 1 and nm.scales[-1].numel() == 32  # vocab 32 rows
-    with pytest.raises(ValueError, match="use bf16 or int8"):
+    with pytest.raises(ValueError, match="use bf16, int8, w8a8"):
         nb.NativeModel(model, weights="int4")
 
 
+def _fake_quantised_activations(model):
+    """``model`` (a :func:`_dequantised_int8` copy) with every linear's input rounded as
+    native-w8a8 rounds it: per token and 32 values, s = max|x| / 127, x -> round(x * (127 /
+    max|x|)) * s (to nearest even). Returns the hook handles."""
+    def hook(_module, args):
+        x = args[0]
+        blocks = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+        amax = blocks.abs().amax(-1, keepdim=True)
+        inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+        return ((torch.round(blocks * inv).clamp(-127, 127) * (amax / 127.0)).reshape(x.shape),)
+    return [m.register_forward_pre_hook(hook) for m in model.modules()
+            if isinstance(m, torch.nn.Linear)]
+
+
 @needs_library
+def test_w8a8_is_transformers_forward_over_rounded_weights_and_activations():
+    """native-w8a8: native-int8's weights times int8 activations (one scale per 32 values),
+    summed exactly per 32 products; on the same ids it gives transformers' logits for the
+    dequantised weights with every linear's input rounded the same way, up to float32 rounding
+    (which can move an activation across a rounding boundary: the tolerance is a few steps of
+    1/127)."""
+    model = tiny_llama(seed=4, layers=3, hidden=64)
+    nm = nb.NativeModel(model, weights="w8a8")
+    ours = nb.NativeKV(nm).forward(IDS, len(IDS))
+    ref_model = _dequantised_int8(model)
+    hooks = _fake_quantised_activations(ref_model)
+    try:
+        ref = _hf(ref_model, IDS)
+    finally:
+        for h in hooks:
+            h.remove()
+    torch.testing.assert_close(ours, ref, atol=2e-3, rtol=1e-3)
+    int8 = nb.NativeKV(nb.NativeModel(model, weights="int8")).forward(IDS, len(IDS))
+    assert (ours - int8).abs().max() > 1e-3  # the activation rounding is there
+    assert nm.weight_bytes == nb.NativeModel(model, weights="int8").weight_bytes
+
+
+@needs_library
+def test_w8a8_portable_build_gives_the_avx2_builds_numbers(tiny, monkeypatch):
+    """The integer kernel's portable C (-DNF_NO_I8A_AVX2: what a CPU without AVX2 runs) and this
+    machine's build quantise the same way and sum exactly: the same logits bit for bit."""
+    default = nb.NativeKV(nb.NativeModel(tiny, weights="w8a8")).forward(IDS, len(IDS))
+    monkeypatch.setattr(nb, "_LIB", None)  # restored after the test: the default build again
+    monkeypatch.setattr(nb, "_LIB_ERROR", None)
+    monkeypatch.setenv(nb.CFLAGS_ENV, "-DNF_NO_I8A_AVX2")
+    portable = nb.NativeKV(nb.NativeModel(tiny, weights="w8a8")).forward(IDS, len(IDS))
+    assert torch.equal(portable, default)
+
+
+@needs_library
+@pytest.mark.parametrize("weights", ["int8", "w8a8"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_an_int8_verification_forward_equals_one_token_steps_bit_for_bit(threads):
-    kv = nb.NativeKV(nb.NativeModel(tiny_llama(seed=4, layers=3, hidden=64), weights="int8",
+def test_an_int8_verification_forward_equals_one_token_steps_bit_for_bit(threads, weights):
+    kv = nb.NativeKV(nb.NativeModel(tiny_llama(seed=4, layers=3, hidden=64), weights=weights,
                                     threads=threads))
     kv.forward(IDS[:3])
     steps = torch.cat([kv.forward([i]) for i in IDS[3:12]])
@@ -237,7 +287,7 @@ def test_head_dim_not_a_multiple_of_16_and_a_vocabulary_padded_to_whole_blocks()
 
 
 @needs_library
-@pytest.mark.parametrize("weights", ["bf16", "int8"])
+@pytest.mark.parametrize("weights", ["bf16", "int8", "w8a8"])
 def test_engine_greedy_speculative_equals_plain_on_the_native_backend(weights):
     from specdemo.core.drafters import NgramDrafter
     from specdemo.core.engine import generate
@@ -260,15 +310,19 @@ def test_backend_selection_and_refusals(tiny, monkeypatch):
         assert (chosen.backend, choice.reason) == ("native", "asked for")
         assert isinstance(gb.target_kv(chosen), nb.NativeKV)
         assert nb.native_model(loaded) is nb.native_model(loaded)  # built once per model
-        assert {"native", "native-int8"} <= set(gb.candidate_backends(loaded)[0])
+        assert {"native", "native-int8", "native-w8a8"} <= set(gb.candidate_backends(loaded)[0])
         chosen, choice = gb.with_backend(loaded, "native-int8")
         assert (chosen.backend, choice.reason) == ("native-int8", "asked for")
         kv = gb.target_kv(chosen)
         assert kv.nmodel.weights == "int8" and kv.backend == "native-int8"
         assert kv.nmodel is not nb.native_model(loaded)  # the BF16 one is kept apart
+        chosen, _ = gb.with_backend(loaded, "native-w8a8")
+        kv = gb.target_kv(chosen)
+        assert kv.nmodel.weights == "w8a8" and kv.backend == "native-w8a8"
     finally:
         delattr(tiny, nb._ATTR)
         delattr(tiny, nb._ATTR + "_int8")
+        delattr(tiny, nb._ATTR + "_w8a8")
     quantized = _Loaded(tiny)
     quantized.quantization = "int4"
     with pytest.raises(nb.NativeError, match="--quantization int4 is a transformers path"):
@@ -297,7 +351,7 @@ def test_without_a_c_compiler_the_backend_says_so_and_auto_leaves_it_out(monkeyp
     reason = nb.unavailable_reason(loaded)
     assert reason.startswith("the native backend needs a C compiler")
     names, why = gb.candidate_backends(loaded)
-    assert "native" not in names and "native-int8" not in names
+    assert not set(nb.BACKENDS) & set(names)
     assert f"native not available: {reason}" in why
     with pytest.raises(nb.NativeError, match="needs a C compiler"):
         gb.with_backend(loaded, "native")
@@ -359,7 +413,7 @@ def test_an_unknown_kernel_leaves_native_out_of_auto_with_the_reason(monkeypatch
     reason = nb.unavailable_reason(loaded)
     assert reason == f"{nb.KERNEL_ENV}=bogus is not a native kernel; use fma or dpbf16"
     names, why = gb.candidate_backends(loaded)
-    assert "native" not in names and "native-int8" not in names
+    assert not set(nb.BACKENDS) & set(names)
     assert f"native not available: {reason}" in why
 
 
@@ -400,3 +454,25 @@ def test_the_matmul_benchmark_script_still_compiles(tmp_path):
     run = subprocess.run([cc, "-fsyntax-only", "-std=gnu11", str(script)], capture_output=True,
                          text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+@needs_library
+def test_backend_divergence_top1_agreement_counts_answer_positions():
+    """scripts/backend_divergence.py's teacher-forced measure: a backend agrees with its own
+    greedy answer at every position, and an answer with one token changed loses that position
+    (and may lose the ones after it, whose context changed)."""
+    import importlib.util
+    from pathlib import Path
+    from specdemo.core.engine import generate
+    path = Path(__file__).resolve().parent.parent / "scripts" / "backend_divergence.py"
+    spec = importlib.util.spec_from_file_location("backend_divergence", path)
+    bd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bd)
+    nm = nb.NativeModel(tiny_llama(seed=4, layers=3, hidden=64), weights="w8a8")
+    prompt = IDS[:5]
+    answer = generate(nb.NativeKV(nm), prompt, CharTokenizer(), max_new_tokens=12).token_ids
+    assert bd.top1_agreement(nb.NativeKV(nm), prompt, answer) == (len(answer), len(answer))
+    wrong = [answer[0] ^ 1] + answer[1:]
+    agree, positions = bd.top1_agreement(nb.NativeKV(nm), prompt, wrong)
+    assert positions == len(answer) and agree <= len(answer) - 1
+    assert bd.top1_agreement(nb.NativeKV(nm), prompt, []) == (0, 0)

@@ -470,7 +470,7 @@ def ggml_model(loaded, threads: int | None = None, backend: str | None = None) -
 def target_kv(loaded):
     """A KV-cached target for the engine on ``loaded``'s backend: a :class:`GgmlKV` when
     ``loaded.backend`` is ``ggml``, a ``compiled_backend.Int8KV`` when it is ``int8``, a
-    ``native_backend.NativeKV`` when it is ``native`` or ``native-int8``, else transformers'
+    ``native_backend.NativeKV`` when it is ``native``, ``native-int8`` or ``native-w8a8``, else transformers'
     :class:`specdemo.core.kv.KVModel`."""
     if backend_of(loaded) in GGML_BACKENDS:
         return GgmlKV(ggml_model(loaded), loaded.model, backend=backend_of(loaded))
@@ -564,10 +564,10 @@ def candidate_backends(loaded) -> tuple[tuple[str, ...], list[str]]:
         names.append("int8")
     else:
         why.append(f"int8 not available: {reason}")
-    from .native_backend import unavailable_reason as native_reason
+    from .native_backend import BACKENDS as NATIVE_BACKENDS, unavailable_reason as native_reason
     reason = native_reason(loaded) if loaded.device.type == "cpu" else "not on the CPU"
     if reason is None:
-        names += ["native", "native-int8"]
+        names += list(NATIVE_BACKENDS)
     else:
         why.append(f"native not available: {reason}")
     return tuple(names), why
@@ -644,13 +644,14 @@ def with_backend(loaded, backend: str = "auto"):
         loaded: a ``models.LoadedModel``.
         backend: ``auto`` (:func:`choose_backend` on a CPU; transformers elsewhere),
             ``transformers``, ``ggml``, ``ggml-bf16``, ``int8`` (``compiled_backend.py``),
-            ``native`` or ``native-int8`` (``native_backend.py``: BF16 or int8 weights).
+            ``native``, ``native-int8`` or ``native-w8a8`` (``native_backend.py``: BF16 or int8
+            weights; int8 activations too).
     Returns:
         (a LoadedModel with ``backend`` set, the :class:`BackendChoice`).
     Raises:
         GgmlError: ``ggml`` was asked for and cannot serve this target (the reason).
         compiled_backend.Int8Error: ``int8`` was asked for and cannot serve this target.
-        native_backend.NativeError: ``native`` or ``native-int8`` was asked for and cannot
+        native_backend.NativeError: a ``native`` backend was asked for and cannot
             serve this target.
         ValueError: an unknown backend name.
     """

@@ -32,6 +32,17 @@ per output row (absmax / 127, round to nearest: weight-only, as gpt-fast's int8 
 BF16, for CPUs where reading the weights is what a step waits for. Its logits differ from the
 float32 reference by that rounding; greedy speculative output still equals plain output of the
 same backend bit for bit.
+
+``native-w8a8`` is ``native-int8``'s weights with the activations quantised too: each matrix's
+input is rounded to int8 with one scale per 32 values a token (absmax / 127, llama.cpp's Q8_0
+format for activations) and multiplied with the int8 weights in exact int32 sums of 32 products
+(``nf_quantize_activations``; W8A8 as in SmoothQuant and LLM.int8(), the AVX2 u8 x s8 product
+with the weights' signs moved onto the activations as in llama.cpp's q8 dot products). About
+twice the multiplies per instruction of the float32 ``fma`` kernel and no widening of the
+weights, for CPUs without AVX512-BF16 where a verification over 5-8 tokens is compute-bound
+(docs/cpu-backends.md). Its logits differ from ``native-int8``'s by the activation rounding;
+each token's numbers still do not depend on the other tokens of a forward, so greedy
+speculative output equals plain output of the same backend bit for bit.
 """
 
 from __future__ import annotations
@@ -55,7 +66,7 @@ log = logging.getLogger(__name__)
 
 NAME = "native"
 #: backend name -> weight format of the C forward
-BACKENDS = {"native": "bf16", "native-int8": "int8"}
+BACKENDS = {"native": "bf16", "native-int8": "int8", "native-w8a8": "w8a8"}
 SOURCE = Path(__file__).with_name("native_forward.c")
 ARCHITECTURES = ("llama",)  # transformers model_type values whose forward the C file computes
 MIN_CAPACITY = 512  # cache positions allocated at first; doubled when a forward passes them
@@ -156,6 +167,8 @@ def library():
         lib.nf_set_layer.argtypes = [c.c_void_p, c.c_int] + [c.c_void_p] * 6
         lib.nf_set_output.argtypes = [c.c_void_p] * 4
         lib.nf_set_scales.argtypes = [c.c_void_p, c.c_int] + [c.c_void_p] * 4
+        lib.nf_quantize_activations.restype = None
+        lib.nf_quantize_activations.argtypes = [c.c_void_p]
         lib.nf_set_cache.argtypes = [c.c_void_p] * 5 + [c.c_int]
         lib.nf_forward.restype = c.c_int
         lib.nf_forward.argtypes = [c.c_void_p, c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_void_p,
@@ -268,7 +281,8 @@ class NativeModel(RotaryTables):
         threads: threads of the C forward (default: the cores this process may use, at most 8).
         kernel: ``fma`` or ``dpbf16`` (default :func:`default_kernel`); int8 weights always
             use the ``fma`` arithmetic (float32 activations).
-        weights: ``bf16`` or ``int8`` (per-row scales, :func:`_int8`).
+        weights: ``bf16``, ``int8`` (per-row scales, :func:`_int8`) or ``w8a8`` (the same int8
+            weights times int8 activations, one scale per 32 values: ``nf_quantize_activations``).
     Raises:
         NativeError: :func:`unsupported_reason`, the library could not be built, or the C
             model could not be created.
@@ -280,7 +294,7 @@ class NativeModel(RotaryTables):
         if reason:
             raise NativeError(reason)
         if weights not in BACKENDS.values():
-            raise ValueError(f"weights {weights!r}: use bf16 or int8")
+            raise ValueError(f"weights {weights!r}: use {', '.join(BACKENDS.values())}")
         self.weights = weights
         from ..core.machine import default_threads
         self.lib = library()
@@ -336,10 +350,12 @@ class NativeModel(RotaryTables):
                                                ("qkv", "o", "gate_up", "down", "norm1", "norm2")))
         self.lib.nf_set_output(handle, self.embed.data_ptr(), self.norm.data_ptr(),
                                self.head.data_ptr())
-        if weights == "int8":  # four scale arrays a layer, in pack order, then the head's
+        if weights != "bf16":  # four scale arrays a layer, in pack order, then the head's
             for i in range(self.n_layer):
                 self.lib.nf_set_scales(handle, i, *(t.data_ptr() for t in self.scales[4 * i:4 * i + 4]))
             self.lib.nf_set_scales(handle, -1, self.scales[-1].data_ptr(), None, None, None)
+        if weights == "w8a8":
+            self.lib.nf_quantize_activations(handle)
         self._cache_owner = None  # the NativeKV whose cache the C model points at
 
     def __del__(self) -> None:
@@ -464,7 +480,7 @@ def unavailable_reason(loaded) -> str | None:
 
 
 def native_model(loaded, weights: str = "bf16") -> NativeModel:
-    """The :class:`NativeModel` of ``loaded`` with ``weights`` (``bf16`` or ``int8``), built
+    """The :class:`NativeModel` of ``loaded`` with ``weights`` (:data:`BACKENDS`' values), built
     once per transformers model and weight format (~1 s for 135M).
 
     Raises:
@@ -483,7 +499,7 @@ def native_model(loaded, weights: str = "bf16") -> NativeModel:
 
 
 def model_of(loaded) -> NativeModel:
-    """The :class:`NativeModel` that ``loaded``'s backend (``native`` or ``native-int8``) runs."""
+    """The :class:`NativeModel` that ``loaded``'s backend (a :data:`BACKENDS` name) runs."""
     return native_model(loaded, BACKENDS[loaded.backend])
 
 

@@ -202,6 +202,7 @@ typedef struct {
     const float *norm;  /* (hidden,) */
     const uint16_t *head; /* (vocab, hidden) BF16, or int8 with s_head */
     const float *s_head;  /* int8 output head: (vocab rounded up to RB,) row scales, else NULL */
+    int act_q8;           /* int8 weights multiply int8 activations (nf_quantize_activations) */
     nf_layer *layers;
     float *k_cache, *v_cache; /* (n_layer, n_kv, capacity, D) */
     const float *cos, *sin;   /* (capacity, D) */
@@ -209,7 +210,8 @@ typedef struct {
     /* scratch, grown as needed */
     int scratch_tokens;
     float *x, *h, *qkv, *att, *gu, *act;
-    uint16_t *xb; /* activations rounded to BF16 (kernel dpbf16) */
+    uint16_t *xb; /* activations rounded to BF16 (kernel dpbf16), or int8 activations (bytes) */
+    float *sx;    /* int8 activations: one scale a token */
     float *scores; /* per thread: capacity floats */
     int scores_cap;
     /* EAGLE-3 head mode (nf_head_create): one layer over concat(embed, hidden) of width 2H */
@@ -262,7 +264,7 @@ void nf_free(void *p) {
     pool_stop(&m->pool);
     free(m->layers);
     free(m->x); free(m->h); free(m->qkv); free(m->att); free(m->gu); free(m->act); free(m->xb);
-    free(m->scores); free(m->xin);
+    free(m->sx); free(m->scores); free(m->xin);
     free(m);
 }
 
@@ -293,6 +295,15 @@ void nf_set_scales(void *p, int i, const float *qkv, const float *o, const float
     l->s_qkv = qkv; l->s_o = o; l->s_gate_up = gate_up; l->s_down = down;
 }
 
+/* From now on every matmul over int8 weights (nf_set_scales) also quantises its activations:
+ * each token's row x (K,) to int8 with one scale per 32 columns (absmax / 127, round to nearest
+ * even: llama.cpp's Q8_0), multiplied with the weights in exact int32 sums per 32 columns
+ * (block_q8). A token's numbers still do not depend on the other tokens of a forward. Source:
+ * W8A8 integer matmuls (SmoothQuant, Xiao et al. 2023; LLM.int8(), Dettmers et al. 2022);
+ * the block format and the AVX2 u8 x s8 product with the weights' signs moved onto the
+ * activations are llama.cpp's (ggml-cpu quants.c, mul_sum_i8_pairs). */
+void nf_quantize_activations(void *p) { ((nf_model *)p)->act_q8 = 1; }
+
 /* The caller's KV cache and rotary tables for positions 0..capacity-1 (set again after growing). */
 void nf_set_cache(void *p, float *k_cache, float *v_cache, const float *cos, const float *sin,
                   int capacity) {
@@ -311,6 +322,8 @@ static int grow_scratch(nf_model *m, int s) {
         free(m->xin);
         m->xin = m->head_mode ? malloc(sizeof(float) * s * 2 * m->hidden) : NULL;
         free(m->x); free(m->h); free(m->qkv); free(m->att); free(m->gu); free(m->act); free(m->xb);
+        free(m->sx);
+        m->sx = malloc(sizeof(float) * s * (widest / 32 + 1));
         m->x = malloc(sizeof(float) * s * m->hidden);
         m->h = malloc(sizeof(float) * s * m->hidden);
         m->qkv = malloc(sizeof(float) * s * q);
@@ -319,7 +332,7 @@ static int grow_scratch(nf_model *m, int s) {
         m->act = malloc(sizeof(float) * s * m->inter);
         m->xb = malloc(sizeof(uint16_t) * s * widest);
         m->scratch_tokens = s;
-        if (!m->x || !m->h || !m->qkv || !m->att || !m->gu || !m->act || !m->xb ||
+        if (!m->x || !m->h || !m->qkv || !m->att || !m->gu || !m->act || !m->xb || !m->sx ||
             (m->head_mode && !m->xin)) {
             m->scratch_tokens = 0;
             return -1;
@@ -522,12 +535,17 @@ static inline __m256 load_i8x8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
+#endif
+
+#if defined(__AVX2__)
 /* a fixed pairwise order, the same for every call */
 static inline float hsum8(__m256 v) {
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* a[i] + a[i+4] */
     __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                              /* s4[0]+s4[2], s4[1]+s4[3] */
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
+#endif
+#ifdef NF_V8
 #define hsumv hsum8
 #else
 #define hsumv hsum16
@@ -665,6 +683,138 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
 }
 #endif
 
+/* Int8 weights times int8 activations (nf_quantize_activations): AVX2 (NF_I8A_AVX2) or
+ * portable C (-DNF_NO_I8A_AVX2 builds it on x86 too), the same numbers bit for bit. */
+#if defined(__AVX2__) && !defined(NF_NO_I8A_AVX2)
+#define NF_I8A_AVX2 1
+#endif
+#ifndef TBI
+#define TBI 2 /* tokens per register block of the integer kernel (RB * TBI int32 accumulators) */
+#endif
+#if TBI > 4 || TBI < 1
+#error "TBI must be 1..4"
+#endif
+#define CASE_NTI(K, CALL) \
+    case K: CALL(K); break;
+#define SWITCH_NTI(CALL)                                          \
+    switch (nt) {                                                 \
+        CASE_NTI(1, CALL) IF_TBI2(CASE_NTI(2, CALL))               \
+        IF_TBI3(CASE_NTI(3, CALL)) IF_TBI4(CASE_NTI(4, CALL))      \
+    }
+#if TBI >= 2
+#define IF_TBI2(x) x
+#else
+#define IF_TBI2(x)
+#endif
+#if TBI >= 3
+#define IF_TBI3(x) x
+#else
+#define IF_TBI3(x)
+#endif
+#if TBI >= 4
+#define IF_TBI4(x) x
+#else
+#define IF_TBI4(x)
+#endif
+
+/* y[t0 + t, o + r] = scale[r] * sum_b sx[t, b] * sum_{k in block b} xq[t, k] q[o + r, k] for
+ * t < NT, r < rows: int8 activations with one scale per 32 columns (sx: (n, K / 32)) times one
+ * repacked int8 weight block. A block's products are summed exactly in int32 (8 lanes of 4
+ * columns: VPMADDUBSW over |q| and x's bytes with q's signs, then VPMADDWD; |q| and |x| <= 127,
+ * so no int16 sum saturates), lane l adds sx[t, b] times its sum for b = 0, 1, ... with one
+ * float32 FMA a block, and the lanes are added in hsum8's order: the same numbers for every NT. */
+static inline __attribute__((always_inline)) void block_q8(const int8_t *xq, const float *sx,
+                                                          int t0, const int NT, int K,
+                                                          const int8_t *wb, float *y, int ldy,
+                                                          int rows, const float *scale) {
+    const int nb = K / 32;
+    float s[RB][TBI];
+#ifdef NF_I8A_AVX2
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[RB][TBI];
+    for (int r = 0; r < RB; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const int8_t *wk = wb + (size_t)b * 32 * RB;
+        for (int t = 0; t < NT; t++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (size_t)(t0 + t) * K + b * 32));
+            __m256 sc = _mm256_broadcast_ss(sx + (size_t)(t0 + t) * nb + b);
+            for (int r = 0; r < RB; r++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(wk + r * 32));
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)), ones);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[r][t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < RB; r++) s[r][t] = hsum8(acc[r][t]);
+#else
+    for (int r = 0; r < RB; r++)
+        for (int t = 0; t < NT; t++) {
+            const int8_t *xt = xq + (size_t)(t0 + t) * K;
+            float lane[8] = {0};
+            for (int b = 0; b < nb; b++) {
+                const int8_t *wr = wb + (size_t)b * 32 * RB + r * 32;
+                float st = sx[(size_t)(t0 + t) * nb + b];
+                for (int l = 0; l < 8; l++) {
+                    int32_t p = 0;
+                    for (int e = 4 * l; e < 4 * l + 4; e++) p += (int32_t)xt[b * 32 + e] * wr[e];
+                    lane[l] = fmaf((float)p, st, lane[l]);
+                }
+            }
+            s[r][t] = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+        }
+#endif
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < rows; r++) y[(size_t)(t0 + t) * ldy + r] = s[r][t] * scale[r];
+}
+
+static void rows_q8(const int8_t *xq, const float *sx, int n, int K, const void *W, int b0,
+                    int b1, int M, float *y, int ldy, const float *S) {
+    for (int b = b0; b < b1; b++) {
+        const int8_t *wb = (const int8_t *)W + (size_t)b * RB * K;
+        int o = b * RB, rows = M - o < RB ? M - o : RB;
+        for (int t0 = 0; t0 < n; t0 += TBI) {
+            int nt = n - t0 < TBI ? n - t0 : TBI;
+#define CALL_Q8(NT) block_q8(xq, sx, t0, NT, K, wb, y + o, ldy, rows, S + o)
+            SWITCH_NTI(CALL_Q8)
+        }
+    }
+}
+
+/* x (n, K) -> xq (n, K) int8 x_q = round(x / s) (to nearest even) with one s = max|x| / 127
+ * per 32 columns, sx (n, K / 32) (0 for an all-zero block): llama.cpp's Q8_0 */
+static void quantize_q8(const float *x, int n, int K, int8_t *xq, float *sx) {
+    const int nb = K / 32;
+    for (int t = 0; t < n; t++)
+        for (int b = 0; b < nb; b++) {
+            const float *xt = x + (size_t)t * K + b * 32;
+            int8_t *q = xq + (size_t)t * K + b * 32;
+            float amax = 0.0f;
+            for (int k = 0; k < 32; k++) amax = fabsf(xt[k]) > amax ? fabsf(xt[k]) : amax;
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            sx[(size_t)t * nb + b] = amax / 127.0f;
+#ifdef NF_I8A_AVX2
+            const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+            __m256i v[4];
+            for (int j = 0; j < 4; j++) {
+                __m256 f = _mm256_mul_ps(_mm256_loadu_ps(xt + 8 * j), vinv);
+                f = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi);
+                v[j] = _mm256_cvtps_epi32(f);
+            }
+            /* 32-bit -> 16-bit -> 8-bit packs interleave 128-bit lanes: permute back in order */
+            __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            b8 = _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)q, b8);
+#else
+            for (int k = 0; k < 32; k++) {
+                float v = nearbyintf(xt[k] * inv);
+                q[k] = (int8_t)(v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v));
+            }
+#endif
+        }
+}
+
 typedef struct {
     nf_model *m;
     const float *x;
@@ -673,6 +823,7 @@ typedef struct {
     const uint16_t *W;
     const float *S; /* int8 weights' row scales, else NULL */
     float *y;
+    int q8; /* int8 activations: xb holds them (bytes), m->sx their scales (block_q8) */
 } mm_args;
 
 static void mm_task(void *p, int ith, int nth) {
@@ -681,6 +832,10 @@ static void mm_task(void *p, int ith, int nth) {
     int blocks = (a->M + RB - 1) / RB;
     int b0 = (int)((long)blocks * ith / nth), b1 = (int)((long)blocks * (ith + 1) / nth);
     if (b0 >= b1) return;
+    if (a->q8) {
+        rows_q8((const int8_t *)a->xb, a->m->sx, a->n, a->K, a->W, b0, b1, a->M, a->y, a->M, a->S);
+        return;
+    }
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
     if (a->m->kernel == KERNEL_DPBF16 && !a->S) {
         rows_dpbf16(a->xb, a->n, a->K, a->W, b0, b1, a->M, a->y, a->M);
@@ -692,11 +847,15 @@ static void mm_task(void *p, int ith, int nth) {
 
 /* y (n, M) = x (n, K) W^T with W (M, K) BF16 repacked in blocks of RB rows (M rounded up to
  * a multiple of RB, the extra rows zero), on every thread of the pool; with S, W holds int8
- * values in the same layout and row o is scaled by S[o] (float32 activations: the fma kernel) */
+ * values in the same layout and row o is scaled by S[o] (float32 activations: the fma kernel;
+ * after nf_quantize_activations, int8 activations: block_q8) */
 static void matmul(nf_model *m, const float *x, int n, int K, const uint16_t *W, const float *S,
                    int M, float *y) {
-    mm_args a = {m, x, NULL, n, K, M, W, S, y};
-    if (m->kernel == KERNEL_DPBF16 && !S) {
+    mm_args a = {m, x, NULL, n, K, M, W, S, y, S && m->act_q8};
+    if (a.q8) {
+        quantize_q8(x, n, K, (int8_t *)m->xb, m->sx);
+        a.xb = m->xb;
+    } else if (m->kernel == KERNEL_DPBF16 && !S) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
         for (size_t i = 0; i < (size_t)n * K; i += 32) /* K is a multiple of 32 */
             _mm512_storeu_si512((void *)(m->xb + i),

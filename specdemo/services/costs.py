@@ -306,7 +306,8 @@ def format_report(r: CostReport) -> str:
         return "n/a" if x is None else format(x, spec)
     from ..models.ggml_backend import GGML_BACKENDS
     own = {"int8": "int8 weights (from " + r.dtype + ")", "native": "BF16 weights (from "
-           + r.dtype + ")", "native-int8": "int8 weights, per-row scales (from " + r.dtype + ")"}
+           + r.dtype + ")", "native-int8": "int8 weights, per-row scales (from " + r.dtype + ")",
+           "native-w8a8": "int8 weights, per-row scales (from " + r.dtype + "), int8 activations"}
     # (these backends keep their own copy of torch's weights)
     weights = (own.get(r.backend, r.dtype) if r.backend not in GGML_BACKENDS  # ggml reads the GGUF
                else (GGML_BACKENDS[r.backend] or "the GGUF file's own") + " weights")
@@ -378,7 +379,7 @@ def register(sub) -> None:
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="auto (default): measure every backend available for the target and "
                         "report the one auto chooses first; or only transformers / ggml / ggml-bf16 / "
-                        "int8 / native / native-int8")
+                        "int8 / native / native-int8 / native-w8a8")
     p.add_argument("--llama-bench", action="store_true",
                    help="also run llama.cpp's llama-bench (tg 64, same threads) on the GGUF")
     p.add_argument("--json", action="store_true", help="print one JSON object")
