@@ -105,19 +105,46 @@ def test_the_step_matches_a_float32_head_within_bf16_tolerance(kernel):
 
 
 @needs_library
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_a_t_position_step_equals_t_one_position_steps_bit_for_bit(target, kernel):
+def test_int8_head_weights_are_the_heads_step_over_the_rounded_weights(target):
+    """weights="int8": the layer's and lm_head's matrices as int8 with one scale a row (fc stays
+    in torch); the step is Eagle3Head.step over the dequantised weights up to the order of
+    float32 sums. "w8a8" rounds the activations too: close, not equal."""
+    import copy
+    head = _head(target)
+    rounded = copy.deepcopy(head)
+    with torch.no_grad():
+        for name, p in rounded.named_parameters():
+            if p.dim() == 2 and not name.startswith("fc"):
+                scale = p.abs().amax(1, keepdim=True).clamp(min=1e-12) / 127
+                p.copy_(torch.round(p / scale).clamp(-127, 127) * scale)
+    torch.manual_seed(0)
+    hidden = torch.randn(len(IDS), 64)
+    ref_out, ref_logits = _torch_steps(rounded, hidden, IDS, [5, 1, 2])
+    out, logits = _native_steps(nb.NativeEagleHead(head, weights="int8"), hidden, IDS, [5, 1, 2])
+    torch.testing.assert_close(out, ref_out, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-4)
+    out8, logits8 = _native_steps(nb.NativeEagleHead(head, weights="w8a8"), hidden, IDS, [5, 1, 2])
+    assert 0 < (logits8 - ref_logits).abs().max() < 0.05 * ref_logits.abs().max()
+    assert nb.NativeEagleHead(head, weights="w8a8").weights is not nb.NativeEagleHead(head).weights
+    with pytest.raises(ValueError, match="use bf16, int8, w8a8"):
+        nb.NativeEagleHead(head, weights="int4")
+
+
+@needs_library
+@pytest.mark.parametrize("kernel,weights", [(k, "bf16") for k in KERNELS]
+                         + [("fma", "int8"), ("fma", "w8a8")])
+def test_a_t_position_step_equals_t_one_position_steps_bit_for_bit(target, kernel, weights):
     head = _head(target)
     torch.manual_seed(0)
     hidden = torch.randn(len(IDS), 64)
-    out_all, logits_all = _native_steps(nb.NativeEagleHead(head, kernel=kernel), hidden, IDS,
-                                        [len(IDS)])
-    out_one, logits_one = _native_steps(nb.NativeEagleHead(head, kernel=kernel), hidden, IDS,
-                                        [1] * len(IDS))
+    out_all, logits_all = _native_steps(nb.NativeEagleHead(head, kernel=kernel, weights=weights),
+                                        hidden, IDS, [len(IDS)])
+    out_one, logits_one = _native_steps(nb.NativeEagleHead(head, kernel=kernel, weights=weights),
+                                        hidden, IDS, [1] * len(IDS))
     assert torch.equal(out_all, out_one)
     assert torch.equal(logits_all, logits_one)
     # keep: the last positions' logits only, the same numbers
-    nh = nb.NativeEagleHead(head, kernel=kernel)
+    nh = nb.NativeEagleHead(head, kernel=kernel, weights=weights)
     out, last2 = nh.step(hidden, IDS, 0, 2)
     assert torch.equal(last2, logits_all[-2:]) and torch.equal(out, out_all)
 
@@ -215,6 +242,10 @@ def test_head_stepper_is_installed_on_the_native_backend_only(target):
     # the weights are repacked once per head, embedding table and kernel
     assert combined.learned.stepper.weights is native.stepper.weights
     nb.head_stepper(None, _Loaded(target, "native"))  # plain decoding: nothing to do
+    # the head follows the target's weight format
+    w8a8 = Eagle3Drafter(head, 32)
+    nb.head_stepper(w8a8, _Loaded(target, "native-w8a8"))
+    assert w8a8.stepper.weights.weights == "w8a8" and native.stepper.weights.weights == "bf16"
 
 
 def test_a_head_with_biases_keeps_the_torch_step(target):

@@ -529,25 +529,31 @@ def head_unsupported_reason(head) -> str | None:
 
 
 class NativeEagleWeights(RotaryTables):
-    """An ``Eagle3Head``'s decoder layer, final norm and ``lm_head`` in BF16 and the C head model
-    over them (``nf_head_create``), built once per head, embedding table and kernel
-    (:meth:`of`) and shared by the drafters' caches (one step at a time).
+    """An ``Eagle3Head``'s decoder layer, final norm and ``lm_head`` in BF16 (or int8) and the C
+    head model over them (``nf_head_create``), built once per head, embedding table, kernel and
+    weight format (:meth:`of`) and shared by the drafters' caches (one step at a time).
 
     Args:
         head: the EAGLE-3 head (float32 or bfloat16 weights on the CPU).
         embed: (V, H) the embedding table its ids index (the target's, or the head's own);
             read as float32 (no copy when it is float32 and contiguous).
         threads, kernel: as :class:`NativeModel`.
+        weights: as :class:`NativeModel` (``bf16``, ``int8``, ``w8a8``): the matrices of the
+            layer and ``lm_head`` (the step reads them all every draft token, so int8 halves
+            what a step waits for where it is memory-bound).
     Raises:
         NativeError: :func:`head_unsupported_reason`, the library could not be built, or the C
             model could not be created.
     """
 
     def __init__(self, head, embed: torch.Tensor, threads: int | None = None,
-                 kernel: str | None = None) -> None:
+                 kernel: str | None = None, weights: str = "bf16") -> None:
         reason = head_unsupported_reason(head)
         if reason:
             raise NativeError(reason)
+        if weights not in BACKENDS.values():
+            raise ValueError(f"weights {weights!r}: use {', '.join(BACKENDS.values())}")
+        self.weights = weights
         from ..core.machine import default_threads
         self.lib = library()
         self.kernel = kernel or default_kernel()
@@ -562,9 +568,17 @@ class NativeEagleWeights(RotaryTables):
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         rows = self.lib.nf_rows()
         a, m = layer.self_attn, layer.mlp
+        self.scales: list[torch.Tensor] = []  # int8: qkv, o, gate_up, down, lm_head row scales
 
         def f32(t):
             return t.detach().float().contiguous()
+
+        def pack(*ws):
+            if weights == "bf16":
+                return _bf16(rows, *ws)
+            q, scale = _int8(rows, *ws)
+            self.scales.append(scale)
+            return q
 
         with torch.no_grad():
             self.embed = f32(embed)
@@ -572,15 +586,15 @@ class NativeEagleWeights(RotaryTables):
                 raise NativeError(f"the embedding table is {self.embed.shape[1]} wide; the EAGLE-3 "
                                   f"head reads {self.hidden}")
             self.tensors = {
-                "qkv": _bf16(rows, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
-                "o": _bf16(rows, a.o_proj.weight),
-                "gate_up": _bf16(rows, m.gate_proj.weight, m.up_proj.weight),
-                "down": _bf16(rows, m.down_proj.weight),
+                "qkv": pack(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                "o": pack(a.o_proj.weight),
+                "gate_up": pack(m.gate_proj.weight, m.up_proj.weight),
+                "down": pack(m.down_proj.weight),
                 "input_ln": f32(layer.input_layernorm.weight),
                 "hidden_norm": f32(layer.hidden_norm.weight),
                 "post_ln": f32(layer.post_attention_layernorm.weight),
                 "norm": f32(head.norm.weight),
-                "lm_head": _bf16(rows, head.lm_head.weight),
+                "lm_head": pack(head.lm_head.weight),
             }
         flags = ((HEAD_NORM_BEFORE_RESIDUAL if layer.norm_before_residual else 0)
                  | (HEAD_NORM_OUTPUT if head.norm_output else 0))
@@ -597,16 +611,22 @@ class NativeEagleWeights(RotaryTables):
         self.lib.nf_head_set(handle, *(t[k].data_ptr() for k in (
             "qkv", "o", "gate_up", "down", "input_ln", "hidden_norm", "post_ln", "norm",
             "lm_head")), self.embed.data_ptr())
+        if weights != "bf16":
+            self.lib.nf_set_scales(handle, 0, *(t.data_ptr() for t in self.scales[:4]))
+            self.lib.nf_set_scales(handle, -1, self.scales[4].data_ptr(), None, None, None)
+        if weights == "w8a8":
+            self.lib.nf_quantize_activations(handle)
 
     @classmethod
-    def of(cls, head, embed: torch.Tensor, kernel: str | None = None) -> "NativeEagleWeights":
+    def of(cls, head, embed: torch.Tensor, kernel: str | None = None,
+           weights: str = "bf16") -> "NativeEagleWeights":
         """The weights of ``head`` over ``embed``, built on first use and kept on the head."""
         kernel = kernel or default_kernel()
         with _ATTACH_LOCK:
             built = head.__dict__.setdefault(_HEAD_ATTR, {})
-            key = (embed.data_ptr(), tuple(embed.shape), kernel)
+            key = (embed.data_ptr(), tuple(embed.shape), kernel, weights)
             if key not in built:
-                built[key] = cls(head, embed, kernel=kernel)
+                built[key] = cls(head, embed, kernel=kernel, weights=weights)
             return built[key]
 
     def __del__(self) -> None:
@@ -626,18 +646,19 @@ class NativeEagleHead:
         embed: (V, H) the embedding table (default: the head's own or the attached one).
         kernel: ``fma`` or ``dpbf16`` (default :func:`default_kernel`).
         capacity: cache positions allocated at first (doubled when a step passes them).
+        weights: ``bf16``, ``int8`` or ``w8a8`` (:class:`NativeEagleWeights`).
     Raises:
         NativeError: as :class:`NativeEagleWeights`.
     """
 
     def __init__(self, head, embed: torch.Tensor | None = None, kernel: str | None = None,
-                 capacity: int = MIN_CAPACITY) -> None:
+                 capacity: int = MIN_CAPACITY, weights: str = "bf16") -> None:
         if embed is None:
             table = head.embedding_table()
             if table is None:
                 raise NativeError("the EAGLE-3 head needs the target's embeddings: call attach()")
             embed = table.weight
-        self.weights = NativeEagleWeights.of(head, embed, kernel)
+        self.weights = NativeEagleWeights.of(head, embed, kernel, weights)
         self.capacity = 0
         self.k_cache = self.v_cache = None
         self.length = 0
@@ -702,15 +723,18 @@ class NativeEagleHead:
 
 def head_stepper(drafter, loaded) -> None:
     """Give ``drafter`` (an ``Eagle3Drafter``, or a drafter stacked over one, e.g.
-    ``CombinedDrafter``) the C head step when ``loaded`` (a ``models.LoadedModel``) runs on the
-    native backend; anything else is left as it is (the torch head is the reference). A head the
-    C step cannot compute keeps the torch step (logged once, not an error)."""
-    if getattr(loaded, "backend", "transformers") not in BACKENDS or drafter is None:
+    ``CombinedDrafter``) the C head step when ``loaded`` (a ``models.LoadedModel``) runs on a
+    native backend, in that backend's weight format (BF16, int8, or int8 with int8 activations:
+    the drafts of a head change with it, the output does not); anything else is left as it is
+    (the torch head is the reference). A head the C step cannot compute keeps the torch step
+    (logged once, not an error)."""
+    backend = getattr(loaded, "backend", "transformers")
+    if backend not in BACKENDS or drafter is None:
         return
     for d in (drafter, getattr(drafter, "learned", None)):
         if d is None or not hasattr(d, "use_stepper") or getattr(d, "stepper", None) is not None:
             continue
         try:
-            d.use_stepper(NativeEagleHead(d.head))
+            d.use_stepper(NativeEagleHead(d.head, weights=BACKENDS[backend]))
         except NativeError as exc:
             log.info("the EAGLE-3 head keeps its torch step: %s", exc)
