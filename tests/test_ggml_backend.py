@@ -337,6 +337,8 @@ def test_auto_measures_both_backends_and_stores_the_choice(tiny, monkeypatch, tm
         assert first.backend == min(first.cost_s, key=first.cost_s.get)
         again = gb.choose_backend(loaded)
         assert again.cached and (again.backend, again.cost_s) == (first.backend, first.cost_s)
+        assert again.reason.startswith("measured earlier on this machine (SPECDEMO_BACKEND="
+                                       "recalibrate measures again): ")
         chosen, choice = gb.with_backend(loaded, "auto")
         assert chosen.backend == first.backend and choice.cached
         assert "not available" not in first.reason

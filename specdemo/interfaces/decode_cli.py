@@ -61,7 +61,7 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
 
 
 def add_backend_flag(parser: argparse.ArgumentParser) -> None:
-    """``--backend auto|transformers|ggml|ggml-bf16|int8|native``: how the target's forward is computed (both lanes
+    """``--backend`` (one of ``core.BACKENDS``): how the target's forward is computed (both lanes
     of a comparison use the same)."""
     parser.add_argument("--backend", default="transformers",
                         choices=BACKENDS,
@@ -75,9 +75,10 @@ def add_backend_flag(parser: argparse.ArgumentParser) -> None:
                              "one scale a row), native-w8a8 (int8 weights times int8 "
                              "activations with one scale per 32 values, exact integer sums) or auto (measured on this CPU, stored; "
                              "transformers elsewhere) (default %(default)s: the reference for "
-                             "losslessness; on the CPUs measured so far native and ggml decode "
-                             "about 5x faster, and native verifies 4 drafts for ~1.2x a step "
-                             "where ggml takes 2.7-3.3x)")
+                             "losslessness; on the 2-core CPUs measured so far auto decodes "
+                             "5-8x faster: native with AVX512-BF16, verifying 4 drafts for "
+                             "1.2-1.7x a step, native-w8a8 with AVX2 only, 1.7x; ggml takes "
+                             "2.7-3.3x)")
 
 
 def register(sub) -> None:

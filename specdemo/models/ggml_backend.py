@@ -495,7 +495,7 @@ class BackendChoice:
     """What :func:`choose_backend` decided.
 
     Attributes:
-        backend: ``transformers``, ``ggml``, ``ggml-bf16``, ``int8`` or ``native``.
+        backend: a name of ``core.BACKENDS`` other than ``auto``.
         reason: why (the measured costs, or why ggml was not a candidate).
         cost_s: backend -> seconds of one plain step plus one 5-token verification forward.
         cached: True when the measurement came from an earlier one on this machine.
@@ -604,7 +604,10 @@ def choose_backend(loaded) -> BackendChoice:
     if os.environ.get(CHOICE_ENV, "").strip().lower() != "recalibrate":
         try:
             entry = json.loads(path.read_text())[key]
-            return BackendChoice(entry["backend"], entry["reason"], entry["cost_s"], cached=True)
+            reason = entry["reason"].replace(
+                "measured: ", f"measured earlier on this machine ({CHOICE_ENV}=recalibrate measures "
+                "again): ", 1)
+            return BackendChoice(entry["backend"], reason, entry["cost_s"], cached=True)
         except (OSError, ValueError, KeyError, TypeError):
             pass
     others = OtherCpuUse()
