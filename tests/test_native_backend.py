@@ -242,14 +242,22 @@ def test_one_thread_and_two_give_the_same_numbers(tiny):
 
 
 @needs_library
-def test_rollback_then_refeed_equals_feeding_once(tiny):
-    kv = nb.NativeKV(nb.NativeModel(tiny))
+@pytest.mark.parametrize("weights", ["bf16", "int8", "w8a8"])
+def test_rollback_then_refeed_equals_feeding_once(tiny, weights):
+    """Rollback by length on every weight format, and the hidden states a drafter reads: those of
+    a verification forward are the one-token steps' bit for bit."""
+    kv = nb.NativeKV(nb.NativeModel(tiny, weights=weights))
     kv.forward(IDS[:6])
     expected = kv.forward(IDS[6:10], logits_to_keep=4)
     kv.forward([8, 8, 8], logits_to_keep=3)  # rejected tokens
     kv.rollback(6)
     assert kv.length == 6 and kv.ids == IDS[:6]
     assert torch.equal(kv.forward(IDS[6:10], logits_to_keep=4), expected)
+    kv.rollback(6)
+    _, feats = kv.forward_features(IDS[6:10], 4, (0, 2, 3))
+    kv.rollback(6)
+    steps = torch.cat([kv.forward_features([i], 1, (0, 2, 3))[1] for i in IDS[6:10]])
+    assert feats.shape == (4, 3 * 64) and torch.equal(feats, steps)
     kv.rollback(10)  # nothing to drop
     assert kv.length == 10
     kv.reset()
