@@ -689,7 +689,7 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
 #define NF_I8A_AVX2 1
 #endif
 #ifndef TBI
-#define TBI 2 /* tokens per register block of the integer kernel (RB * TBI int32 accumulators) */
+#define TBI 3 /* tokens per register block of the integer kernel (RB * TBI float32 accumulators) */
 #endif
 #if TBI > 4 || TBI < 1
 #error "TBI must be 1..4"
