@@ -272,6 +272,19 @@ def _bf16(rows: int, *weights: torch.Tensor) -> torch.Tensor:
     return repack(torch.cat([w.detach() for w in weights]).to(torch.bfloat16), rows)
 
 
+def _packer(weights: str, rows: int, scales: list[torch.Tensor]):
+    """A function of linear weights -> their stacked matrix in the C layout: :func:`_bf16`
+    for ``bf16``, else :func:`_int8`, whose row scales it appends to ``scales`` (in call
+    order, as ``nf_set_scales`` takes them)."""
+    def pack(*ws: torch.Tensor) -> torch.Tensor:
+        if weights == "bf16":
+            return _bf16(rows, *ws)
+        q, scale = _int8(rows, *ws)
+        scales.append(scale)
+        return q
+    return pack
+
+
 class NativeModel(RotaryTables):
     """The BF16 weights of one transformers Llama and the C model over them, built once and
     shared by its caches (one forward at a time: the C model owns one set of scratch buffers).
@@ -312,13 +325,7 @@ class NativeModel(RotaryTables):
         base = model.model
         rows = self.lib.nf_rows()
         self.scales: list[torch.Tensor] = []  # int8: (qkv, o, gate_up, down) row scales a layer, then the head's
-
-        def pack(*ws):
-            if weights == "bf16":
-                return _bf16(rows, *ws)
-            q, scale = _int8(rows, *ws)
-            self.scales.append(scale)
-            return q
+        pack = _packer(weights, rows, self.scales)
         self.scaling = float(getattr(base.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
         with torch.no_grad():
             self.embed = base.embed_tokens.weight.detach().float().contiguous()  # (V, H)
@@ -569,16 +576,10 @@ class NativeEagleWeights(RotaryTables):
         rows = self.lib.nf_rows()
         a, m = layer.self_attn, layer.mlp
         self.scales: list[torch.Tensor] = []  # int8: qkv, o, gate_up, down, lm_head row scales
+        pack = _packer(weights, rows, self.scales)
 
         def f32(t):
             return t.detach().float().contiguous()
-
-        def pack(*ws):
-            if weights == "bf16":
-                return _bf16(rows, *ws)
-            q, scale = _int8(rows, *ws)
-            self.scales.append(scale)
-            return q
 
         with torch.no_grad():
             self.embed = f32(embed)
