@@ -10,7 +10,10 @@
  * Numbers: weights BF16 (the float32 weights rounded to nearest even), activations, KV cache,
  * norms, rotary embeddings, softmax and accumulation float32 (kernel "fma"); or, with kernel
  * "dpbf16" (CPUs with AVX512-BF16 only), activations rounded to BF16 for the multiplies and
- * accumulated in float32 by VDPBF16PS. In both kernels the result for a token does not depend
+ * accumulated in float32 by VDPBF16PS. With int8 weights (nf_set_scales: native-int8) the fma
+ * kernel widens them to float32; after nf_quantize_activations (native-w8a8) the activations are
+ * int8 too, one scale per 32 values a token, and each block of 32 products is summed exactly in
+ * int32 (block_q8). In every kernel the result for a token does not depend
  * on the other tokens of the forward: every dot product runs the same instructions in the same
  * order whatever the batch, and attention is computed per query over the keys up to its
  * position. So a verification forward over [last token, d1..dk] gives each position exactly
