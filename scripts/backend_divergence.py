@@ -47,6 +47,12 @@ def top1_agreement(kv, prompt_ids: list[int], answer: list[int]) -> tuple[int, i
     return agree, len(answer)
 
 
+def agreement_line(backend: str, tf: dict) -> str:
+    """The printed line of a ``top1_agreement`` row entry ({"agree", "positions"})."""
+    return (f"{backend} top-1 agreement with float32's greedy tokens (teacher forced): "
+            f"{tf['agree']} of {tf['positions']} ({tf['agree'] / max(tf['positions'], 1):.1%})")
+
+
 def measure(target: str, backend: str, drafts: list[str], k: int, max_new_tokens: int) -> list[dict]:
     from specdemo.models.ggml_backend import target_kv, with_backend
     from specdemo.models.learned import is_learned, load_learned
@@ -73,8 +79,7 @@ def measure(target: str, backend: str, drafts: list[str], k: int, max_new_tokens
         a, n = top1_agreement(target_kv(ours), ref_pipe.prompt_ids(prompt), ref[i])
         agree, total = agree + a, total + n
     rows[0]["top1_agreement"] = {"agree": agree, "positions": total}
-    print(f"{backend} top-1 agreement with float32's greedy tokens (teacher forced): "
-          f"{agree} of {total} ({agree / max(total, 1):.1%})", file=sys.stderr, flush=True)
+    print(agreement_line(backend, rows[0]["top1_agreement"]), file=sys.stderr, flush=True)
     for draft in drafts:
         source = load_learned(draft, ours) if is_learned(draft) else None
         spec_pipe = Pipeline(ours, draft, source)
@@ -108,9 +113,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.time() - start:.0f} s")
     print(header)
     print(table(rows))
-    tf = rows[0]["top1_agreement"]
-    print(f"\n{args.backend} top-1 agreement with float32's greedy tokens (teacher forced): "
-          f"{tf['agree']} of {tf['positions']} ({tf['agree'] / max(tf['positions'], 1):.1%})")
+    print("\n" + agreement_line(args.backend, rows[0]["top1_agreement"]))
     if args.json:
         Path(args.json).write_text(json.dumps({"header": header, "rows": rows}, indent=1))
     return 0

@@ -272,10 +272,20 @@ def _bf16(rows: int, *weights: torch.Tensor) -> torch.Tensor:
     return repack(torch.cat([w.detach() for w in weights]).to(torch.bfloat16), rows)
 
 
+def _check_weights(weights: str) -> str:
+    """``weights`` when it is a weight format of :data:`BACKENDS`.
+
+    Raises:
+        ValueError: it is not."""
+    if weights not in BACKENDS.values():
+        raise ValueError(f"weights {weights!r}: use {', '.join(BACKENDS.values())}")
+    return weights
+
+
 def _packer(weights: str, rows: int, scales: list[torch.Tensor]):
     """A function of linear weights -> their stacked matrix in the C layout: :func:`_bf16`
     for ``bf16``, else :func:`_int8`, whose row scales it appends to ``scales`` (in call
-    order, as ``nf_set_scales`` takes them)."""
+    order, as :func:`_set_scales` gives them to the C model)."""
     def pack(*ws: torch.Tensor) -> torch.Tensor:
         if weights == "bf16":
             return _bf16(rows, *ws)
@@ -283,6 +293,19 @@ def _packer(weights: str, rows: int, scales: list[torch.Tensor]):
         scales.append(scale)
         return q
     return pack
+
+
+def _set_scales(lib, handle, weights: str, scales: list[torch.Tensor], layers: int) -> None:
+    """Tell the C model ``handle`` its int8 weights' row scales (``scales`` in :func:`_packer`'s
+    order: qkv, o, gate_up, down a layer for ``layers`` layers, then the output head's) and, for
+    ``w8a8``, to quantise activations too; nothing for ``bf16``."""
+    if weights == "bf16":
+        return
+    for i in range(layers):
+        lib.nf_set_scales(handle, i, *(t.data_ptr() for t in scales[4 * i:4 * i + 4]))
+    lib.nf_set_scales(handle, -1, scales[-1].data_ptr(), None, None, None)
+    if weights == "w8a8":
+        lib.nf_quantize_activations(handle)
 
 
 class NativeModel(RotaryTables):
@@ -306,9 +329,7 @@ class NativeModel(RotaryTables):
         reason = unsupported_reason(model)
         if reason:
             raise NativeError(reason)
-        if weights not in BACKENDS.values():
-            raise ValueError(f"weights {weights!r}: use {', '.join(BACKENDS.values())}")
-        self.weights = weights
+        self.weights = _check_weights(weights)
         from ..core.machine import default_threads
         self.lib = library()
         self.kernel = kernel or default_kernel()
@@ -357,12 +378,7 @@ class NativeModel(RotaryTables):
                                                ("qkv", "o", "gate_up", "down", "norm1", "norm2")))
         self.lib.nf_set_output(handle, self.embed.data_ptr(), self.norm.data_ptr(),
                                self.head.data_ptr())
-        if weights != "bf16":  # four scale arrays a layer, in pack order, then the head's
-            for i in range(self.n_layer):
-                self.lib.nf_set_scales(handle, i, *(t.data_ptr() for t in self.scales[4 * i:4 * i + 4]))
-            self.lib.nf_set_scales(handle, -1, self.scales[-1].data_ptr(), None, None, None)
-        if weights == "w8a8":
-            self.lib.nf_quantize_activations(handle)
+        _set_scales(self.lib, handle, weights, self.scales, self.n_layer)
         self._cache_owner = None  # the NativeKV whose cache the C model points at
 
     def __del__(self) -> None:
@@ -558,9 +574,7 @@ class NativeEagleWeights(RotaryTables):
         reason = head_unsupported_reason(head)
         if reason:
             raise NativeError(reason)
-        if weights not in BACKENDS.values():
-            raise ValueError(f"weights {weights!r}: use {', '.join(BACKENDS.values())}")
-        self.weights = weights
+        self.weights = _check_weights(weights)
         from ..core.machine import default_threads
         self.lib = library()
         self.kernel = kernel or default_kernel()
@@ -612,11 +626,7 @@ class NativeEagleWeights(RotaryTables):
         self.lib.nf_head_set(handle, *(t[k].data_ptr() for k in (
             "qkv", "o", "gate_up", "down", "input_ln", "hidden_norm", "post_ln", "norm",
             "lm_head")), self.embed.data_ptr())
-        if weights != "bf16":
-            self.lib.nf_set_scales(handle, 0, *(t.data_ptr() for t in self.scales[:4]))
-            self.lib.nf_set_scales(handle, -1, self.scales[4].data_ptr(), None, None, None)
-        if weights == "w8a8":
-            self.lib.nf_quantize_activations(handle)
+        _set_scales(self.lib, handle, weights, self.scales, 1)
 
     @classmethod
     def of(cls, head, embed: torch.Tensor, kernel: str | None = None,

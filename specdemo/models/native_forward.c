@@ -214,7 +214,7 @@ typedef struct {
     int scratch_tokens;
     float *x, *h, *qkv, *att, *gu, *act;
     uint16_t *xb; /* activations rounded to BF16 (kernel dpbf16), or int8 activations (bytes) */
-    float *sx;    /* int8 activations: one scale a token */
+    float *sx;    /* int8 activations: one scale per 32 values a token */
     float *scores; /* per thread: capacity floats */
     int scores_cap;
     /* EAGLE-3 head mode (nf_head_create): one layer over concat(embed, hidden) of width 2H */
@@ -697,28 +697,7 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
 #if TBI > 4 || TBI < 1
 #error "TBI must be 1..4"
 #endif
-#define CASE_NTI(K, CALL) \
-    case K: CALL(K); break;
-#define SWITCH_NTI(CALL)                                          \
-    switch (nt) {                                                 \
-        CASE_NTI(1, CALL) IF_TBI2(CASE_NTI(2, CALL))               \
-        IF_TBI3(CASE_NTI(3, CALL)) IF_TBI4(CASE_NTI(4, CALL))      \
-    }
-#if TBI >= 2
-#define IF_TBI2(x) x
-#else
-#define IF_TBI2(x)
-#endif
-#if TBI >= 3
-#define IF_TBI3(x) x
-#else
-#define IF_TBI3(x)
-#endif
-#if TBI >= 4
-#define IF_TBI4(x) x
-#else
-#define IF_TBI4(x)
-#endif
+#define TBI_MAX 4 /* block_q8's arrays hold this many tokens; rows_q8 passes at most TBI */
 
 /* y[t0 + t, o + r] = scale[r] * sum_b sx[t, b] * sum_{k in block b} xq[t, k] q[o + r, k] for
  * t < NT, r < rows: int8 activations with one scale per 32 columns (sx: (n, K / 32)) times one
@@ -731,10 +710,10 @@ static inline __attribute__((always_inline)) void block_q8(const int8_t *xq, con
                                                           const int8_t *wb, float *y, int ldy,
                                                           int rows, const float *scale) {
     const int nb = K / 32;
-    float s[RB][TBI];
+    float s[RB][TBI_MAX];
 #ifdef NF_I8A_AVX2
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[RB][TBI];
+    __m256 acc[RB][TBI_MAX];
     for (int r = 0; r < RB; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -780,7 +759,12 @@ static void rows_q8(const int8_t *xq, const float *sx, int n, int K, const void 
         for (int t0 = 0; t0 < n; t0 += TBI) {
             int nt = n - t0 < TBI ? n - t0 : TBI;
 #define CALL_Q8(NT) block_q8(xq, sx, t0, NT, K, wb, y + o, ldy, rows, S + o)
-            SWITCH_NTI(CALL_Q8)
+            switch (nt) { /* NT a compile-time constant at each call: accumulators in registers */
+                case 1: CALL_Q8(1); break;
+                case 2: CALL_Q8(2); break;
+                case 3: CALL_Q8(3); break;
+                case 4: CALL_Q8(4); break;
+            }
         }
     }
 }
