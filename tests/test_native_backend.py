@@ -209,16 +209,35 @@ def test_w8a8_is_transformers_forward_over_rounded_weights_and_activations():
     assert nm.weight_bytes == nb.NativeModel(model, weights="int8").weight_bytes
 
 
+def _w8a8_builds() -> list:
+    """Extra compiler flags of the integer kernel's other paths this CPU can run: the portable C
+    (what a CPU without AVX2 runs), and on a CPU with AVX512-VNNI the AVX2 path (built without
+    AVX-512) and the VNNI path without its 512-bit registers' other uses."""
+    flags = set(nb.cpu_flags().split())
+    builds = [pytest.param("-DNF_NO_I8A_AVX2", id="portable")]
+    if "avx512_vnni" in flags:
+        builds.append(pytest.param("-DNF_NO_VNNI", id="avx2-on-avx512"))
+        builds.append(pytest.param("-mno-avx512f", id="avx2-only"))
+    return builds
+
+
 @needs_library
-def test_w8a8_portable_build_gives_the_avx2_builds_numbers(tiny, monkeypatch):
-    """The integer kernel's portable C (-DNF_NO_I8A_AVX2: what a CPU without AVX2 runs) and this
-    machine's build quantise the same way and sum exactly: the same logits bit for bit."""
-    default = nb.NativeKV(nb.NativeModel(tiny, weights="w8a8")).forward(IDS, len(IDS))
+@pytest.mark.parametrize("extra", _w8a8_builds())
+def test_w8a8_every_kernel_path_gives_the_same_numbers(tiny, monkeypatch, extra):
+    """The integer kernel's paths (AVX512-VNNI, AVX2, portable C) quantise the same way and sum
+    each 32 products exactly in int32, then in the same float32 order: the same logits bit for
+    bit, for one forward and for one-token steps."""
+    default_kv = nb.NativeKV(nb.NativeModel(tiny, weights="w8a8"))
+    default = default_kv.forward(IDS, len(IDS))
+    default_kv.rollback(4)
+    default_steps = torch.cat([default_kv.forward([i]) for i in IDS[4:9]])
     monkeypatch.setattr(nb, "_LIB", None)  # restored after the test: the default build again
     monkeypatch.setattr(nb, "_LIB_ERROR", None)
-    monkeypatch.setenv(nb.CFLAGS_ENV, "-DNF_NO_I8A_AVX2")
-    portable = nb.NativeKV(nb.NativeModel(tiny, weights="w8a8")).forward(IDS, len(IDS))
-    assert torch.equal(portable, default)
+    monkeypatch.setenv(nb.CFLAGS_ENV, extra)
+    kv = nb.NativeKV(nb.NativeModel(tiny, weights="w8a8"))
+    assert torch.equal(kv.forward(IDS, len(IDS)), default)
+    kv.rollback(4)
+    assert torch.equal(torch.cat([kv.forward([i]) for i in IDS[4:9]]), default_steps)
 
 
 @needs_library

@@ -164,6 +164,7 @@ def library():
         lib.nf_free.argtypes = [c.c_void_p]
         lib.nf_has_dpbf16.restype = c.c_int
         lib.nf_rows.restype = c.c_int
+        lib.nf_rows_q8.restype = c.c_int
         lib.nf_set_layer.argtypes = [c.c_void_p, c.c_int] + [c.c_void_p] * 6
         lib.nf_set_output.argtypes = [c.c_void_p] * 4
         lib.nf_set_scales.argtypes = [c.c_void_p, c.c_int] + [c.c_void_p] * 4
@@ -252,9 +253,30 @@ def repack(w: torch.Tensor, rows: int) -> torch.Tensor:
     return blocks.contiguous().view(-1)
 
 
-def _int8(rows: int, *weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def repack_q8(q: torch.Tensor, rows: int) -> torch.Tensor:
+    """A (M, K) int8 weight in the layout of native_forward.c's integer kernel (block_q8, for
+    int8 activations): rows in blocks of ``rows`` (RBQ, ``nf_rows_q8()``; M padded with zero rows
+    to a multiple), each block stored :data:`COLUMNS` columns at a time as 8 groups of 4 columns,
+    a group holding the block's rows' 4 bytes one row after another (so a vector lane is a row).
+
+    Returns:
+        (ceil(M / rows) * rows * K,) int8.
+    Raises:
+        ValueError: K not a multiple of COLUMNS."""
+    m, k = q.shape
+    if k % COLUMNS:
+        raise ValueError(f"a weight of {k} columns; the native kernels need a multiple of {COLUMNS}")
+    pad = -m % rows
+    if pad:
+        q = torch.cat([q, q.new_zeros(pad, k)])
+    groups = q.view(-1, rows, k // COLUMNS, COLUMNS // 4, 4).permute(0, 2, 3, 1, 4)
+    return groups.contiguous().view(-1)
+
+
+def _int8(rows: int, *weights: torch.Tensor, layout=repack) -> tuple[torch.Tensor, torch.Tensor]:
     """The weights stacked by rows as int8 with one scale per row (absmax / 127, round to
-    nearest; w ~= q * scale), :func:`repack`ed in blocks of ``rows``.
+    nearest; w ~= q * scale), in ``layout`` (:func:`repack` or :func:`repack_q8`) in blocks of
+    ``rows``.
 
     Returns:
         (q: (ceil(M / rows) * rows * K,) int8, scale: (ceil(M / rows) * rows,) float32; padded
@@ -263,7 +285,7 @@ def _int8(rows: int, *weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     q, scale = quantize_rows(torch.cat([w.detach() for w in weights]))
     pad = -scale.numel() % rows
     scale = torch.cat([scale, scale.new_zeros(pad)]) if pad else scale
-    return repack(q, rows), scale.contiguous()
+    return layout(q, rows), scale.contiguous()
 
 
 def _bf16(rows: int, *weights: torch.Tensor) -> torch.Tensor:
@@ -282,14 +304,18 @@ def _check_weights(weights: str) -> str:
     return weights
 
 
-def _packer(weights: str, rows: int, scales: list[torch.Tensor]):
-    """A function of linear weights -> their stacked matrix in the C layout: :func:`_bf16`
-    for ``bf16``, else :func:`_int8`, whose row scales it appends to ``scales`` (in call
-    order, as :func:`_set_scales` gives them to the C model)."""
+def _packer(weights: str, lib, scales: list[torch.Tensor]):
+    """A function of linear weights -> their stacked matrix in the C library ``lib``'s layout:
+    :func:`_bf16` for ``bf16``, else :func:`_int8` (``w8a8``: in :func:`repack_q8`'s layout),
+    whose row scales it appends to ``scales`` (in call order, as :func:`_set_scales` gives them
+    to the C model)."""
+    q8 = weights == "w8a8"
+    rows = lib.nf_rows_q8() if q8 else lib.nf_rows()
+
     def pack(*ws: torch.Tensor) -> torch.Tensor:
         if weights == "bf16":
             return _bf16(rows, *ws)
-        q, scale = _int8(rows, *ws)
+        q, scale = _int8(rows, *ws, layout=repack_q8 if q8 else repack)
         scales.append(scale)
         return q
     return pack
@@ -344,9 +370,8 @@ class NativeModel(RotaryTables):
         self.eps = float(cfg.rms_norm_eps)
         self.threads = threads or default_threads()
         base = model.model
-        rows = self.lib.nf_rows()
         self.scales: list[torch.Tensor] = []  # int8: (qkv, o, gate_up, down) row scales a layer, then the head's
-        pack = _packer(weights, rows, self.scales)
+        pack = _packer(weights, self.lib, self.scales)
         self.scaling = float(getattr(base.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
         with torch.no_grad():
             self.embed = base.embed_tokens.weight.detach().float().contiguous()  # (V, H)
@@ -587,10 +612,9 @@ class NativeEagleWeights(RotaryTables):
         self.threads = threads or default_threads()
         self.rotary = head.rotary_emb
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        rows = self.lib.nf_rows()
         a, m = layer.self_attn, layer.mlp
         self.scales: list[torch.Tensor] = []  # int8: qkv, o, gate_up, down, lm_head row scales
-        pack = _packer(weights, rows, self.scales)
+        pack = _packer(weights, self.lib, self.scales)
 
         def f32(t):
             return t.detach().float().contiguous()

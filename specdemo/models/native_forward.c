@@ -204,7 +204,7 @@ typedef struct {
     const float *embed; /* (vocab, hidden) float32 */
     const float *norm;  /* (hidden,) */
     const uint16_t *head; /* (vocab, hidden) BF16, or int8 with s_head */
-    const float *s_head;  /* int8 output head: (vocab rounded up to RB,) row scales, else NULL */
+    const float *s_head;  /* int8 output head: (vocab rounded up to RB, RBQ with act_q8) row scales, else NULL */
     int act_q8;           /* int8 weights multiply int8 activations (nf_quantize_activations) */
     nf_layer *layers;
     float *k_cache, *v_cache; /* (n_layer, n_kv, capacity, D) */
@@ -215,6 +215,7 @@ typedef struct {
     float *x, *h, *qkv, *att, *gu, *act;
     uint16_t *xb; /* activations rounded to BF16 (kernel dpbf16), or int8 activations (bytes) */
     float *sx;    /* int8 activations: one scale per 32 values a token */
+    int32_t *xsum; /* int8 activations: 128 * the sum of each 32 (block_q8) */
     float *scores; /* per thread: capacity floats */
     int scores_cap;
     /* EAGLE-3 head mode (nf_head_create): one layer over concat(embed, hidden) of width 2H */
@@ -267,7 +268,7 @@ void nf_free(void *p) {
     pool_stop(&m->pool);
     free(m->layers);
     free(m->x); free(m->h); free(m->qkv); free(m->att); free(m->gu); free(m->act); free(m->xb);
-    free(m->sx); free(m->scores); free(m->xin);
+    free(m->sx); free(m->xsum); free(m->scores); free(m->xin);
     free(m);
 }
 
@@ -286,7 +287,8 @@ void nf_set_output(void *p, const float *embed, const float *norm, const uint16_
 
 /* Int8 weights for layer i (i = -1: the output head): each non-NULL scale array (rows rounded up
  * to RB, float32) says that the weight set for it by nf_set_layer / nf_set_output holds int8
- * values q (the same repacked layout, one byte a value) and w[o, k] = q[o, k] * scale[o]. */
+ * values q (the same repacked layout, one byte a value) and w[o, k] = q[o, k] * scale[o]. With
+ * nf_quantize_activations the weights are in block_q8's layout instead, rows rounded up to RBQ. */
 void nf_set_scales(void *p, int i, const float *qkv, const float *o, const float *gate_up,
                    const float *down) {
     nf_model *m = (nf_model *)p;
@@ -301,10 +303,12 @@ void nf_set_scales(void *p, int i, const float *qkv, const float *o, const float
 /* From now on every matmul over int8 weights (nf_set_scales) also quantises its activations:
  * each token's row x (K,) to int8 with one scale per 32 columns (absmax / 127, round to nearest
  * even: llama.cpp's Q8_0), multiplied with the weights in exact int32 sums per 32 columns
- * (block_q8). A token's numbers still do not depend on the other tokens of a forward. Source:
- * W8A8 integer matmuls (SmoothQuant, Xiao et al. 2023; LLM.int8(), Dettmers et al. 2022);
- * the block format and the AVX2 u8 x s8 product with the weights' signs moved onto the
- * activations are llama.cpp's (ggml-cpu quants.c, mul_sum_i8_pairs). */
+ * (block_q8, whose weight layout, blocks of RBQ rows, the caller repacks the int8 weights in).
+ * A token's numbers still do not depend on the other tokens of a forward. Source: W8A8 integer
+ * matmuls (SmoothQuant, Xiao et al. 2023; LLM.int8(), Dettmers et al. 2022); the block format and
+ * the AVX2 u8 x s8 product with the weights' signs moved onto the activations are llama.cpp's
+ * (ggml-cpu quants.c, mul_sum_i8_pairs); the unsigned offset for VPDPBUSD is oneDNN's and
+ * llama.cpp's AMX/VNNI kernels' compensation. */
 void nf_quantize_activations(void *p) { ((nf_model *)p)->act_q8 = 1; }
 
 /* The caller's KV cache and rotary tables for positions 0..capacity-1 (set again after growing). */
@@ -325,8 +329,9 @@ static int grow_scratch(nf_model *m, int s) {
         free(m->xin);
         m->xin = m->head_mode ? malloc(sizeof(float) * s * 2 * m->hidden) : NULL;
         free(m->x); free(m->h); free(m->qkv); free(m->att); free(m->gu); free(m->act); free(m->xb);
-        free(m->sx);
+        free(m->sx); free(m->xsum);
         m->sx = malloc(sizeof(float) * s * (widest / 32 + 1));
+        m->xsum = malloc(sizeof(int32_t) * s * (widest / 32 + 1));
         m->x = malloc(sizeof(float) * s * m->hidden);
         m->h = malloc(sizeof(float) * s * m->hidden);
         m->qkv = malloc(sizeof(float) * s * q);
@@ -335,7 +340,7 @@ static int grow_scratch(nf_model *m, int s) {
         m->act = malloc(sizeof(float) * s * m->inter);
         m->xb = malloc(sizeof(uint16_t) * s * widest);
         m->scratch_tokens = s;
-        if (!m->x || !m->h || !m->qkv || !m->att || !m->gu || !m->act || !m->xb || !m->sx ||
+        if (!m->x || !m->h || !m->qkv || !m->att || !m->gu || !m->act || !m->xb || !m->sx || !m->xsum ||
             (m->head_mode && !m->xin)) {
             m->scratch_tokens = 0;
             return -1;
@@ -686,92 +691,155 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
 }
 #endif
 
-/* Int8 weights times int8 activations (nf_quantize_activations): AVX2 (NF_I8A_AVX2) or
- * portable C (-DNF_NO_I8A_AVX2 builds it on x86 too), the same numbers bit for bit. */
+/* Int8 weights times int8 activations (nf_quantize_activations). The weights are repacked for
+ * this kernel alone (native_backend.repack_q8, nf_rows_q8): blocks of RBQ = 16 rows, each stored
+ * 32 columns at a time as 8 groups of 4 columns, a group holding the 16 rows' 4 bytes one row
+ * after another, so one 64-byte load gives 16 rows x 4 columns and a vector lane is an output row.
+ * Per token, row and 32-column block the 32 products are summed exactly in int32; the row's
+ * float32 sum then adds sx[t, b] times that sum block after block with one FMA, and the result is
+ * multiplied by the row's scale. Every path below (AVX512-VNNI, AVX2, portable C: -DNF_NO_I8A_AVX2
+ * builds it on x86 too) computes exactly these numbers, whatever the CPU and the number of tokens.
+ * AVX512-VNNI (NF_VNNI): VPDPBUSD of the weights' bytes + 128 (unsigned) and 4 broadcast
+ * activation bytes, started from -128 * sum of the block's activations (xsum), so 16 rows take
+ * 8 instructions a block. AVX2: VPMADDUBSW of |q| and the activations with q's signs, then
+ * VPMADDWD (llama.cpp's mul_sum_i8_pairs; |q|, |x| <= 127: no int16 sum saturates). */
 #if defined(__AVX2__) && !defined(NF_NO_I8A_AVX2)
 #define NF_I8A_AVX2 1
 #endif
-#ifndef TBI
-#define TBI 3 /* tokens per register block of the integer kernel (RB * TBI float32 accumulators) */
+#if defined(NF_I8A_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512F__) && !defined(NF_NO_VNNI)
+#define NF_VNNI 1
 #endif
-#if TBI > 4 || TBI < 1
-#error "TBI must be 1..4"
+#define RBQ 16 /* rows per block of the integer kernel's weights (nf_rows_q8) */
+#ifndef TBQ
+#define TBQ 4 /* tokens per register block of the integer kernel */
 #endif
-#define TBI_MAX 4 /* block_q8's arrays hold this many tokens; rows_q8 passes at most TBI */
+#if TBQ > 8 || TBQ < 1
+#error "TBQ must be 1..8"
+#endif
 
-/* y[t0 + t, o + r] = scale[r] * sum_b sx[t, b] * sum_{k in block b} xq[t, k] q[o + r, k] for
- * t < NT, r < rows: int8 activations with one scale per 32 columns (sx: (n, K / 32)) times one
- * repacked int8 weight block. A block's products are summed exactly in int32 (8 lanes of 4
- * columns: VPMADDUBSW over |q| and x's bytes with q's signs, then VPMADDWD; |q| and |x| <= 127,
- * so no int16 sum saturates), lane l adds sx[t, b] times its sum for b = 0, 1, ... with one
- * float32 FMA a block, and the lanes are added in hsum8's order: the same numbers for every NT. */
+int nf_rows_q8(void) { return RBQ; }
+
+/* y[t0 + t, o + r] for t < NT, r < rows (<= RBQ) from one weight block wb (K / 32 chunks of
+ * 8 groups x RBQ rows x 4 bytes); xq (n, K) int8, sx (n, K / 32) float32 scales, xsum (n, K / 32)
+ * 128 * the sum of a block's int8 activations (NF_VNNI's offset), scale (rows,) float32 */
 static inline __attribute__((always_inline)) void block_q8(const int8_t *xq, const float *sx,
-                                                          int t0, const int NT, int K,
-                                                          const int8_t *wb, float *y, int ldy,
-                                                          int rows, const float *scale) {
+                                                          const int32_t *xsum, int t0, const int NT,
+                                                          int K, const int8_t *wb, float *y,
+                                                          int ldy, int rows, const float *scale) {
     const int nb = K / 32;
-    float s[RB][TBI_MAX];
-#ifdef NF_I8A_AVX2
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[RB][TBI_MAX];
-    for (int r = 0; r < RB; r++)
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+#if defined(NF_VNNI)
+    __m512 acc[TBQ];
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    const __m512i off = _mm512_set1_epi8((char)0x80);
     for (int b = 0; b < nb; b++) {
-        const int8_t *wk = wb + (size_t)b * 32 * RB;
+        const int8_t *wk = wb + (size_t)b * 32 * RBQ;
+        __m512i w[8];
+        for (int j = 0; j < 8; j++) w[j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(wk + 64 * j)), off);
         for (int t = 0; t < NT; t++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (size_t)(t0 + t) * K + b * 32));
-            __m256 sc = _mm256_broadcast_ss(sx + (size_t)(t0 + t) * nb + b);
-            for (int r = 0; r < RB; r++) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)(wk + r * 32));
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)), ones);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[r][t]);
+            const int8_t *xt = xq + (size_t)(t0 + t) * K + b * 32;
+            __m512i s0 = _mm512_set1_epi32(-xsum[(size_t)(t0 + t) * nb + b]), s1 = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j += 2) {
+                int32_t x0, x1;
+                memcpy(&x0, xt + 4 * j, 4);
+                memcpy(&x1, xt + 4 * j + 4, 4);
+                s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(x0));
+                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(x1));
             }
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+                                     _mm512_set1_ps(sx[(size_t)(t0 + t) * nb + b]), acc[t]);
         }
     }
-    for (int t = 0; t < NT; t++)
-        for (int r = 0; r < RB; r++) s[r][t] = hsum8(acc[r][t]);
-#else
-    for (int r = 0; r < RB; r++)
-        for (int t = 0; t < NT; t++) {
-            const int8_t *xt = xq + (size_t)(t0 + t) * K;
-            float lane[8] = {0};
-            for (int b = 0; b < nb; b++) {
-                const int8_t *wr = wb + (size_t)b * 32 * RB + r * 32;
-                float st = sx[(size_t)(t0 + t) * nb + b];
-                for (int l = 0; l < 8; l++) {
-                    int32_t p = 0;
-                    for (int e = 4 * l; e < 4 * l + 4; e++) p += (int32_t)xt[b * 32 + e] * wr[e];
-                    lane[l] = fmaf((float)p, st, lane[l]);
+    const __mmask16 mask = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
+    const __m512 sc = _mm512_maskz_loadu_ps(mask, scale);
+    for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + (size_t)(t0 + t) * ldy, mask, _mm512_mul_ps(acc[t], sc));
+#elif defined(NF_I8A_AVX2)
+    (void)xsum;
+    for (int h = 0; h < RBQ / 8; h++) { /* rows 8h..8h+7: one 256-bit lane each */
+        if (8 * h >= rows) break;
+        __m256 acc[TBQ];
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+        const __m256i ones = _mm256_set1_epi16(1);
+        for (int b = 0; b < nb; b++) {
+            const int8_t *wk = wb + (size_t)b * 32 * RBQ + 32 * h;
+            __m256i s[TBQ];
+            for (int t = 0; t < NT; t++) s[t] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(wk + 64 * j)), aw = _mm256_abs_epi8(w);
+                for (int t = 0; t < NT; t++) {
+                    int32_t xj;
+                    memcpy(&xj, xq + (size_t)(t0 + t) * K + b * 32 + 4 * j, 4);
+                    __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(xj), w));
+                    s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(p, ones));
                 }
             }
-            s[r][t] = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+            for (int t = 0; t < NT; t++)
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_broadcast_ss(sx + (size_t)(t0 + t) * nb + b), acc[t]);
+        }
+        int hr = rows - 8 * h < 8 ? rows - 8 * h : 8;
+        __m256 sc = _mm256_loadu_ps(scale + 8 * h); /* scale is padded to RBQ rows */
+        for (int t = 0; t < NT; t++) {
+            float out[8];
+            _mm256_storeu_ps(out, _mm256_mul_ps(acc[t], sc));
+            memcpy(y + (size_t)(t0 + t) * ldy + 8 * h, out, sizeof(float) * hr);
+        }
+    }
+#else
+    (void)xsum;
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < NT; t++) {
+            const int8_t *xt = xq + (size_t)(t0 + t) * K;
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                int32_t p = 0;
+                for (int k = 0; k < 32; k++)
+                    p += (int32_t)xt[b * 32 + k] * wb[(size_t)b * 32 * RBQ + (k / 4) * 4 * RBQ + r * 4 + k % 4];
+                acc = fmaf((float)p, sx[(size_t)(t0 + t) * nb + b], acc);
+            }
+            y[(size_t)(t0 + t) * ldy + r] = acc * scale[r];
         }
 #endif
-    for (int t = 0; t < NT; t++)
-        for (int r = 0; r < rows; r++) y[(size_t)(t0 + t) * ldy + r] = s[r][t] * scale[r];
 }
 
-static void rows_q8(const int8_t *xq, const float *sx, int n, int K, const void *W, int b0,
-                    int b1, int M, float *y, int ldy, const float *S) {
+static void rows_q8(const int8_t *xq, const float *sx, const int32_t *xsum, int n, int K,
+                    const void *W, int b0, int b1, int M, float *y, int ldy, const float *S) {
     for (int b = b0; b < b1; b++) {
-        const int8_t *wb = (const int8_t *)W + (size_t)b * RB * K;
-        int o = b * RB, rows = M - o < RB ? M - o : RB;
-        for (int t0 = 0; t0 < n; t0 += TBI) {
-            int nt = n - t0 < TBI ? n - t0 : TBI;
-#define CALL_Q8(NT) block_q8(xq, sx, t0, NT, K, wb, y + o, ldy, rows, S + o)
+        const int8_t *wb = (const int8_t *)W + (size_t)b * RBQ * K;
+        int o = b * RBQ, rows = M - o < RBQ ? M - o : RBQ;
+        for (int t0 = 0; t0 < n; t0 += TBQ) {
+            int nt = n - t0 < TBQ ? n - t0 : TBQ;
+#define CALL_Q8(NT) block_q8(xq, sx, xsum, t0, NT, K, wb, y + o, ldy, rows, S + o)
             switch (nt) { /* NT a compile-time constant at each call: accumulators in registers */
                 case 1: CALL_Q8(1); break;
+#if TBQ >= 2
                 case 2: CALL_Q8(2); break;
+#endif
+#if TBQ >= 3
                 case 3: CALL_Q8(3); break;
+#endif
+#if TBQ >= 4
                 case 4: CALL_Q8(4); break;
+#endif
+#if TBQ >= 5
+                case 5: CALL_Q8(5); break;
+#endif
+#if TBQ >= 6
+                case 6: CALL_Q8(6); break;
+#endif
+#if TBQ >= 7
+                case 7: CALL_Q8(7); break;
+#endif
+#if TBQ >= 8
+                case 8: CALL_Q8(8); break;
+#endif
             }
         }
     }
 }
 
 /* x (n, K) -> xq (n, K) int8 x_q = round(x / s) (to nearest even) with one s = max|x| / 127
- * per 32 columns, sx (n, K / 32) (0 for an all-zero block): llama.cpp's Q8_0 */
-static void quantize_q8(const float *x, int n, int K, int8_t *xq, float *sx) {
+ * per 32 columns, sx (n, K / 32) (0 for an all-zero block): llama.cpp's Q8_0; xsum (n, K / 32)
+ * 128 * the sum of each block's x_q (block_q8's VNNI offset) */
+static void quantize_q8(const float *x, int n, int K, int8_t *xq, float *sx, int32_t *xsum) {
     const int nb = K / 32;
     for (int t = 0; t < n; t++)
         for (int b = 0; b < nb; b++) {
@@ -799,6 +867,9 @@ static void quantize_q8(const float *x, int n, int K, int8_t *xq, float *sx) {
                 q[k] = (int8_t)(v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v));
             }
 #endif
+            int32_t sum = 0;
+            for (int e = 0; e < 32; e++) sum += q[e];
+            xsum[(size_t)t * nb + b] = 128 * sum;
         }
 }
 
@@ -810,17 +881,17 @@ typedef struct {
     const uint16_t *W;
     const float *S; /* int8 weights' row scales, else NULL */
     float *y;
-    int q8; /* int8 activations: xb holds them (bytes), m->sx their scales (block_q8) */
+    int q8; /* int8 activations: xb holds them (bytes), m->sx their scales, m->xsum (block_q8) */
 } mm_args;
 
 static void mm_task(void *p, int ith, int nth) {
     mm_args *a = (mm_args *)p;
     /* split the row blocks as evenly as possible (the split does not depend on n) */
-    int blocks = (a->M + RB - 1) / RB;
+    int rb = a->q8 ? RBQ : RB, blocks = (a->M + rb - 1) / rb;
     int b0 = (int)((long)blocks * ith / nth), b1 = (int)((long)blocks * (ith + 1) / nth);
     if (b0 >= b1) return;
     if (a->q8) {
-        rows_q8((const int8_t *)a->xb, a->m->sx, a->n, a->K, a->W, b0, b1, a->M, a->y, a->M, a->S);
+        rows_q8((const int8_t *)a->xb, a->m->sx, a->m->xsum, a->n, a->K, a->W, b0, b1, a->M, a->y, a->M, a->S);
         return;
     }
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -835,12 +906,12 @@ static void mm_task(void *p, int ith, int nth) {
 /* y (n, M) = x (n, K) W^T with W (M, K) BF16 repacked in blocks of RB rows (M rounded up to
  * a multiple of RB, the extra rows zero), on every thread of the pool; with S, W holds int8
  * values in the same layout and row o is scaled by S[o] (float32 activations: the fma kernel;
- * after nf_quantize_activations, int8 activations: block_q8) */
+ * after nf_quantize_activations, int8 activations: block_q8, W in its layout of RBQ rows) */
 static void matmul(nf_model *m, const float *x, int n, int K, const uint16_t *W, const float *S,
                    int M, float *y) {
     mm_args a = {m, x, NULL, n, K, M, W, S, y, S && m->act_q8};
     if (a.q8) {
-        quantize_q8(x, n, K, (int8_t *)m->xb, m->sx);
+        quantize_q8(x, n, K, (int8_t *)m->xb, m->sx, m->xsum);
         a.xb = m->xb;
     } else if (m->kernel == KERNEL_DPBF16 && !S) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
