@@ -509,3 +509,38 @@ def test_backend_divergence_top1_agreement_counts_answer_positions():
     agree, positions = bd.top1_agreement(nb.NativeKV(nm), prompt, wrong)
     assert positions == len(answer) and agree <= len(answer) - 1
     assert bd.top1_agreement(nb.NativeKV(nm), prompt, []) == (0, 0)
+
+
+@needs_library
+@pytest.mark.parametrize("weights", ["bf16", "w8a8"])
+def test_a_batch_of_sequences_gives_each_the_logits_it_gets_alone(weights):
+    """NativeBatch: three sequences of different lengths, prefilled in one forward with a
+    mix of prompts and then stepped together (one slot left out of a step, one slot reused
+    after a reset), give each token the logits a NativeKV of its sequence alone gives it."""
+    nm = nb.NativeModel(tiny_llama(seed=4, layers=3, hidden=64), weights=weights, threads=2)
+    seqs = [IDS[:5], IDS[2:9], IDS[7:10]]
+    follow = [[18, 2, 27, 4], [9, 1, 22], [3, 30, 12, 4]]
+    alone = []
+    for seq, more in zip(seqs, follow):
+        kv = nb.NativeKV(nm)
+        first = kv.forward(seq)
+        alone.append([first] + [kv.forward([t]) for t in more])
+    batch = nb.NativeBatch(nm, slots=4, positions=16)
+    out = batch.forward([(2, seqs[0]), (0, seqs[1]), (3, seqs[2])])
+    for row, i in enumerate([0, 1, 2]):
+        assert torch.equal(out[row], alone[i][0][0])
+    slot_of, done = (2, 0, 3), [0, 0, 0]  # follow-up tokens fed so far per sequence
+    for step in range(4):
+        active = [0, 1, 2] if step != 1 else [0, 2]  # sequence 1 waits a step
+        out = batch.forward([(slot_of[i], [follow[i][done[i]]]) for i in active])
+        for row, i in enumerate(active):
+            done[i] += 1
+            assert torch.equal(out[row], alone[i][done[i]][0]), (step, i)
+    assert done == [4, 3, 4]
+    batch.reset(3)  # slot 3 again from position 0: the same numbers as a fresh sequence
+    assert torch.equal(batch.forward([(3, seqs[0])])[0], alone[0][0][0])
+    with pytest.raises(ValueError, match="it has 16"):
+        batch.forward([(0, [1] * 9)])
+    with pytest.raises(ValueError, match="once each"):
+        batch.forward([(0, [1]), (0, [2])])
+    assert batch.lengths == [10, 0, 9, 5]

@@ -49,6 +49,13 @@ def register(sub) -> None:
                    help="generate the answers with a llama.cpp llama-server serving the target's GGUF "
                         "(e.g. http://127.0.0.1:8080, started with --parallel >= --generate-batch); "
                         "default: the target itself, batched")
+    p.add_argument("--generate-backend", default="transformers",
+                   choices=["transformers", "native", "native-int8", "native-w8a8"],
+                   help="the forward that generates the answers when no --generate-endpoint is "
+                        "given: transformers (float32 generate, padded batches of --generate-batch) "
+                        "or one of our native CPU forwards, --generate-batch answers decoded "
+                        "together with continuous batching (native-w8a8: int8 weights and "
+                        "activations, the fastest on a CPU)")
     p.add_argument("--stop-after", choices=["answers", "features"], default=None,
                    help="stop after this stage (e.g. generate data in the background, train later)")
     p.add_argument("--generate-minutes", type=float, default=None,
@@ -266,6 +273,16 @@ def _train(args: argparse.Namespace) -> int:
                                        recipe.answers_per_prompt, recipe.temperature, recipe.max_new_tokens,
                                        set(target.eos_token_ids), concurrency=args.generate_batch,
                                        budget_s=budget_s)
+    elif args.generate_backend != "transformers":
+        from ..models.native_backend import BACKENDS as NATIVE
+        from ..models.native_backend import NativeError
+        try:
+            data.generate_answers_native(target, train_rows, out, recipe.answers_per_prompt,
+                                         recipe.temperature, recipe.max_new_tokens,
+                                         slots=args.generate_batch, weights=NATIVE[args.generate_backend],
+                                         budget_s=budget_s)
+        except NativeError as exc:
+            fail(f"--generate-backend {args.generate_backend}: {exc}")
     else:
         data.generate_answers(target, train_rows, out, recipe.answers_per_prompt, recipe.temperature,
                               recipe.max_new_tokens, batch_size=args.generate_batch, budget_s=budget_s)
@@ -273,7 +290,7 @@ def _train(args: argparse.Namespace) -> int:
     device = str(target.device)
     where = {"generate": ("an answers file given with --answers" if args.answers is not None
                           else "llama-server at --generate-endpoint" if args.generate_endpoint
-                          else f"the target on {device}")}
+                          else f"the target on {device}, {args.generate_backend}")}
     if args.stop_after == "answers":
         print(f"answers are in {out / data.ANSWERS}; run the same command with --resume to go on")
         return 0

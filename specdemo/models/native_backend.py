@@ -174,6 +174,8 @@ def library():
         lib.nf_forward.restype = c.c_int
         lib.nf_forward.argtypes = [c.c_void_p, c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_void_p,
                                    c.c_void_p, c.c_int, c.c_void_p]
+        lib.nf_forward_rows.restype = c.c_int
+        lib.nf_forward_rows.argtypes = [c.c_void_p, c.c_void_p, c.c_int] + [c.c_void_p] * 3 + [c.c_int, c.c_void_p]
         lib.nf_head_create.restype = c.c_void_p
         lib.nf_head_create.argtypes = [c.c_int] * 7 + [c.c_float, c.c_float] + [c.c_int] * 3
         lib.nf_head_set.argtypes = [c.c_void_p] * 11
@@ -502,6 +504,88 @@ class NativeKV(StaticCacheKV):
         self.length += s
         self.ids += ids
         return logits, feats
+
+
+class NativeBatch:
+    """Several sequences decoded together over one :class:`NativeModel` (continuous batching,
+    for generating training data): sequence slot ``i`` owns cache rows ``i * positions ..
+    (i + 1) * positions - 1``, and one forward (``nf_forward_rows``) runs any mix of the slots'
+    new tokens, reading each matrix once for all of them. A token's logits are exactly those a
+    :class:`NativeKV` of its sequence alone gives it (the kernels' numbers do not depend on the
+    other tokens of a forward).
+
+    Args:
+        nmodel: the weights and C model (shared with its other caches: one forward at a time).
+        slots: sequences at once.
+        positions: cache positions per sequence (prompt + answer).
+    Raises:
+        ValueError: ``slots`` or ``positions`` below 1.
+    """
+
+    def __init__(self, nmodel: NativeModel, slots: int, positions: int) -> None:
+        if slots < 1 or positions < 1:
+            raise ValueError(f"slots and positions must be at least 1; got {slots}, {positions}")
+        self.nmodel, self.slots, self.positions = nmodel, slots, positions
+        self.capacity = slots * positions
+        shape = (nmodel.n_layer, nmodel.n_kv, self.capacity, nmodel.head_dim)
+        self.k_cache, self.v_cache = torch.zeros(shape), torch.zeros(shape)
+        self.lengths = [0] * slots
+        self._logits = torch.empty(slots, nmodel.vocab)  # reused: no fresh pages every step
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the float32 keys and values allocated (all slots)."""
+        return 2 * self.k_cache.numel() * 4
+
+    def reset(self, slot: int) -> None:
+        """Forget slot ``slot``'s sequence (its rows are written again from position 0)."""
+        self.lengths[slot] = 0
+
+    def forward(self, entries: list[tuple[int, list[int]]]) -> torch.Tensor:
+        """Append each entry's ids to its slot's sequence, all in one forward.
+
+        Args:
+            entries: (slot, ids) pairs, each slot at most once, ids non-empty.
+        Returns:
+            (len(entries), vocab) float32: the logits after each entry's last id (a view of a
+            buffer the next call overwrites).
+        Raises:
+            ValueError: a slot out of range or given twice, empty ids, a sequence longer than
+                ``positions``, or an id outside the vocabulary.
+            MemoryError: the C forward could not allocate its buffers.
+        """
+        m = self.nmodel
+        ids, base, pos, keep = [], [], [], []
+        seen = set()
+        for slot, toks in entries:
+            if not 0 <= slot < self.slots or slot in seen or not toks:
+                raise ValueError(f"entry for slot {slot}: slots are 0..{self.slots - 1}, once each, "
+                                 "with at least one id")
+            seen.add(slot)
+            start = self.lengths[slot]
+            if start + len(toks) > self.positions:
+                raise ValueError(f"slot {slot} would hold {start + len(toks)} positions; it has "
+                                 f"{self.positions}")
+            ids += toks
+            base += [slot * self.positions] * len(toks)
+            pos += range(start, start + len(toks))
+            keep.append(len(ids) - 1)
+        as_int = [torch.tensor(v, dtype=torch.int32) for v in (ids, base, pos, keep)]
+        logits = self._logits[:len(keep)]
+        with m.lock:
+            cos, sin = m.rope(self.positions)
+            m.lib.nf_set_cache(m.handle, self.k_cache.data_ptr(), self.v_cache.data_ptr(),
+                               cos.data_ptr(), sin.data_ptr(), self.capacity)
+            status = m.lib.nf_forward_rows(m.handle, as_int[0].data_ptr(), len(ids), as_int[1].data_ptr(),
+                                           as_int[2].data_ptr(), as_int[3].data_ptr(), len(keep),
+                                           logits.data_ptr())
+        if status == -2:
+            raise ValueError(f"a token id outside 0..{m.vocab - 1}")
+        if status != 0:
+            raise MemoryError("the native forward could not allocate its buffers")
+        for slot, toks in entries:
+            self.lengths[slot] += len(toks)
+        return logits
 
 
 # ----------------------------------------------------------------------------- attaching

@@ -222,6 +222,9 @@ typedef struct {
     int head_mode, head_flags, embed_vocab;
     const float *hidden_norm; /* (hidden,) */
     float *xin;               /* scratch (tokens, 2 * hidden) */
+    /* nf_forward_rows: token t is at position row_pos[t] of the sequence whose cache rows start
+     * at row_base[t]; NULL in nf_forward (one sequence: positions start..start+n-1 from row 0) */
+    const int32_t *row_base, *row_pos;
 } nf_model;
 
 enum { KERNEL_FMA = 0, KERNEL_DPBF16 = 1 };
@@ -962,7 +965,13 @@ typedef struct {
     int layer, n, start;
 } att_args;
 
-/* attention of query (t, head) over keys 0..start+t, for the pairs of this thread */
+/* token t's position and the cache row its sequence starts at (nf_forward_rows), else start + t
+ * and row 0 */
+static inline int tok_pos(const nf_model *m, int start, int t) { return m->row_pos ? m->row_pos[t] : start + t; }
+static inline int tok_base(const nf_model *m, int t) { return m->row_base ? m->row_base[t] : 0; }
+
+/* attention of query (t, head) over its sequence's keys up to its position, for the pairs of
+ * this thread */
 static void att_task(void *p, int ith, int nth) {
     att_args *a = (att_args *)p;
     nf_model *m = a->m;
@@ -975,9 +984,10 @@ static void att_task(void *p, int ith, int nth) {
     for (int pi = p0; pi < p1; pi++) {
         int t = pi / H, h = pi % H, kvh = h / G;
         const float *q = m->qkv + (size_t)t * q_width + (size_t)h * D;
-        const float *K = m->k_cache + layer_off + (size_t)kvh * m->capacity * D;
-        const float *V = m->v_cache + layer_off + (size_t)kvh * m->capacity * D;
-        int T = a->start + t + 1;
+        size_t first = (size_t)kvh * m->capacity + tok_base(m, t);
+        const float *K = m->k_cache + layer_off + first * D;
+        const float *V = m->v_cache + layer_off + first * D;
+        int T = tok_pos(m, a->start, t) + 1;
         float mx = -INFINITY;
         for (int j = 0; j < T; j++) {
             float s = dot(q, K + (size_t)j * D, D) * m->scaling;
@@ -1019,7 +1029,7 @@ static void att_task(void *p, int ith, int nth) {
 }
 
 /* The rest of layer l once m->qkv (n, (n_head + 2 n_kv) D) holds its q, k, v: rotary
- * embeddings, the cache written at positions start..start+n-1, attention, o_proj added to the
+ * embeddings, the cache written at positions start..start+n-1 (tok_pos), attention, o_proj added to the
  * residual x (n, hidden), then the MLP added to x; h is scratch. Shared by the target's layers
  * and the EAGLE-3 head's. */
 static void layer_rest(nf_model *m, int l, int n, int start, float *x) {
@@ -1029,15 +1039,15 @@ static void layer_rest(nf_model *m, int l, int n, int start, float *x) {
     float *h = m->h;
     size_t layer_off = (size_t)l * m->n_kv * m->capacity * D;
     for (int t = 0; t < n; t++) {
-        int pos = start + t;
+        int pos = tok_pos(m, start, t), cache_row = tok_base(m, t) + pos;
         const float *c = m->cos + (size_t)pos * D, *s = m->sin + (size_t)pos * D;
         float *row = m->qkv + (size_t)t * q_width;
         for (int hh = 0; hh < m->n_head; hh++) rope(row + hh * D, c, s, D);
         for (int kh = 0; kh < m->n_kv; kh++) {
             float *k = row + qd + kh * D, *v = row + qd + kvd + kh * D;
             rope(k, c, s, D);
-            memcpy(m->k_cache + layer_off + ((size_t)kh * m->capacity + pos) * D, k, sizeof(float) * D);
-            memcpy(m->v_cache + layer_off + ((size_t)kh * m->capacity + pos) * D, v, sizeof(float) * D);
+            memcpy(m->k_cache + layer_off + ((size_t)kh * m->capacity + cache_row) * D, k, sizeof(float) * D);
+            memcpy(m->v_cache + layer_off + ((size_t)kh * m->capacity + cache_row) * D, v, sizeof(float) * D);
         }
     }
     att_args aa = {m, l, n, start};
@@ -1065,12 +1075,11 @@ static void layer_rest(nf_model *m, int l, int n, int start, float *x) {
  *   NULL when n_want is 0).
  * Returns 0, or -1 (positions beyond the cache's capacity, or out of memory; nothing written
  * to the cache), -2 (a token id outside the vocabulary). */
-int nf_forward(void *p, const int32_t *ids, int n, int start, int keep, float *logits,
-               const int32_t *want, int n_want, float *feats) {
-    nf_model *m = (nf_model *)p;
+/* nf_forward's body; keep_rows (keep,) non-NULL: logits for those tokens instead of the last keep */
+static int forward(nf_model *m, const int32_t *ids, int n, int start, int keep, float *logits,
+                   const int32_t *want, int n_want, float *feats, const int32_t *keep_rows) {
     int Hd = m->hidden, D = m->head_dim;
     int qd = m->n_head * D, kvd = m->n_kv * D, q_width = qd + 2 * kvd;
-    if (n < 1 || keep < 1 || keep > n || start < 0 || start + n > m->capacity) return -1;
     for (int t = 0; t < n; t++)
         if (ids[t] < 0 || ids[t] >= m->vocab) return -2;
     if (grow_scratch(m, n) != 0) return -1;
@@ -1094,8 +1103,45 @@ int nf_forward(void *p, const int32_t *ids, int n, int start, int keep, float *l
         for (int t = 0; t < n; t++)
             memcpy(feats + ((size_t)t * n_want + w) * Hd, h + (size_t)t * Hd, sizeof(float) * Hd);
     }
-    matmul(m, h + (size_t)(n - keep) * Hd, keep, Hd, m->head, m->s_head, m->vocab, logits);
+    const float *last = h + (size_t)(n - keep) * Hd;
+    if (keep_rows) { /* x (the residual) is free now: the kept rows one after another */
+        for (int r = 0; r < keep; r++)
+            memcpy(x + (size_t)r * Hd, h + (size_t)keep_rows[r] * Hd, sizeof(float) * Hd);
+        last = x;
+    }
+    matmul(m, last, keep, Hd, m->head, m->s_head, m->vocab, logits);
     return 0;
+}
+
+int nf_forward(void *p, const int32_t *ids, int n, int start, int keep, float *logits,
+               const int32_t *want, int n_want, float *feats) {
+    nf_model *m = (nf_model *)p;
+    if (n < 1 || keep < 1 || keep > n || start < 0 || start + n > m->capacity) return -1;
+    m->row_base = m->row_pos = NULL;
+    return forward(m, ids, n, start, keep, logits, want, n_want, feats, NULL);
+}
+
+/* One forward over n new tokens of several sequences sharing the cache (continuous batching):
+ * token t is at position pos[t] of the sequence whose positions 0.. live in cache rows
+ * base[t].. (rotary embeddings at pos[t], its key and value written at row base[t] + pos[t],
+ * attention over rows base[t]..base[t] + pos[t]). A sequence's tokens in one call come in
+ * position order after the positions already in its rows. Logits of the tokens keep_rows (keep,)
+ * (indices into 0..n-1) into logits (keep, vocab). A token's numbers are the ones nf_forward
+ * gives it in its sequence alone. Returns 0, -1 (a row beyond the capacity, a negative
+ * position, a kept index out of range, out of memory), -2 (an id outside the vocabulary). */
+int nf_forward_rows(void *p, const int32_t *ids, int n, const int32_t *base, const int32_t *pos,
+                    const int32_t *keep_rows, int keep, float *logits) {
+    nf_model *m = (nf_model *)p;
+    if (n < 1 || keep < 1 || keep > n) return -1;
+    for (int t = 0; t < n; t++)
+        if (base[t] < 0 || pos[t] < 0 || base[t] + pos[t] >= m->capacity) return -1;
+    for (int r = 0; r < keep; r++)
+        if (keep_rows[r] < 0 || keep_rows[r] >= n) return -1;
+    m->row_base = base;
+    m->row_pos = pos;
+    int rc = forward(m, ids, n, 0, keep, logits, NULL, 0, NULL, keep_rows);
+    m->row_base = m->row_pos = NULL;
+    return rc;
 }
 
 /* ------------------------------------------------------------------------------ EAGLE-3 head */

@@ -49,6 +49,19 @@ def _done(path: Path) -> set[tuple[int, int]]:
     return done
 
 
+def _append(path: Path):
+    """``path`` opened for appending lines, after a newline when an interruption cut its last
+    line (else the first new line would be glued to the cut one and lost)."""
+    if path.exists() and path.stat().st_size:
+        with path.open("rb") as f:
+            f.seek(-1, 2)
+            cut = f.read(1) != b"\n"
+        if cut:
+            with path.open("a") as f:
+                f.write("\n")
+    return path.open("a")
+
+
 @torch.inference_mode()
 def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
                      temperature: float | tuple[float, ...] = 0.7, max_new_tokens: int = 160,
@@ -80,7 +93,7 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
     todo.sort(key=lambda ia: (ia[1], len(prompts[ia[0]])))  # similar lengths batch together
     bar = tqdm(total=len(todo), desc="generating answers", unit="answer")
     began = time.perf_counter()
-    with path.open("a") as out:
+    with _append(path) as out:
         for start in range(0, len(todo), batch_size):
             if budget_s is not None and time.perf_counter() - began > budget_s:
                 bar.write(f"generation budget of {budget_s:.0f} s spent: training on the "
@@ -108,6 +121,88 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
             out.flush()
             bar.update(len(batch))
     bar.close()
+    return path
+
+
+@torch.inference_mode()
+def generate_answers_native(target, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
+                            temperature: float | tuple[float, ...] = 0.7, max_new_tokens: int = 160,
+                            slots: int = 32, weights: str = "w8a8", seed: int = 0,
+                            budget_s: float | None = None) -> Path:
+    """Append answers to ``out_dir/answers.jsonl`` from the target on our native CPU forward
+    (``models.native_backend``, ``weights`` ``w8a8``, ``int8`` or ``bf16``), ``slots`` answers
+    decoded together with continuous batching (``NativeBatch``: a finished answer's slot takes
+    the next prompt in the same forward as the others' next tokens). Resumable; the same lines
+    as :func:`generate_answers`, plus "source".
+
+    Answer 0 is greedy, answer a > 0 sampled at its temperature (as :func:`generate_answers`)
+    from a generator seeded by (``seed``, prompt, answer), and a token's logits do not depend on
+    the other sequences of a forward, so an answer is the same whatever it was batched with
+    (and after a resume). Answers of int8 weights can differ from the float32 target's in
+    places (``scripts/backend_divergence.py`` measures how often); training targets are the
+    target's own logits, captured afterwards.
+
+    Raises:
+        models.NativeError: the native backend cannot run this target here.
+    """
+    from ...models import native_backend as nb
+
+    nmodel = nb.native_model(target, weights)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / ANSWERS
+    done = _done(path)
+    eos = set(target.eos_token_ids)
+    temps = temperature if isinstance(temperature, (list, tuple)) else (temperature,)
+    todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
+    prompts = {i: chat_ids(target.tokenizer, rows[i]["prompt"], rows[i].get("messages")) for i, _ in todo}
+    todo.sort(key=lambda ia: (ia[1], len(prompts[ia[0]])))
+    todo.reverse()  # popped from the end: shortest first
+    longest = max((len(p) for p in prompts.values()), default=1)
+    batch = nb.NativeBatch(nmodel, slots, longest + max_new_tokens)
+    source = next(name for name, w in nb.BACKENDS.items() if w == weights)
+    live: dict[int, dict] = {}  # slot -> {"i", "a", "temp", "answer", "gen"}
+    bar = tqdm(total=len(todo), desc=f"generating answers ({source}, {slots} at once)", unit="answer")
+    began = time.perf_counter()
+    with _append(path) as out:
+        while todo or live:
+            entries = [(slot, [state["answer"][-1]]) for slot, state in live.items()]
+            spent = budget_s is not None and time.perf_counter() - began > budget_s
+            for slot in range(slots):
+                if slot in live or not todo or spent:
+                    continue
+                i, a = todo.pop()
+                temp = temps[(a - 1) % len(temps)] if a > 0 else 0.0
+                gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * i + a)
+                live[slot] = {"i": i, "a": a, "temp": temp, "answer": [], "gen": gen}
+                batch.reset(slot)
+                entries.append((slot, prompts[i]))
+            if not entries:
+                break
+            logits = batch.forward(entries)
+            finished = []
+            for row, (slot, _) in enumerate(entries):
+                state = live[slot]
+                if state["temp"] > 0:
+                    probs = torch.softmax(logits[row] / state["temp"], -1)
+                    token = int(torch.multinomial(probs, 1, generator=state["gen"]))
+                else:
+                    token = int(logits[row].argmax())
+                state["answer"].append(token)
+                if token in eos or len(state["answer"]) >= max_new_tokens:
+                    finished.append(slot)
+            for slot in finished:
+                state = live.pop(slot)
+                i = state["i"]
+                out.write(json.dumps({"prompt_index": i, "answer_index": state["a"],
+                                      "task": rows[i].get("task", "chat"), "temperature": state["temp"],
+                                      "ids": prompts[i] + state["answer"], "n_prompt": len(prompts[i]),
+                                      "source": source}) + "\n")
+                bar.update(1)
+            if finished:
+                out.flush()
+    bar.close()
+    if budget_s is not None and todo:
+        print(f"generation budget of {budget_s:.0f} s spent: {len(todo)} answers left for --resume")
     return path
 
 
@@ -166,7 +261,7 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
 
     bar = tqdm(total=len(todo), desc="generating answers (llama-server)", unit="answer")
     began, missed = time.perf_counter(), 0
-    with path.open("a") as out, cf.ThreadPoolExecutor(concurrency) as pool:
+    with _append(path) as out, cf.ThreadPoolExecutor(concurrency) as pool:
         for start in range(0, len(todo), 4 * concurrency):
             if budget_s is not None and time.perf_counter() - began > budget_s:
                 break
