@@ -713,8 +713,18 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
 #define NF_VNNI 1
 #endif
 #define RBQ 16 /* rows per block of the integer kernel's weights (nf_rows_q8) */
-#ifndef TBQ
-#define TBQ 4 /* tokens per register block of the integer kernel */
+#ifndef PFQ
+#define PFQ 0 /* software prefetch distance in bytes of the integer kernel's weight stream (0: none) */
+#endif
+#ifndef PFQ_MIN
+#define PFQ_MIN 2 /* register blocks of at least this many tokens prefetch */
+#endif
+#ifndef TBQ /* tokens per register block of the integer kernel: 2 * TBQ accumulators + the weights */
+#ifdef NF_VNNI
+#define TBQ 8 /* 32 registers */
+#else
+#define TBQ 4 /* 16 registers */
+#endif
 #endif
 #if TBQ > 8 || TBQ < 1
 #error "TBQ must be 1..8"
@@ -736,6 +746,10 @@ static inline __attribute__((always_inline)) void block_q8(const int8_t *xq, con
     const __m512i off = _mm512_set1_epi8((char)0x80);
     for (int b = 0; b < nb; b++) {
         const int8_t *wk = wb + (size_t)b * 32 * RBQ;
+#if PFQ > 0
+        if (NT >= PFQ_MIN)
+            for (int j = 0; j < 8; j++) _mm_prefetch((const char *)(wk + PFQ + 64 * j), _MM_HINT_T0);
+#endif
         __m512i w[8];
         for (int j = 0; j < 8; j++) w[j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(wk + 64 * j)), off);
         for (int t = 0; t < NT; t++) {
