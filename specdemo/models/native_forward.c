@@ -380,9 +380,16 @@ typedef int8_t vb16 __attribute__((vector_size(16), aligned(1)));
 
 /* int8 -> float32 for 16 values */
 static inline v16 load_i8x16(const int8_t *p) {
+#if defined(__AVX512F__) /* GCC 12 converts the generic vector one byte at a time (scalar) */
+    __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    v16 v;
+    memcpy(&v, &f, sizeof v);
+    return v;
+#else
     vb16 b;
     memcpy(&b, p, sizeof b);
     return __builtin_convertvector(b, v16);
+#endif
 }
 
 /* vf: the vector the elementwise code (attention, SiLU, exp) works in, VL floats: one AVX
