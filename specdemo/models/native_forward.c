@@ -998,8 +998,18 @@ static void att_task(void *p, int ith, int nth) {
     nf_model *m = a->m;
     int D = m->head_dim, H = m->n_head, G = m->n_head / m->n_kv;
     int q_width = (m->n_head + 2 * m->n_kv) * D;
-    int pairs = a->n * H;
-    int p0 = (int)((long)pairs * ith / nth), p1 = (int)((long)pairs * (ith + 1) / nth);
+    /* split the (token, head) pairs by cost (keys read: a token's position + 1), not by count:
+     * in a batch of sequences (nf_forward_rows) the tokens' contexts differ */
+    long total = 0;
+    for (int t = 0; t < a->n; t++) total += (long)(tok_pos(m, a->start, t) + 1) * H;
+    long lo = total * ith / nth, hi = total * (ith + 1) / nth, before = 0;
+    int p0 = -1, p1 = a->n * H;
+    for (int pi = 0; pi < a->n * H; pi++) { /* pair pi belongs to the thread whose share holds its start */
+        if (p0 < 0 && before >= lo) p0 = pi;
+        if (before >= hi) { p1 = pi; break; }
+        before += tok_pos(m, a->start, pi / H) + 1;
+    }
+    if (p0 < 0) p0 = p1;
     float *scores = m->scores + (size_t)ith * m->capacity;
     size_t layer_off = (size_t)a->layer * m->n_kv * m->capacity * D;
     for (int pi = p0; pi < p1; pi++) {
