@@ -29,6 +29,17 @@ def _count(flag: str):
     return checked(inputs.number, flag, minimum=1, integer=True)
 
 
+def _generate_backend(args, target) -> str:
+    """The backend that generates the answers: ``--generate-backend``, with ``auto`` resolved
+    (native-w8a8 where the native forward runs the target, else transformers); written back
+    to ``args`` so that train.json names it."""
+    if args.generate_backend == "auto":
+        from ..models.native_backend import unavailable_reason
+        runs = target.device.type == "cpu" and unavailable_reason(target) is None
+        args.generate_backend = "native-w8a8" if runs else "transformers"
+    return args.generate_backend
+
+
 def register(sub) -> None:
     p = sub.add_parser("train-draft", help="train an EAGLE-3 or DFlash drafter for a target on this machine")
     p.add_argument("--target", default="builtin:smollm2-135m",
@@ -49,13 +60,14 @@ def register(sub) -> None:
                    help="generate the answers with a llama.cpp llama-server serving the target's GGUF "
                         "(e.g. http://127.0.0.1:8080, started with --parallel >= --generate-batch); "
                         "default: the target itself, batched")
-    p.add_argument("--generate-backend", default="transformers",
-                   choices=["transformers", "native", "native-int8", "native-w8a8"],
+    p.add_argument("--generate-backend", default="auto",
+                   choices=["auto", "transformers", "native", "native-int8", "native-w8a8"],
                    help="the forward that generates the answers when no --generate-endpoint is "
                         "given: transformers (float32 generate, padded batches of --generate-batch) "
                         "or one of our native CPU forwards, --generate-batch answers decoded "
                         "together with continuous batching (native-w8a8: int8 weights and "
-                        "activations, the fastest on a CPU)")
+                        "activations, the fastest on a CPU); auto (default): native-w8a8 for a "
+                        "target on the CPU that the native forward runs, else transformers")
     p.add_argument("--stop-after", choices=["answers", "features"], default=None,
                    help="stop after this stage (e.g. generate data in the background, train later)")
     p.add_argument("--generate-minutes", type=float, default=None,
@@ -273,7 +285,7 @@ def _train(args: argparse.Namespace) -> int:
                                        recipe.answers_per_prompt, recipe.temperature, recipe.max_new_tokens,
                                        set(target.eos_token_ids), concurrency=args.generate_batch,
                                        budget_s=budget_s)
-    elif args.generate_backend != "transformers":
+    elif _generate_backend(args, target) != "transformers":
         from ..models.native_backend import BACKENDS as NATIVE
         from ..models.native_backend import NativeError
         try:
@@ -290,7 +302,7 @@ def _train(args: argparse.Namespace) -> int:
     device = str(target.device)
     where = {"generate": ("an answers file given with --answers" if args.answers is not None
                           else "llama-server at --generate-endpoint" if args.generate_endpoint
-                          else f"the target on {device}, {args.generate_backend}")}
+                          else f"the target on {device}, {args.generate_backend} backend")}
     if args.stop_after == "answers":
         print(f"answers are in {out / data.ANSWERS}; run the same command with --resume to go on")
         return 0
