@@ -36,10 +36,12 @@ same backend bit for bit.
 ``native-w8a8`` is ``native-int8``'s weights with the activations quantised too: each matrix's
 input is rounded to int8 with one scale per 32 values a token (absmax / 127, llama.cpp's Q8_0
 format for activations) and multiplied with the int8 weights in exact int32 sums of 32 products
-(``nf_quantize_activations``; W8A8 as in SmoothQuant and LLM.int8(), the AVX2 u8 x s8 product
-with the weights' signs moved onto the activations as in llama.cpp's q8 dot products). About
-twice the multiplies per instruction of the float32 ``fma`` kernel and no widening of the
-weights, for CPUs without AVX512-BF16 where a verification over 5-8 tokens is compute-bound
+(``nf_quantize_activations``; W8A8 as in SmoothQuant and LLM.int8()). Its weights are laid out
+for that kernel (:func:`repack_q8`: a vector lane per output row), which sums 32 products with
+AVX512-VNNI's ``vpdpbusd`` where the CPU has it, else with AVX2's u8 x s8 product with the
+weights' signs moved onto the activations (llama.cpp's q8 dot products), else in portable C: the
+same numbers on all three. No widening of the weights and 4-16x the multiplies per instruction of
+the float32 ``fma`` kernel, for CPUs where a verification over 5-8 tokens is compute-bound
 (docs/cpu-backends.md). Its logits differ from ``native-int8``'s by the activation rounding;
 each token's numbers still do not depend on the other tokens of a forward, so greedy
 speculative output equals plain output of the same backend bit for bit.
@@ -235,6 +237,20 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 COLUMNS = 32  # columns per chunk of a block
 
 
+def _row_blocks(w: torch.Tensor, rows: int) -> torch.Tensor:
+    """(M, K) -> (ceil(M / rows), rows, K // COLUMNS, COLUMNS), M padded with zero rows.
+
+    Raises:
+        ValueError: K not a multiple of COLUMNS."""
+    m, k = w.shape
+    if k % COLUMNS:
+        raise ValueError(f"a weight of {k} columns; the native kernels need a multiple of {COLUMNS}")
+    pad = -m % rows
+    if pad:
+        w = torch.cat([w, w.new_zeros(pad, k)])
+    return w.view(-1, rows, k // COLUMNS, COLUMNS)
+
+
 def repack(w: torch.Tensor, rows: int) -> torch.Tensor:
     """A (M, K) weight in the C kernels' layout: rows in blocks of ``rows`` (native_forward.c's
     RB, ``nf_rows()``; M padded with zero rows to a multiple), each block stored chunk by chunk
@@ -245,14 +261,7 @@ def repack(w: torch.Tensor, rows: int) -> torch.Tensor:
         (ceil(M / ROWS) * ROWS * K,) tensor of w's dtype.
     Raises:
         ValueError: K not a multiple of COLUMNS."""
-    m, k = w.shape
-    if k % COLUMNS:
-        raise ValueError(f"a weight of {k} columns; the native kernels need a multiple of {COLUMNS}")
-    pad = -m % rows
-    if pad:
-        w = torch.cat([w, w.new_zeros(pad, k)])
-    blocks = w.view(-1, rows, k // COLUMNS, COLUMNS).permute(0, 2, 1, 3)
-    return blocks.contiguous().view(-1)
+    return _row_blocks(w, rows).permute(0, 2, 1, 3).contiguous().view(-1)
 
 
 def repack_q8(q: torch.Tensor, rows: int) -> torch.Tensor:
@@ -265,13 +274,8 @@ def repack_q8(q: torch.Tensor, rows: int) -> torch.Tensor:
         (ceil(M / rows) * rows * K,) int8.
     Raises:
         ValueError: K not a multiple of COLUMNS."""
-    m, k = q.shape
-    if k % COLUMNS:
-        raise ValueError(f"a weight of {k} columns; the native kernels need a multiple of {COLUMNS}")
-    pad = -m % rows
-    if pad:
-        q = torch.cat([q, q.new_zeros(pad, k)])
-    groups = q.view(-1, rows, k // COLUMNS, COLUMNS // 4, 4).permute(0, 2, 3, 1, 4)
+    blocks = _row_blocks(q, rows)
+    groups = blocks.reshape(*blocks.shape[:3], COLUMNS // 4, 4).permute(0, 2, 3, 1, 4)
     return groups.contiguous().view(-1)
 
 
