@@ -51,6 +51,19 @@ def test_a_failed_or_instant_step_teaches_nothing(cache, monkeypatch):
     assert startup.remembered_s("load y") is None
 
 
+def test_a_step_that_took_a_stored_shortcut_keeps_the_earlier_estimate(cache):
+    """The backend choice read from its store takes a blink; the next start may measure (12 s)."""
+    steps = Steps()
+    with steps.step("choose z", "choosing z", estimate_s=8.0):
+        time.sleep(startup.MIN_REMEMBER_S)
+    measured = startup.remembered_s("choose z")
+    assert measured is not None
+    with steps.step("choose z", "choosing z", estimate_s=8.0) as record:
+        time.sleep(2 * startup.MIN_REMEMBER_S)
+        record.remember = False
+    assert startup.remembered_s("choose z") == measured
+
+
 def test_the_command_line_prints_each_step(cache, monkeypatch):
     steps = Steps()
     monkeypatch.setattr(startup, "STEPS", steps)

@@ -188,6 +188,8 @@ def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
     from ..core.drafters.features import eagle3_default_layers, num_layers
     from ..services.training import dflash_train, train
     saved = json.loads(recipe_file.read_text()) if args.resume and recipe_file.exists() else None
+    if saved:
+        saved.pop("temperature_note", None)
     common = dict(epochs=args.epochs, learning_rate=args.learning_rate, train_dtype=args.train_dtype,
                   batch_tokens=args.batch_tokens, answers_per_prompt=args.answers_per_prompt,
                   max_new_tokens=args.max_tokens, temperature=temperature)
@@ -213,10 +215,15 @@ def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
         **common)
 
 
+TEMPERATURE_NOTE = ("answer 0 of each prompt is greedy; answers 1.. are sampled at temperature "
+                    "(a list: used in turn)")
+
+
 def _recipe_json(recipe) -> str:
     out = asdict(recipe)
     if hasattr(recipe, "block_size"):
         out["feature_layers"] = list(recipe.feature_layers)
+    out["temperature_note"] = TEMPERATURE_NOTE  # for people; dropped when the recipe is read back
     return json.dumps(out, indent=1)
 
 
@@ -304,7 +311,8 @@ def _train(args: argparse.Namespace) -> int:
                           else "llama-server at --generate-endpoint" if args.generate_endpoint
                           else f"the target on {device}, {args.generate_backend} backend")}
     if args.stop_after == "answers":
-        print(f"answers are in {out / data.ANSWERS}; run the same command with --resume to go on")
+        print(f"answers are in {out / data.ANSWERS}; to go on, run the same command without "
+              f"--stop-after and with --resume (it keeps the recipe saved in {out / 'recipe.json'})")
         return 0
     answers = data.load_answers(out)
     if not answers:
@@ -327,7 +335,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.init is not None:  # the folder's name only: no machine paths in what may ship
         where["train"] += f", started from the drafter of an earlier run ({args.init.name})"
     if args.stop_after == "features":
-        print(f"features are in {out / data.FEATURES}; run the same command with --resume to go on")
+        print(f"features are in {out / data.FEATURES}; to go on, run the same command without "
+              f"--stop-after and with --resume (it keeps the recipe saved in {out / 'recipe.json'})")
         return 0
     import torch
     # memory-mapped: 1.2M answer tokens of EAGLE-3 features are ~8 GB; batches read what they use

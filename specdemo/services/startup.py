@@ -99,6 +99,17 @@ def remember_s(key: str, seconds: float) -> None:
 Listener = Callable[[str, "StepView | DoneStep"], None]
 
 
+@dataclass
+class StepRecord:
+    """What a running step's block can tell :meth:`Steps.step`.
+
+    Attributes:
+        remember: store this run's duration as the next estimate (default True).
+    """
+
+    remember: bool = True
+
+
 class Steps:
     """Steps in progress (thread-safe); nested steps show the innermost one."""
 
@@ -110,7 +121,7 @@ class Steps:
         self._listeners: list[Listener] = []
 
     @contextlib.contextmanager
-    def step(self, key: str, name: str, estimate_s: float | None = None) -> Iterator[None]:
+    def step(self, key: str, name: str, estimate_s: float | None = None) -> Iterator[StepRecord]:
         """Run the block as a named step.
 
         Args:
@@ -118,7 +129,11 @@ class Steps:
                 ``"convert builtin:smollm2-135m"``.
             name: what the page and the command line say.
             estimate_s: a guess used when this machine has no remembered duration.
+        Yields:
+            a :class:`StepRecord`; the block sets its ``remember`` to False when this run took
+            a shortcut (a stored result) whose duration would mislead the next estimate.
         """
+        record = StepRecord()
         estimate = remembered_s(key) or estimate_s
         entry = (name, time.monotonic(), estimate)
         with self._lock:
@@ -126,14 +141,14 @@ class Steps:
         self._tell("start", StepView(name, 0.0, estimate))
         failed = True
         try:
-            yield
+            yield record
             failed = False
         finally:
             seconds = time.monotonic() - entry[1]
             with self._lock:
                 self._active.remove(entry)
                 self._done = (self._done + [DoneStep(name, seconds, failed)])[-self._keep:]
-            if not failed and seconds >= MIN_REMEMBER_S:
+            if not failed and record.remember and seconds >= MIN_REMEMBER_S:
                 remember_s(key, seconds)
             self._tell("end", DoneStep(name, seconds, failed))
 
@@ -391,7 +406,9 @@ def use_backend(loaded, backend: str = "auto"):
     _compile_native_once(loaded, backend or "auto")
     with STEPS.step(f"backend {backend} {loaded.spec}",
                     f"choosing the forward backend for {loaded.spec} ({backend})",
-                    GUESS_S["forward costs"]):
+                    GUESS_S["forward costs"]) as record:
         chosen, choice = with_backend(loaded, backend)
+        # a choice stored earlier takes well under a second; the estimate stays the measuring one
+        record.remember = not choice.cached
     STEPS.note(f"forward backend of {loaded.spec}: {choice.backend} ({choice.reason})")
     return chosen, choice
