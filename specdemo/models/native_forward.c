@@ -869,11 +869,19 @@ static void quantize_q8(const float *x, int n, int K, int8_t *xq, float *sx, int
         for (int b = 0; b < nb; b++) {
             const float *xt = x + (size_t)t * K + b * 32;
             int8_t *q = xq + (size_t)t * K + b * 32;
-            float amax = 0.0f;
-            for (int k = 0; k < 32; k++) amax = fabsf(xt[k]) > amax ? fabsf(xt[k]) : amax;
+#ifdef NF_I8A_AVX2
+            /* the same numbers as the portable loop below (max and integer sums are exact) */
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 m4 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xt)),
+                                                    _mm256_andnot_ps(sign, _mm256_loadu_ps(xt + 8))),
+                                      _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xt + 16)),
+                                                    _mm256_andnot_ps(sign, _mm256_loadu_ps(xt + 24))));
+            __m128 m2 = _mm_max_ps(_mm256_castps256_ps128(m4), _mm256_extractf128_ps(m4, 1));
+            m2 = _mm_max_ps(m2, _mm_movehl_ps(m2, m2));
+            m2 = _mm_max_ss(m2, _mm_movehdup_ps(m2));
+            float amax = _mm_cvtss_f32(m2);
             float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
             sx[(size_t)t * nb + b] = amax / 127.0f;
-#ifdef NF_I8A_AVX2
             const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
             __m256i v[4];
             for (int j = 0; j < 4; j++) {
@@ -885,15 +893,24 @@ static void quantize_q8(const float *x, int n, int K, int8_t *xq, float *sx, int
             __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
             b8 = _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256((__m256i *)q, b8);
+            __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+            xsum[(size_t)t * nb + b] = 128 * _mm_cvtsi128_si32(s4);
 #else
+            float amax = 0.0f;
+            for (int k = 0; k < 32; k++) amax = fabsf(xt[k]) > amax ? fabsf(xt[k]) : amax;
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            sx[(size_t)t * nb + b] = amax / 127.0f;
             for (int k = 0; k < 32; k++) {
                 float v = nearbyintf(xt[k] * inv);
                 q[k] = (int8_t)(v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v));
             }
-#endif
             int32_t sum = 0;
             for (int e = 0; e < 32; e++) sum += q[e];
             xsum[(size_t)t * nb + b] = 128 * sum;
+#endif
         }
 }
 
@@ -906,14 +923,18 @@ typedef struct {
     const float *S; /* int8 weights' row scales, else NULL */
     float *y;
     int q8; /* int8 activations: xb holds them (bytes), m->sx their scales, m->xsum (block_q8) */
+    atomic_int next; /* the next unclaimed row block of the shared tail (mm_task) */
 } mm_args;
 
-static void mm_task(void *p, int ith, int nth) {
-    mm_args *a = (mm_args *)p;
-    /* split the row blocks as evenly as possible (the split does not depend on n) */
-    int rb = a->q8 ? RBQ : RB, blocks = (a->M + rb - 1) / rb;
-    int b0 = (int)((long)blocks * ith / nth), b1 = (int)((long)blocks * (ith + 1) / nth);
-    if (b0 >= b1) return;
+#ifndef MM_OWN_PCT
+#define MM_OWN_PCT 75 /* % of a matmul's row blocks split evenly up front; the rest claimed */
+#endif
+static int mm_own_pct = MM_OWN_PCT;
+
+/* Experiments: the % of row blocks split evenly up front (100: all; the default MM_OWN_PCT) */
+void nf_set_split_pct(int pct) { mm_own_pct = pct < 0 ? 0 : pct > 100 ? 100 : pct; }
+
+static void mm_rows(mm_args *a, int b0, int b1) {
     if (a->q8) {
         rows_q8((const int8_t *)a->xb, a->m->sx, a->m->xsum, a->n, a->K, a->W, b0, b1, a->M, a->y, a->M, a->S);
         return;
@@ -927,13 +948,37 @@ static void mm_task(void *p, int ith, int nth) {
     rows_fma(a->x, a->n, a->K, a->W, b0, b1, a->M, a->y, a->M, a->S);
 }
 
+static void mm_task(void *p, int ith, int nth) {
+    mm_args *a = (mm_args *)p;
+    /* MM_OWN_PCT % of the row blocks split evenly, the rest claimed in small chunks by whichever
+     * thread is done first: a thread that started late (woken from its wait) or reads memory
+     * more slowly does not leave the other waiting at the end. A row's numbers do not depend on
+     * which thread computes it. */
+    int rb = a->q8 ? RBQ : RB, blocks = (a->M + rb - 1) / rb;
+    int own = (int)((long)blocks * mm_own_pct / 100);
+    if (nth > 1 && own < blocks) {
+        int b0 = (int)((long)own * ith / nth), b1 = (int)((long)own * (ith + 1) / nth);
+        if (b0 < b1) mm_rows(a, b0, b1);
+        int chunk = (blocks - own) / (4 * nth);
+        if (chunk < 1) chunk = 1;
+        for (;;) {
+            int c0 = own + atomic_fetch_add_explicit(&a->next, chunk, memory_order_relaxed);
+            if (c0 >= blocks) break;
+            mm_rows(a, c0, c0 + chunk < blocks ? c0 + chunk : blocks);
+        }
+        return;
+    }
+    int b0 = (int)((long)blocks * ith / nth), b1 = (int)((long)blocks * (ith + 1) / nth);
+    if (b0 < b1) mm_rows(a, b0, b1);
+}
+
 /* y (n, M) = x (n, K) W^T with W (M, K) BF16 repacked in blocks of RB rows (M rounded up to
  * a multiple of RB, the extra rows zero), on every thread of the pool; with S, W holds int8
  * values in the same layout and row o is scaled by S[o] (float32 activations: the fma kernel;
  * after nf_quantize_activations, int8 activations: block_q8, W in its layout of RBQ rows) */
 static void matmul(nf_model *m, const float *x, int n, int K, const uint16_t *W, const float *S,
                    int M, float *y) {
-    mm_args a = {m, x, NULL, n, K, M, W, S, y, S && m->act_q8};
+    mm_args a = {m, x, NULL, n, K, M, W, S, y, S && m->act_q8, 0};
     if (a.q8) {
         quantize_q8(x, n, K, (int8_t *)m->xb, m->sx, m->xsum);
         a.xb = m->xb;
