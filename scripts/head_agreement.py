@@ -22,8 +22,7 @@ head_dir = Path(sys.argv[1]); n_held = int(sys.argv[2]) if len(sys.argv) > 2 els
 torch.set_grad_enabled(False)
 target = load_model("builtin:smollm2-135m", "cpu", "float32")
 saved = torch.load(head_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
-fields = {k: v for k, v in saved["recipe"].items() if k != "temperature_note"}
-recipe = train.Recipe(**{**fields, "feature_layers": tuple(fields["feature_layers"])})
+recipe = train.Recipe(**{**saved["recipe"], "feature_layers": tuple(saved["recipe"]["feature_layers"])})
 head = train.new_head(target, recipe, torch.ones(target.vocab_size, dtype=torch.long))
 head.load_state_dict(saved["head"]); head.eval()
 th = target.model.get_output_embeddings().weight[head.draft_ids()].float()

@@ -219,6 +219,12 @@ TEMPERATURE_NOTE = ("answer 0 of each prompt is greedy; answers 1.. are sampled 
                     "(a list: used in turn)")
 
 
+def _stopped_after(stage: str, where: Path, out: Path) -> str:
+    """What ``--stop-after STAGE`` prints: where the stage's output is and how to go on."""
+    return (f"{stage} are in {where}; to go on, run the same command without --stop-after "
+            f"and with --resume (it keeps the recipe saved in {out / 'recipe.json'})")
+
+
 def _recipe_json(recipe) -> str:
     out = asdict(recipe)
     if hasattr(recipe, "block_size"):
@@ -311,8 +317,7 @@ def _train(args: argparse.Namespace) -> int:
                           else "llama-server at --generate-endpoint" if args.generate_endpoint
                           else f"the target on {device}, {args.generate_backend} backend")}
     if args.stop_after == "answers":
-        print(f"answers are in {out / data.ANSWERS}; to go on, run the same command without "
-              f"--stop-after and with --resume (it keeps the recipe saved in {out / 'recipe.json'})")
+        print(_stopped_after("answers", out / data.ANSWERS, out))
         return 0
     answers = data.load_answers(out)
     if not answers:
@@ -335,8 +340,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.init is not None:  # the folder's name only: no machine paths in what may ship
         where["train"] += f", started from the drafter of an earlier run ({args.init.name})"
     if args.stop_after == "features":
-        print(f"features are in {out / data.FEATURES}; to go on, run the same command without "
-              f"--stop-after and with --resume (it keeps the recipe saved in {out / 'recipe.json'})")
+        print(_stopped_after("features", out / data.FEATURES, out))
         return 0
     import torch
     # memory-mapped: 1.2M answer tokens of EAGLE-3 features are ~8 GB; batches read what they use

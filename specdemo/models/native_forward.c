@@ -956,20 +956,15 @@ static void mm_task(void *p, int ith, int nth) {
      * which thread computes it. */
     int rb = a->q8 ? RBQ : RB, blocks = (a->M + rb - 1) / rb;
     int own = (int)((long)blocks * mm_own_pct / 100);
-    if (nth > 1 && own < blocks) {
-        int b0 = (int)((long)own * ith / nth), b1 = (int)((long)own * (ith + 1) / nth);
-        if (b0 < b1) mm_rows(a, b0, b1);
-        int chunk = (blocks - own) / (4 * nth);
-        if (chunk < 1) chunk = 1;
-        for (;;) {
-            int c0 = own + atomic_fetch_add_explicit(&a->next, chunk, memory_order_relaxed);
-            if (c0 >= blocks) break;
-            mm_rows(a, c0, c0 + chunk < blocks ? c0 + chunk : blocks);
-        }
-        return;
-    }
-    int b0 = (int)((long)blocks * ith / nth), b1 = (int)((long)blocks * (ith + 1) / nth);
+    int b0 = (int)((long)own * ith / nth), b1 = (int)((long)own * (ith + 1) / nth);
     if (b0 < b1) mm_rows(a, b0, b1);
+    int chunk = (blocks - own) / (4 * nth);
+    if (chunk < 1) chunk = 1;
+    for (;;) {
+        int c0 = own + atomic_fetch_add_explicit(&a->next, chunk, memory_order_relaxed);
+        if (c0 >= blocks) break;
+        mm_rows(a, c0, c0 + chunk < blocks ? c0 + chunk : blocks);
+    }
 }
 
 /* y (n, M) = x (n, K) W^T with W (M, K) BF16 repacked in blocks of RB rows (M rounded up to
