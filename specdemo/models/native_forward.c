@@ -215,7 +215,7 @@ typedef struct {
     float *x, *h, *qkv, *att, *gu, *act;
     uint16_t *xb; /* activations rounded to BF16 (kernel dpbf16), or int8 activations (bytes) */
     float *sx;    /* int8 activations: one scale per 32 values a token */
-    int32_t *xsum; /* int8 activations: 128 * the sum of each 32 (block_q8) */
+    int32_t *xsum; /* int8 activations: -128 * the sum of each 32 (block_q8) */
     float *scores; /* per thread: capacity floats */
     int scores_cap;
     /* EAGLE-3 head mode (nf_head_create): one layer over concat(embed, hidden) of width 2H */
@@ -711,7 +711,8 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
  * builds it on x86 too) computes exactly these numbers, whatever the CPU and the number of tokens.
  * AVX512-VNNI (NF_VNNI): VPDPBUSD of the weights' bytes + 128 (unsigned) and 4 broadcast
  * activation bytes, started from -128 * sum of the block's activations (xsum), so 16 rows take
- * 8 instructions a block. AVX2: VPMADDUBSW of |q| and the activations with q's signs, then
+ * 8 instructions a block; a block's tokens lie next to each other (quantize_q8), so every
+ * activation, scale and offset is one broadcast load at a constant offset. AVX2: VPMADDUBSW of |q| and the activations with q's signs, then
  * VPMADDWD (llama.cpp's mul_sum_i8_pairs; |q|, |x| <= 127: no int16 sum saturates). */
 #if defined(__AVX2__) && !defined(NF_NO_I8A_AVX2)
 #define NF_I8A_AVX2 1
@@ -740,10 +741,12 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
 int nf_rows_q8(void) { return RBQ; }
 
 /* y[t0 + t, o + r] for t < NT, r < rows (<= RBQ) from one weight block wb (K / 32 chunks of
- * 8 groups x RBQ rows x 4 bytes); xq (n, K) int8, sx (n, K / 32) float32 scales, xsum (n, K / 32)
- * 128 * the sum of a block's int8 activations (NF_VNNI's offset), scale (rows,) float32 */
+ * 8 groups x RBQ rows x 4 bytes); the activations in quantize_q8's layout (K / 32 column blocks,
+ * each holding the n tokens one after another): xq (K / 32, n, 32) int8, sx (K / 32, n) float32
+ * scales, xsum (K / 32, n) -128 * the sum of a block's int8 activations (NF_VNNI's offset);
+ * scale (rows,) float32 */
 static inline __attribute__((always_inline)) void block_q8(const int8_t *xq, const float *sx,
-                                                          const int32_t *xsum, int t0, const int NT,
+                                                          const int32_t *xsum, int n, int t0, const int NT,
                                                           int K, const int8_t *wb, float *y,
                                                           int ldy, int rows, const float *scale) {
     const int nb = K / 32;
@@ -759,18 +762,33 @@ static inline __attribute__((always_inline)) void block_q8(const int8_t *xq, con
 #endif
         __m512i w[8];
         for (int j = 0; j < 8; j++) w[j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(wk + 64 * j)), off);
+        /* block b's tokens lie one after another: one pointer, constant offsets per token */
+        const int8_t *xb = xq + ((size_t)b * n + t0) * 32;
+        const float *sb = sx + (size_t)b * n + t0;
+        const int32_t *ob = xsum + (size_t)b * n + t0;
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
-            const int8_t *xt = xq + (size_t)(t0 + t) * K + b * 32;
-            __m512i s0 = _mm512_set1_epi32(-xsum[(size_t)(t0 + t) * nb + b]), s1 = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j += 2) {
-                int32_t x0, x1;
-                memcpy(&x0, xt + 4 * j, 4);
-                memcpy(&x1, xt + 4 * j + 4, 4);
-                s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(x0));
-                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(x1));
+            const int8_t *xt = xb + 32 * t;
+            __m512i s0 = _mm512_set1_epi32(ob[t]); /* -128 * the block's sum: one broadcast load */
+            if (NT >= 3) { /* enough independent chains across tokens: one per token */
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++) {
+                    int32_t x0;
+                    memcpy(&x0, xt + 4 * j, 4);
+                    s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(x0));
+                }
+            } else {
+                __m512i s1 = _mm512_setzero_si512();
+                for (int j = 0; j < 8; j += 2) {
+                    int32_t x0, x1;
+                    memcpy(&x0, xt + 4 * j, 4);
+                    memcpy(&x1, xt + 4 * j + 4, 4);
+                    s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(x0));
+                    s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(x1));
+                }
+                s0 = _mm512_add_epi32(s0, s1);
             }
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
-                                     _mm512_set1_ps(sx[(size_t)(t0 + t) * nb + b]), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_set1_ps(sb[t]), acc[t]);
         }
     }
     const __mmask16 mask = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
@@ -791,13 +809,13 @@ static inline __attribute__((always_inline)) void block_q8(const int8_t *xq, con
                 __m256i w = _mm256_loadu_si256((const __m256i *)(wk + 64 * j)), aw = _mm256_abs_epi8(w);
                 for (int t = 0; t < NT; t++) {
                     int32_t xj;
-                    memcpy(&xj, xq + (size_t)(t0 + t) * K + b * 32 + 4 * j, 4);
+                    memcpy(&xj, xq + ((size_t)b * n + t0 + t) * 32 + 4 * j, 4);
                     __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(xj), w));
                     s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(p, ones));
                 }
             }
             for (int t = 0; t < NT; t++)
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_broadcast_ss(sx + (size_t)(t0 + t) * nb + b), acc[t]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_broadcast_ss(sx + (size_t)b * n + t0 + t), acc[t]);
         }
         int hr = rows - 8 * h < 8 ? rows - 8 * h : 8;
         __m256 sc = _mm256_loadu_ps(scale + 8 * h); /* scale is padded to RBQ rows */
@@ -811,13 +829,13 @@ static inline __attribute__((always_inline)) void block_q8(const int8_t *xq, con
     (void)xsum;
     for (int r = 0; r < rows; r++)
         for (int t = 0; t < NT; t++) {
-            const int8_t *xt = xq + (size_t)(t0 + t) * K;
             float acc = 0.0f;
             for (int b = 0; b < nb; b++) {
+                const int8_t *xt = xq + ((size_t)b * n + t0 + t) * 32;
                 int32_t p = 0;
                 for (int k = 0; k < 32; k++)
-                    p += (int32_t)xt[b * 32 + k] * wb[(size_t)b * 32 * RBQ + (k / 4) * 4 * RBQ + r * 4 + k % 4];
-                acc = fmaf((float)p, sx[(size_t)(t0 + t) * nb + b], acc);
+                    p += (int32_t)xt[k] * wb[(size_t)b * 32 * RBQ + (k / 4) * 4 * RBQ + r * 4 + k % 4];
+                acc = fmaf((float)p, sx[(size_t)b * n + t0 + t], acc);
             }
             y[(size_t)(t0 + t) * ldy + r] = acc * scale[r];
         }
@@ -831,7 +849,7 @@ static void rows_q8(const int8_t *xq, const float *sx, const int32_t *xsum, int 
         int o = b * RBQ, rows = M - o < RBQ ? M - o : RBQ;
         for (int t0 = 0; t0 < n; t0 += TBQ) {
             int nt = n - t0 < TBQ ? n - t0 : TBQ;
-#define CALL_Q8(NT) block_q8(xq, sx, xsum, t0, NT, K, wb, y + o, ldy, rows, S + o)
+#define CALL_Q8(NT) block_q8(xq, sx, xsum, n, t0, NT, K, wb, y + o, ldy, rows, S + o)
             switch (nt) { /* NT a compile-time constant at each call: accumulators in registers */
                 case 1: CALL_Q8(1); break;
 #if TBQ >= 2
@@ -860,15 +878,16 @@ static void rows_q8(const int8_t *xq, const float *sx, const int32_t *xsum, int 
     }
 }
 
-/* x (n, K) -> xq (n, K) int8 x_q = round(x / s) (to nearest even) with one s = max|x| / 127
- * per 32 columns, sx (n, K / 32) (0 for an all-zero block): llama.cpp's Q8_0; xsum (n, K / 32)
- * 128 * the sum of each block's x_q (block_q8's VNNI offset) */
+/* x (n, K) -> xq (K / 32, n, 32) int8 x_q = round(x / s) (to nearest even) with one
+ * s = max|x| / 127 per 32 columns, sx (K / 32, n) (0 for an all-zero block): llama.cpp's Q8_0,
+ * stored column block by column block (block_q8 reads one block of every token together);
+ * xsum (K / 32, n) -128 * the sum of each block's x_q (block_q8's VNNI offset) */
 static void quantize_q8(const float *x, int n, int K, int8_t *xq, float *sx, int32_t *xsum) {
     const int nb = K / 32;
     for (int t = 0; t < n; t++)
         for (int b = 0; b < nb; b++) {
             const float *xt = x + (size_t)t * K + b * 32;
-            int8_t *q = xq + (size_t)t * K + b * 32;
+            int8_t *q = xq + ((size_t)b * n + t) * 32;
 #ifdef NF_I8A_AVX2
             /* the same numbers as the portable loop below (max and integer sums are exact) */
             const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -881,7 +900,7 @@ static void quantize_q8(const float *x, int n, int K, int8_t *xq, float *sx, int
             m2 = _mm_max_ss(m2, _mm_movehdup_ps(m2));
             float amax = _mm_cvtss_f32(m2);
             float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            sx[(size_t)t * nb + b] = amax / 127.0f;
+            sx[(size_t)b * n + t] = amax / 127.0f;
             const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
             __m256i v[4];
             for (int j = 0; j < 4; j++) {
@@ -897,19 +916,19 @@ static void quantize_q8(const float *x, int n, int K, int8_t *xq, float *sx, int
             __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-            xsum[(size_t)t * nb + b] = 128 * _mm_cvtsi128_si32(s4);
+            xsum[(size_t)b * n + t] = -128 * _mm_cvtsi128_si32(s4);
 #else
             float amax = 0.0f;
             for (int k = 0; k < 32; k++) amax = fabsf(xt[k]) > amax ? fabsf(xt[k]) : amax;
             float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            sx[(size_t)t * nb + b] = amax / 127.0f;
+            sx[(size_t)b * n + t] = amax / 127.0f;
             for (int k = 0; k < 32; k++) {
                 float v = nearbyintf(xt[k] * inv);
                 q[k] = (int8_t)(v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v));
             }
             int32_t sum = 0;
             for (int e = 0; e < 32; e++) sum += q[e];
-            xsum[(size_t)t * nb + b] = 128 * sum;
+            xsum[(size_t)b * n + t] = -128 * sum;
 #endif
         }
 }
