@@ -722,10 +722,11 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
 #endif
 #define RBQ 16 /* rows per block of the integer kernel's weights (nf_rows_q8) */
 #ifndef PFQ
-#define PFQ 0 /* software prefetch distance in bytes of the integer kernel's weight stream (0: none) */
+#define PFQ 4096 /* software prefetch distance in bytes of the integer kernel's weight stream (0: none) */
 #endif
 #ifndef PFQ_MIN
-#define PFQ_MIN 2 /* register blocks of at least this many tokens prefetch */
+#define PFQ_MIN 6 /* register blocks of at least this many tokens prefetch: the out-of-order window no longer
+                     * runs far enough ahead of their longer compute to keep the memory busy */
 #endif
 #ifndef TBQ /* tokens per register block of the integer kernel: 2 * TBQ accumulators + the weights */
 #ifdef NF_VNNI
