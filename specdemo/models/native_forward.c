@@ -712,8 +712,9 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
  * AVX512-VNNI (NF_VNNI): VPDPBUSD of the weights' bytes + 128 (unsigned) and 4 broadcast
  * activation bytes, started from -128 * sum of the block's activations (xsum), so 16 rows take
  * 8 instructions a block; a block's tokens lie next to each other (quantize_q8), so every
- * activation, scale and offset is one broadcast load at a constant offset. AVX2: VPMADDUBSW of |q| and the activations with q's signs, then
- * VPMADDWD (llama.cpp's mul_sum_i8_pairs; |q|, |x| <= 127: no int16 sum saturates). */
+ * activation, scale and offset is one broadcast load at a constant offset. AVX2: VPMADDUBSW of
+ * |q| and the activations with q's signs, then VPMADDWD (llama.cpp's mul_sum_i8_pairs; |q|,
+ * |x| <= 127: no int16 sum saturates). */
 #if defined(__AVX2__) && !defined(NF_NO_I8A_AVX2)
 #define NF_I8A_AVX2 1
 #endif
@@ -725,8 +726,9 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
 #define PFQ 4096 /* software prefetch distance in bytes of the integer kernel's weight stream (0: none) */
 #endif
 #ifndef PFQ_MIN
-#define PFQ_MIN 6 /* register blocks of at least this many tokens prefetch: the out-of-order window no longer
-                     * runs far enough ahead of their longer compute to keep the memory busy */
+#define PFQ_MIN 6 /* register blocks of at least this many tokens prefetch: with their longer
+                   * compute the out-of-order window no longer runs far enough ahead to keep the
+                   * memory busy (at 1-5 tokens prefetching measured no gain) */
 #endif
 #ifndef TBQ /* tokens per register block of the integer kernel: 2 * TBQ accumulators + the weights */
 #ifdef NF_VNNI
