@@ -110,3 +110,23 @@ def test_costs_table_and_refusals(monkeypatch, capsys):
 def test_bandwidth_is_positive_and_finite():
     gbps = costs.measure_bandwidth_GBps("cpu", nbytes=8 << 20, repeats=2)
     assert 0 < gbps < 1e4
+
+
+def test_llama_bench_ratio_is_the_chosen_backends(monkeypatch, capsys, tmp_path):
+    """ours_over_llama_bench compares llama-bench with the backend auto chose (the one run,
+    compare and the app use), not with another one that happened to be measured."""
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECDEMO_INT8_COMPILE", "0")
+    model = tiny_llama(seed=0, layers=2)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: _loaded(model))
+    monkeypatch.setattr(costs, "measure_bandwidth_GBps", lambda *a, **k: 8.0)
+    monkeypatch.setattr(costs, "run_llama_bench",
+                        lambda path, threads: {"command": "llama-bench (stub)", "tg_tokens_per_s": 50.0})
+    assert main(["costs", "--target", "tiny", "--max-n", "2", "--context", "8", "--repeats", "1",
+                 "--llama-bench", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    lb = out["llama_bench"]
+    assert lb["ours_backend"] == out["backend"]
+    assert lb["ours_over_llama_bench"] == pytest.approx(out["plain_tokens_per_s"] / 50.0)
+    assert set(lb["by_backend"]) == set(out["backends"])
+    assert lb["by_backend"][out["backend"]] == pytest.approx(lb["ours_over_llama_bench"])

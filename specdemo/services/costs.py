@@ -353,8 +353,8 @@ def format_report(r: CostReport) -> str:
     if r.llama_bench:
         lb = r.llama_bench
         lines.append(f"llama-bench tg: {f(lb.get('tg_tokens_per_s'), '.1f')} tokens/s "
-                     f"({lb.get('command', lb.get('error', ''))}); ours/llama-bench "
-                     f"{f(lb.get('ours_over_llama_bench'))}")
+                     f"({lb.get('command', lb.get('error', ''))}); ours ({lb.get('ours_backend', r.backend)})"
+                     f"/llama-bench {f(lb.get('ours_over_llama_bench'))}")
     return "\n".join(lines)
 
 
@@ -420,7 +420,9 @@ def cmd_costs(args: argparse.Namespace) -> int:
         try:
             threads = ggml_model(loaded).threads if "ggml" in reports else torch.get_num_threads()
             lb = run_llama_bench(gguf_path(loaded.spec), threads)
-            ours = reports.get("ggml", report).plain_tokens_per_s
+            # the chosen backend's plain rate: the one run, compare and the app use
+            ours = report.plain_tokens_per_s
+            lb["ours_backend"] = chosen.backend
             lb["ours_over_llama_bench"] = (ours / lb["tg_tokens_per_s"]
                                            if ours and lb["tg_tokens_per_s"] else None)
             lb["by_backend"] = {b: (r.plain_tokens_per_s / lb["tg_tokens_per_s"]
