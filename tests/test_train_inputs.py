@@ -200,3 +200,21 @@ def test_resume_says_which_given_options_the_saved_recipe_overrides(tmp_path, ca
     args.epochs = 3
     _recipe(args, None, recipe_file, temperature=(0.7, 1.0))
     assert capsys.readouterr().err == ""
+
+
+def test_bfloat16_training_on_a_cpu_without_bf16_instructions_is_flagged(monkeypatch):
+    from specdemo.core import machine
+    from specdemo.interfaces import train_cli
+    monkeypatch.setattr(train_cli.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(machine, "cpu_flags", lambda: "fpu sse2 avx avx2 fma")
+    note = train_cli.slow_bf16_note("cpu", "bfloat16")
+    assert note is not None and "AVX512-BF16" in note
+    assert train_cli.slow_bf16_note("cpu", "float32") is None
+    assert train_cli.slow_bf16_note("cuda:0", "bfloat16") is None
+    monkeypatch.setattr(machine, "cpu_flags", lambda: "avx2 avx512f avx512_bf16")
+    assert train_cli.slow_bf16_note("cpu", "bfloat16") is None
+    monkeypatch.setattr(machine, "cpu_flags", lambda: "avx2 amx_bf16 amx_tile")
+    assert train_cli.slow_bf16_note("cpu", "bfloat16") is None
+    monkeypatch.setattr(train_cli.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(machine, "cpu_flags", lambda: "fp asimd")
+    assert train_cli.slow_bf16_note("cpu", "bfloat16") is None
