@@ -166,6 +166,35 @@ class _Wrong:
     extra_memory_bytes = 0
 
 
+class _SlowWrong(_Wrong):
+    """Wrong and dear: 20 ms a drafted token, ten target forwards' worth."""
+
+    def propose(self, context, k, params, generator):
+        import time
+        time.sleep(0.02 * k)
+        return super().propose(context, k, params, generator)
+
+
+def test_auto_weighs_prompt_lookup_apart_from_a_dear_learned_drafter(target):
+    """Under auto, prompt lookup's drafts are judged at their own cost and acceptance: a learned
+    drafter that accepts nothing at 20 ms a token must not stop free lookup drafts that are
+    accepted (on an AVX2 CPU, head + ngram on auto drafted almost nothing where ngram alone ran
+    at 1.20x). Lossless either way."""
+    from specdemo.core.drafters.combined import CombinedDrafter
+    from specdemo.core.policy import AdaptiveDraftLength
+    tok, kv = CharTokenizer(), KVModel(target)
+    plain = generate(kv, PROMPT, tok, max_new_tokens=96)  # falls into a greedy loop
+    learned = _SlowWrong()
+    policy = AdaptiveDraftLength(forward_s={n: 0.002 + 0.0002 * n for n in range(1, 18)})
+    spec = generate(kv, PROMPT, tok, drafter=CombinedDrafter(learned, name="wrong+ngram"),
+                    policy=policy, max_new_tokens=96)
+    assert spec.token_ids == plain.token_ids
+    s = spec.stats
+    assert s.accepted_by.get("ngram", 0) >= 32, (s.drafted_by, s.accepted_by)  # before: 0 of 0
+    assert learned.calls <= 3  # asked only where prompt lookup had nothing, if at all
+    assert policy.sources["lookup"].draft_token_s < 0.001  # a lookup, not a model
+
+
 def test_combined_drafter_lets_short_matches_through_once_the_learned_drafter_fails():
     """Stacked over a learned drafter that accepts nothing (a small head on Chinese), prompt
     lookup's two-token matches are used, not only the three-token ones."""

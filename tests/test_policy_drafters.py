@@ -150,3 +150,33 @@ def test_forward_costs_are_measured_once_per_target(monkeypatch):
     assert first.forward_costs() == {1: 0.1, 2: 0.12}
     assert second.forward_costs_known and second.forward_costs() == {1: 0.1, 2: 0.12}
     assert len(calls) == 1
+
+
+def test_a_probe_is_verified_not_trimmed_away():
+    """While plain steps win, choose() probes now and then; limit() must let that probe through,
+    or the acceptance figures it is meant to refresh never change (before: every probe was
+    trimmed to 0 tokens and auto never drafted again in that decode)."""
+    policy = AdaptiveDraftLength(forward_s=CPU_COSTS)
+    feed(policy, 20, lambda k: 0)
+    probes = []
+    for _ in range(40):
+        k = policy.choose()
+        if k:
+            probes.append((k, policy.limit(k)))
+        policy.update(k + 1, policy.forward_time(k + 1), k, 0, 0.0)
+    assert probes and all(verified == k for k, verified in probes), probes
+    assert policy.limit(5) == 0  # outside a probe, drafts that do not pay are still trimmed
+
+
+def test_each_source_keeps_its_own_acceptance_and_cost():
+    policy = AdaptiveDraftLength(forward_s=FLAT)
+    for _ in range(20):  # lookup: everything accepted, free; learned: nothing, 10 ms a token
+        policy.update(5, 0.020, 4, 4, 0.0, "lookup")
+        policy.update(5, 0.020, 4, 0, 0.040, "learned")
+    assert policy.sources["lookup"].acceptance[0] > 0.9 > 0.1 > policy.sources["learned"].acceptance[0]
+    assert policy.sources["learned"].draft_token_s == pytest.approx(0.010)
+    assert policy.sources["lookup"].draft_token_s == 0.0
+    assert policy.limit(4, "lookup") == 4 and policy.limit(4, "learned") == 0
+    assert policy.best("learned") == (0, pytest.approx(1 / 0.020))
+    assert policy.best("lookup")[0] == policy.max_k
+    assert policy.acceptance == [0.6] * policy.max_k  # the drafter as a whole: untouched

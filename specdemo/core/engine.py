@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 
 from .clock import sync as _sync
-from .drafters import Drafter, wants_features
+from .drafters import Drafter, Proposal, wants_features
 from .kv import Cancelled, KVModel, stop_on
 from .machine import OtherCpuUse
 from .policy import DraftLengthPolicy, FixedDraftLength
@@ -238,14 +238,31 @@ def decode(
             yield cancelled()
             return
         t0 = time.perf_counter()
-        k = min(policy.choose(), max_new_tokens - stats.new_tokens - 1) if drafter else 0
+        room = max_new_tokens - stats.new_tokens - 1
+        # A stacked drafter (prompt lookup over a learned one) under a per-source policy: the
+        # free lookup is weighed at its own acceptance and cost against the learned drafter's
+        # best (policy.py), and the policy learns each source's figures apart.
+        stacked = (drafter is not None and getattr(policy, "per_source", False)
+                   and hasattr(drafter, "lookup"))
+        source = "learned" if stacked else None  # the policy's name for this round's source
+        proposal, k = None, 0
         try:
             with stop_on(cancel):  # a draft model's first proposal feeds it the whole prompt
-                proposal = drafter.propose(context, k, params, generator) if k > 0 else None
+                if stacked and room > 0:
+                    found = drafter.lookup(context, min(policy.max_k, room), params, generator)
+                    m = policy.limit(len(found.ids), "lookup") if found is not None else 0
+                    if m > 0 and policy.expected_rate(m, "lookup") >= policy.best("learned")[1]:
+                        probs = found.probs[:m] if found.probs is not None else None
+                        proposal = drafter.use(Proposal(found.ids[:m], probs, found.source))
+                        k, source = m, "lookup"
+                if proposal is None:
+                    k = min(policy.choose(source), room) if drafter else 0
+                    propose = drafter.propose_learned if stacked else getattr(drafter, "propose", None)
+                    proposal = propose(context, k, params, generator) if k > 0 else None
         except Cancelled:
             yield cancelled()
             return
-        drafts = proposal.ids[:policy.limit(min(k, len(proposal.ids)))] if proposal else []
+        drafts = proposal.ids[:policy.limit(min(k, len(proposal.ids)), source)] if proposal else []
         _sync(device)
         t1 = time.perf_counter()
         logits, features = target_forward([context[-1]] + drafts, len(drafts) + 1)
@@ -265,7 +282,7 @@ def decode(
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
         if drafter:
-            policy.update(len(drafts) + 1, t2 - t1, len(drafts), n_accepted, t1 - t0)
+            policy.update(len(drafts) + 1, t2 - t1, len(drafts), n_accepted, t1 - t0, source)
             drafter.feedback(n_accepted)
         event = emit(drafts[:n_accepted] + [next_token], [True] * n_accepted + [False])
         # Drafts after a stop point (EOS, stop string, length) count neither way.

@@ -13,6 +13,12 @@ only when it is expected to pay. On a GPU t_forward is nearly flat in n, so long
 a CPU it grows with n (1.3-2.6x for a few tokens), so the rule drafts less or not at all.
 While k = 0 wins, it still probes with the cheapest draft now and then, with a backing-off interval,
 so that it notices when the text becomes predictable again.
+
+A drafter that stacks sources (prompt lookup over a learned drafter, :class:`CombinedDrafter`)
+has its rounds counted per source: a_j and t_draft are kept for each (``source=``), the forward
+times are shared. Prompt lookup's drafts cost next to nothing, so a match is worth verifying
+where the learned drafter's k tokens, at its measured cost, are not (llama.cpp tries its n-gram
+lookup before its draft model in the same way).
 """
 
 from __future__ import annotations
@@ -24,12 +30,12 @@ from .clock import sync
 
 
 class DraftLengthPolicy(Protocol):
-    def choose(self) -> int: ...
+    def choose(self, source: str | None = None) -> int: ...
 
-    def limit(self, n_proposed: int) -> int: ...
+    def limit(self, n_proposed: int, source: str | None = None) -> int: ...
 
     def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
-               draft_s: float) -> None: ...
+               draft_s: float, source: str | None = None) -> None: ...
 
 
 class FixedDraftLength:
@@ -40,16 +46,28 @@ class FixedDraftLength:
             raise ValueError(f"draft length must be >= 1, got {k}")
         self.k = k
 
-    def choose(self) -> int:
+    per_source = False  # the engine asks the drafter as usual (no separate lookup round)
+
+    def choose(self, source: str | None = None) -> int:
         return self.k
 
-    def limit(self, n_proposed: int) -> int:
+    def limit(self, n_proposed: int, source: str | None = None) -> int:
         """Verify every proposed token."""
         return n_proposed
 
     def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
-               draft_s: float) -> None:
+               draft_s: float, source: str | None = None) -> None:
         pass
+
+
+class _SourceStats:
+    """What the adaptive rule knows of one draft source: per-position acceptance a_j (with the
+    number of observations of each) and the seconds per drafted token."""
+
+    def __init__(self, max_k: int, prior_acceptance: float) -> None:
+        self.acceptance = [prior_acceptance] * max_k
+        self.seen = [0] * max_k
+        self.draft_token_s = 0.0
 
 
 class AdaptiveDraftLength:
@@ -63,29 +81,49 @@ class AdaptiveDraftLength:
         forward_s: measured seconds of a target forward over n tokens, n -> s (see
             :func:`measure_forward_s`); refined while decoding. Without it the first round is a
             plain step and other widths are extrapolated with ``prior_slope``.
+
+    ``source`` (``choose``, ``limit``, ``update``, ``expected_rate``): the draft source a
+    round's proposal came from (``Proposal.source``, e.g. "ngram" or "eagle3"); each has its own
+    acceptance and drafting cost, starting from the priors. None is the drafter as a whole.
     """
+
+    per_source = True  # the engine may offer a stacked drafter's free lookup first (engine.decode)
 
     def __init__(self, max_k: int = 16, prior_acceptance: float = 0.6, prior_slope: float = 0.15,
                  smoothing: float = 0.2, forward_s: dict[int, float] | None = None) -> None:
         self.max_k = max_k
-        self.acceptance = [prior_acceptance] * max_k
+        self.prior_acceptance = prior_acceptance
         self.prior_slope = prior_slope
         self.smoothing = smoothing
         self.forward_s: dict[int, float] = dict(forward_s or {})  # n tokens -> running mean seconds
-        self.draft_token_s = 0.0
-        self._seen = [0] * max_k  # observations per position
+        self.sources: dict[str | None, _SourceStats] = {}
         self._idle_rounds = 0
         self._probe_every = 8
+        self._probing = False  # this round's k is a probe: verify it whatever limit() would say
+
+    def _source(self, source: str | None) -> _SourceStats:
+        if source not in self.sources:
+            self.sources[source] = _SourceStats(self.max_k, self.prior_acceptance)
+        return self.sources[source]
+
+    @property
+    def acceptance(self) -> list[float]:
+        """a_j of the drafter as a whole (rounds updated without a source)."""
+        return self._source(None).acceptance
+
+    @property
+    def draft_token_s(self) -> float:
+        return self._source(None).draft_token_s
 
     def _avg(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
 
-    def _observe(self, j: int, accepted: bool) -> None:
+    def _observe(self, stats: _SourceStats, j: int, accepted: bool) -> None:
         """Running acceptance at position j: the prior counts as two observations, so the first
         few rounds move it fast; later, an exponential average that follows changes in the text."""
-        self._seen[j] += 1
-        weight = max(1.0 / (self._seen[j] + 2), self.smoothing)
-        self.acceptance[j] += weight * ((1.0 if accepted else 0.0) - self.acceptance[j])
+        stats.seen[j] += 1
+        weight = max(1.0 / (stats.seen[j] + 2), self.smoothing)
+        stats.acceptance[j] += weight * ((1.0 if accepted else 0.0) - stats.acceptance[j])
 
     def forward_time(self, n: int) -> float:
         """Estimated seconds of a target forward over n tokens (interpolated from measurements).
@@ -118,40 +156,55 @@ class AdaptiveDraftLength:
             return t_below + max(slope, 0.5 * self.prior_slope * t1) * (n - below)
         return t_below + (self.forward_s[above] - t_below) * (n - below) / (above - below)
 
-    def expected_rate(self, k: int) -> float:
-        """Expected new tokens per second with draft length k."""
+    def expected_rate(self, k: int, source: str | None = None) -> float:
+        """Expected new tokens per second with draft length k from ``source``."""
+        stats = self._source(source)
         tokens, survive = 1.0, 1.0
-        for a in self.acceptance[:k]:
+        for a in stats.acceptance[:k]:
             survive *= a
             tokens += survive
-        return tokens / (self.forward_time(k + 1) + k * self.draft_token_s)
+        return tokens / (self.forward_time(k + 1) + k * stats.draft_token_s)
 
-    def choose(self) -> int:
+    def best(self, source: str | None = None) -> tuple[int, float]:
+        """The draft length with the best expected rate for ``source`` and that rate (tokens/s),
+        k = 0 (a plain step) included; no side effects (``choose`` also probes)."""
+        k = max(range(self.max_k + 1), key=lambda k: (self.expected_rate(k, source), -k))
+        return k, self.expected_rate(k, source)
+
+    def choose(self, source: str | None = None) -> int:
+        self._probing = False
         if 1 not in self.forward_s:
             return 0  # measure a plain step first: the baseline every choice is compared with
-        best = max(range(1, self.max_k + 1), key=self.expected_rate)
-        if self.expected_rate(best) > self.expected_rate(0):
+        best = max(range(1, self.max_k + 1), key=lambda k: self.expected_rate(k, source))
+        if self.expected_rate(best, source) > self.expected_rate(0, source):
             self._idle_rounds, self._probe_every = 0, 8
             return best
         self._idle_rounds += 1
         if self._idle_rounds >= self._probe_every:  # look again, then wait twice as long
             self._idle_rounds, self._probe_every = 0, min(self._probe_every * 2, 128)
+            self._probing = True
             return min(range(1, self.max_k + 1), key=lambda k: self.forward_time(k + 1))  # cheapest
         return 0
 
-    def limit(self, n_proposed: int) -> int:
+    def limit(self, n_proposed: int, source: str | None = None) -> int:
         """How many of a proposal's tokens are worth verifying: a drafter may return fewer than
         asked (n-gram lookup), and a forward over that width may cost more than a wider or a
-        plain one on this machine; verify the prefix with the best expected rate (0 = none)."""
-        return max(range(n_proposed + 1), key=lambda m: (self.expected_rate(m), -m))
+        plain one on this machine; verify the prefix with the best expected rate (0 = none).
+        A probe (``choose`` looking again while plain steps win) is verified whole: trimming it
+        by the very figures it is there to refresh would leave them as they are for good."""
+        if self._probing:
+            return n_proposed
+        return max(range(n_proposed + 1), key=lambda m: (self.expected_rate(m, source), -m))
 
     def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
-               draft_s: float) -> None:
+               draft_s: float, source: str | None = None) -> None:
+        self._probing = False
         self.forward_s[n_forward_tokens] = self._avg(self.forward_s.get(n_forward_tokens), forward_s)
         if n_drafted:
-            self.draft_token_s = self._avg(self.draft_token_s or None, draft_s / n_drafted)
+            stats = self._source(source)
+            stats.draft_token_s = self._avg(stats.draft_token_s or None, draft_s / n_drafted)
             for j in range(min(n_drafted, n_accepted + 1)):
-                self._observe(j, j < n_accepted)
+                self._observe(stats, j, j < n_accepted)
 
 
 def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3,

@@ -60,6 +60,29 @@ class CombinedDrafter:
         return Proposal(proposal.ids, proposal.probs,
                         source="ngram" if use_lookup else (proposal.source or "learned"))
 
+    def lookup(self, context: list[int], k: int, params: SamplingParams,
+               generator: torch.Generator | None) -> Proposal | None:
+        """Prompt lookup's proposal alone (a match of at least ``ngram.min_ngram`` tokens), or
+        None without one; nothing is recorded and the learned drafter does not run. For a
+        draft-length policy that weighs each source at its own measured acceptance and cost
+        (``AdaptiveDraftLength``, engine.decode), which then calls :meth:`use` or
+        :meth:`propose_learned`."""
+        found = self.ngram.propose(context, k, params, generator)
+        return Proposal(found.ids, found.probs, source="ngram") if found.ids else None
+
+    def use(self, proposal: Proposal) -> Proposal:
+        """Record that ``proposal`` (from :meth:`lookup`) is this round's, for ``feedback``."""
+        self._last = "ngram" if proposal.source == "ngram" else "learned"
+        self._last_n = len(proposal.ids)
+        return proposal
+
+    def propose_learned(self, context: list[int], k: int, params: SamplingParams,
+                        generator: torch.Generator | None) -> Proposal:
+        """The learned drafter's proposal of k tokens, recorded as this round's."""
+        proposal = self.learned.propose(context, k, params, generator)
+        self._last, self._last_n = "learned", len(proposal.ids)
+        return Proposal(proposal.ids, proposal.probs, source=proposal.source or "learned")
+
     def _need(self) -> int:
         """The n-gram match that lets prompt lookup propose: ``min_match`` while the learned
         drafter does at least half as well as prompt lookup, else prompt lookup's own shortest
