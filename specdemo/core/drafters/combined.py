@@ -62,13 +62,18 @@ class CombinedDrafter:
 
     def lookup(self, context: list[int], k: int, params: SamplingParams,
                generator: torch.Generator | None) -> Proposal | None:
-        """Prompt lookup's proposal alone (a match of at least ``ngram.min_ngram`` tokens), or
-        None without one; nothing is recorded and the learned drafter does not run. For a
-        draft-length policy that weighs each source at its own measured acceptance and cost
+        """Prompt lookup's proposal alone, or None: None without a match as long as
+        :meth:`propose` requires (``min_match`` tokens while the learned drafter does at least
+        half as well as prompt lookup, else ``ngram.min_ngram``: two-token matches are common in
+        prose and mostly wrong, and would crowd out a learned drafter that does better).
+        Nothing is recorded and the learned drafter does not run. For a draft-length policy
+        that weighs each source at its own measured acceptance and cost
         (``AdaptiveDraftLength``, engine.decode), which then calls :meth:`use` or
         :meth:`propose_learned`."""
         found = self.ngram.propose(context, k, params, generator)
-        return Proposal(found.ids, found.probs, source="ngram") if found.ids else None
+        if not found.ids or self.ngram.last_match < self._need():
+            return None
+        return Proposal(found.ids, found.probs, source="ngram")
 
     def use(self, proposal: Proposal) -> Proposal:
         """Record that ``proposal`` (from :meth:`lookup`) is this round's, for ``feedback``."""
