@@ -33,7 +33,7 @@ def test_unreachable_hub_recommends_a_preset_that_runs_offline(empty_hub_cache, 
                                         "whose models are on this machine already")
     assert main(["presets"]) == 0
     text = capsys.readouterr().out
-    assert "[needs the hub: unreachable]" in text and "[downloads on first use]" not in text
+    assert "[not downloaded; the hub is unreachable]" in text and "[downloads on first use]" not in text
 
 
 def test_reachable_hub_keeps_download_presets_in_the_running(empty_hub_cache, monkeypatch, capsys):

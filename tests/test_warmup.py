@@ -141,9 +141,9 @@ def test_a_draft_model_that_starts_late_catches_up_in_warmed_widths(monkeypatch,
     real_choose = AdaptiveDraftLength.choose
     calls = {"n": 0}
 
-    def late(self):
+    def late(self, source=None):
         calls["n"] += 1
-        return 0 if calls["n"] <= 4 else real_choose(self) or 2
+        return 0 if calls["n"] <= 4 else real_choose(self, source) or 2
     target = tiny_llama(seed=3, layers=2)
     recorder = Recorder(monkeypatch, {"target": target})
     race = race_of(Loaded(target), draft, "auto")
@@ -151,7 +151,7 @@ def test_a_draft_model_that_starts_late_catches_up_in_warmed_widths(monkeypatch,
     # ... and every proposal is verified whole: `limit` would drop a proposal when the timings
     # of a busy machine make any verification look dearer than a plain step (CI once: nothing
     # drafted in the whole run, so the test checked nothing).
-    monkeypatch.setattr(AdaptiveDraftLength, "limit", lambda self, n_proposed: n_proposed)
+    monkeypatch.setattr(AdaptiveDraftLength, "limit", lambda self, n_proposed, source=None: n_proposed)
     final = list(race.run(min_interval_s=0.0))[-1]
     spec = final.panes[SPECULATIVE]
     assert spec.status == "done" and spec.stats.drafted > 0, "the late drafter never drafted"

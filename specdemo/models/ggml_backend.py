@@ -621,7 +621,7 @@ def choose_backend(loaded) -> BackendChoice:
     if missing:
         choice.reason += "; " + "; ".join(missing)
     if share > BUSY_SHARE:
-        choice.reason += f" (machine busy: others used {share:.0%} of the CPU; not stored)"
+        choice.reason += f"; machine busy: others used {share:.0%} of the CPU, so not stored"
         return choice
     from .builtin import store_cache_entry
     try:

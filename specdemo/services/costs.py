@@ -398,7 +398,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
         loaded = load_model(args.target, args.device, args.dtype, quantization=args.quantization,
                             trust_remote_code=args.trust_remote_code)
     except ModelLoadError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}\n(python -m specdemo costs --help)", file=sys.stderr)
         return 2
     from ..models.ggml_backend import candidate_backends, ggml_model, gguf_path, with_backend
     try:
@@ -410,7 +410,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
                                    repeats=args.repeats, clock=args.clock,
                                    before_after_rounds=args.before_after)
     except (ValueError, ModelLoadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}\n(python -m specdemo costs --help)", file=sys.stderr)
         return 2
     report = reports[chosen.backend]
     report.backend_choice = choice.as_dict()

@@ -413,7 +413,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
         flags = " [default]" if preset.default else ""
         flags += " [gated]" if preset.gated else ""
         if to_fetch[preset.name]:
-            flags += " [needs the hub: unreachable]" if offline else " [downloads on first use]"
+            flags += " [not downloaded; the hub is unreachable]" if offline else " [downloads on first use]"
         print(f"{marks} {preset.name:26s} {format_bytes(preset.memory_bytes):>8s}  "
               f"{preset.target} + {preset.draft}{flags}")
         print(f"       {reason}")
