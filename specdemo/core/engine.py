@@ -257,8 +257,9 @@ def decode(
                         k, source = m, "lookup"
                 if proposal is None:
                     k = min(policy.choose(source), room) if drafter else 0
-                    propose = drafter.propose_learned if stacked else getattr(drafter, "propose", None)
-                    proposal = propose(context, k, params, generator) if k > 0 else None
+                    if k > 0:
+                        propose = drafter.propose_learned if stacked else drafter.propose
+                        proposal = propose(context, k, params, generator)
         except Cancelled:
             yield cancelled()
             return

@@ -111,10 +111,6 @@ class AdaptiveDraftLength:
         """a_j of the drafter as a whole (rounds updated without a source)."""
         return self._source(None).acceptance
 
-    @property
-    def draft_token_s(self) -> float:
-        return self._source(None).draft_token_s
-
     def _avg(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
 
@@ -175,10 +171,10 @@ class AdaptiveDraftLength:
         self._probing = False
         if 1 not in self.forward_s:
             return 0  # measure a plain step first: the baseline every choice is compared with
-        best = max(range(1, self.max_k + 1), key=lambda k: self.expected_rate(k, source))
-        if self.expected_rate(best, source) > self.expected_rate(0, source):
+        k, _ = self.best(source)  # ties go to the shorter draft, so k > 0 strictly beats plain
+        if k > 0:
             self._idle_rounds, self._probe_every = 0, 8
-            return best
+            return k
         self._idle_rounds += 1
         if self._idle_rounds >= self._probe_every:  # look again, then wait twice as long
             self._idle_rounds, self._probe_every = 0, min(self._probe_every * 2, 128)

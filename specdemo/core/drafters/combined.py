@@ -51,14 +51,11 @@ class CombinedDrafter:
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
-        lookup = self.ngram.propose(context, k, params, generator)
-        use_lookup = (len(lookup.ids) >= min(k, 2) and self.ngram.last_match >= self._need()
-                      and self.acceptance["ngram"] >= self.acceptance["learned"])
-        proposal = lookup if use_lookup else self.learned.propose(context, k, params, generator)
-        self._last = "ngram" if use_lookup else "learned"
-        self._last_n = len(proposal.ids)
-        return Proposal(proposal.ids, proposal.probs,
-                        source="ngram" if use_lookup else (proposal.source or "learned"))
+        found = self.lookup(context, k, params, generator)
+        if (found is not None and len(found.ids) >= min(k, 2)
+                and self.acceptance["ngram"] >= self.acceptance["learned"]):
+            return self.use(found)
+        return self.propose_learned(context, k, params, generator)
 
     def lookup(self, context: list[int], k: int, params: SamplingParams,
                generator: torch.Generator | None) -> Proposal | None:
@@ -77,8 +74,7 @@ class CombinedDrafter:
 
     def use(self, proposal: Proposal) -> Proposal:
         """Record that ``proposal`` (from :meth:`lookup`) is this round's, for ``feedback``."""
-        self._last = "ngram" if proposal.source == "ngram" else "learned"
-        self._last_n = len(proposal.ids)
+        self._last, self._last_n = "ngram", len(proposal.ids)
         return proposal
 
     def propose_learned(self, context: list[int], k: int, params: SamplingParams,
