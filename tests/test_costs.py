@@ -15,7 +15,8 @@ from tiny import CharTokenizer, tiny_llama
 KEYS = {"target", "device", "dtype", "quantization", "threads", "clock", "context", "forward_s",
         "forward_ratio", "weight_bytes", "bandwidth_GBps", "bound_tokens_per_s",
         "plain_tokens_per_s", "plain_vs_bound", "load_average", "fast_path", "stock_forward_s",
-        "stock_forward_ratio", "notes", "backend", "backend_choice", "backends", "llama_bench", "omp_wait"}
+        "stock_forward_ratio", "notes", "backend", "backend_choice", "backends", "llama_bench", "omp_wait",
+        "native_prefetch"}
 
 
 def _loaded(model) -> LoadedModel:

@@ -12,6 +12,8 @@ against two.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -544,3 +546,92 @@ def test_a_batch_of_sequences_gives_each_the_logits_it_gets_alone(weights):
     with pytest.raises(ValueError, match="once each"):
         batch.forward([(0, [1]), (0, [2])])
     assert batch.lengths == [10, 0, 9, 5]
+
+
+@needs_library
+def test_the_prefetch_setting_does_not_change_the_numbers(tiny):
+    """Prefetching is a hint to the memory system: every setting gives the same logits."""
+    lib = nb.library()
+    before = (lib.nf_prefetch_min(), lib.nf_prefetch_distance())
+    try:
+        outs = []
+        for narrowest, distance in ((6, 4096), (1, 4096), (1, 8192), (1, 0)):
+            lib.nf_set_prefetch(narrowest, distance)
+            assert (lib.nf_prefetch_min(), lib.nf_prefetch_distance()) == (narrowest, distance)
+            kv = nb.NativeKV(nb.NativeModel(tiny, weights="w8a8"))
+            outs.append(torch.cat([kv.forward(IDS, len(IDS)), kv.forward(IDS[:5], 5)]))
+        assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    finally:
+        lib.nf_set_prefetch(*before)
+
+
+class _Others:
+    """A stand-in for machine.OtherCpuUse: other processes used ``share`` of the CPU."""
+    share_value = 0.0
+
+    def share(self):
+        return self.share_value
+
+
+@needs_library
+def test_the_prefetch_choice_is_measured_once_stored_and_asked_for_by_name(tiny, monkeypatch, tmp_path):
+    from specdemo.core import machine
+    lib = nb.library()
+    before = (lib.nf_prefetch_min(), lib.nf_prefetch_distance())
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
+    monkeypatch.setattr(machine, "OtherCpuUse", _Others)
+    nm = nb.NativeModel(tiny, weights="w8a8")
+    try:
+        first = nb.choose_prefetch(nm, repeats=2)
+        assert first["prefetch"] in ("all", "wide")
+        assert lib.nf_prefetch_min() == (1 if first["prefetch"] == "all" else 6)
+        assert set(first["cost_s"]) == {"all", "wide"} and all(v > 0 for v in first["cost_s"].values())
+        stored = json.loads((tmp_path / nb.PREFETCH_FILE).read_text())
+        assert [e["prefetch"] for e in stored.values()] == [first["prefetch"]]
+        # the stored choice is reused without measuring (a stored "all" is set even after "wide")
+        key = next(iter(stored))
+        stored[key]["prefetch"] = "all"
+        (tmp_path / nb.PREFETCH_FILE).write_text(json.dumps(stored))
+        lib.nf_set_prefetch(6, -1)
+        again = nb.choose_prefetch(nm)
+        assert again["reason"].startswith("measured earlier on this machine")
+        assert lib.nf_prefetch_min() == 1
+        # by name, and a name it does not know
+        monkeypatch.setenv(nb.PREFETCH_ENV, "wide")
+        assert nb.choose_prefetch(nm)["prefetch"] == "wide" and lib.nf_prefetch_min() == 6
+        monkeypatch.setenv(nb.PREFETCH_ENV, "sometimes")
+        with pytest.raises(nb.NativeError, match="not a prefetch setting"):
+            nb.choose_prefetch(nm)
+        # measured on a busy machine: used, not stored
+        monkeypatch.setenv(nb.PREFETCH_ENV, "recalibrate")
+        monkeypatch.setattr(_Others, "share_value", 0.9)
+        busy = nb.choose_prefetch(nm, repeats=2)
+        assert "not stored" in busy["reason"]
+        assert json.loads((tmp_path / nb.PREFETCH_FILE).read_text())[key]["prefetch"] == "all"
+    finally:
+        lib.nf_set_prefetch(*before)
+
+
+@needs_library
+def test_the_w8a8_backend_chooses_its_prefetch_when_built(tiny, monkeypatch):
+    monkeypatch.setenv(nb.PREFETCH_ENV, "all")
+    lib = nb.library()
+    before = (lib.nf_prefetch_min(), lib.nf_prefetch_distance())
+    try:
+        nm = nb.native_model(_Loaded(tiny_llama(seed=5, layers=2, hidden=64)), weights="w8a8")
+        assert nm.prefetch["prefetch"] == "all" and lib.nf_prefetch_min() == 1
+        assert nb.native_model(_Loaded(tiny_llama(seed=5, layers=2, hidden=64)), weights="int8").prefetch is None
+    finally:
+        lib.nf_set_prefetch(*before)
+
+
+@needs_library
+def test_costs_on_native_w8a8_say_which_blocks_prefetch(monkeypatch):
+    from specdemo.services import costs
+    monkeypatch.setenv(nb.PREFETCH_ENV, "wide")
+    monkeypatch.setattr(costs, "measure_bandwidth_GBps", lambda *a, **k: 8.0)
+    loaded = _Loaded(tiny_llama(seed=6, layers=2, hidden=64), backend="native-w8a8")
+    loaded.load_s, loaded.source = 0.0, "t"
+    report = costs.measure_costs(loaded, max_n=2, context=8, repeats=1, plain_tokens=4)
+    assert report.native_prefetch["prefetch"] == "wide"
+    assert f"native-w8a8 weight prefetch: {nb.PREFETCH_ENV}=wide" in costs.format_report(report)

@@ -51,11 +51,14 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import logging
 import os
 import shutil
+import statistics
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -167,6 +170,10 @@ def library():
         lib.nf_has_dpbf16.restype = c.c_int
         lib.nf_rows.restype = c.c_int
         lib.nf_rows_q8.restype = c.c_int
+        lib.nf_set_prefetch.argtypes = [c.c_int, c.c_int]
+        lib.nf_set_prefetch.restype = None
+        lib.nf_prefetch_min.restype = c.c_int
+        lib.nf_prefetch_distance.restype = c.c_int
         lib.nf_set_layer.argtypes = [c.c_void_p, c.c_int] + [c.c_void_p] * 6
         lib.nf_set_output.argtypes = [c.c_void_p] * 4
         lib.nf_set_scales.argtypes = [c.c_void_p, c.c_int] + [c.c_void_p] * 4
@@ -411,6 +418,7 @@ class NativeModel(RotaryTables):
                                self.head.data_ptr())
         _set_scales(self.lib, handle, weights, self.scales, self.n_layer)
         self._cache_owner = None  # the NativeKV whose cache the C model points at
+        self.prefetch: dict | None = None  # native-w8a8: choose_prefetch's choice
 
     def __del__(self) -> None:
         handle = getattr(self, "handle", None)
@@ -630,8 +638,98 @@ def native_model(loaded, weights: str = "bf16") -> NativeModel:
             if reason:
                 raise NativeError(reason)
             nmodel = NativeModel(loaded.model, weights=weights)
+            if weights == "w8a8":
+                nmodel.prefetch = choose_prefetch(nmodel)
+                log.info("native-w8a8: %s", nmodel.prefetch["reason"])
             setattr(loaded.model, attr, nmodel)
         return nmodel
+
+
+PREFETCH_FILE = "native-prefetch.json"  # in models.cache_dir(): the measured choice per machine
+PREFETCH_ENV = "SPECDEMO_NATIVE_PREFETCH"  # unset: measured once; "recalibrate"; "all"; "wide"
+PREFETCH_ALL = 1  # nf_set_prefetch's narrowest prefetching register block: every block
+PREFETCH_WIDTHS = (1, 5)  # a plain step and a verification of 4 drafted tokens (as auto's choice)
+PREFETCH_GAIN = 0.03  # prefetching every block must save this share of the time to be chosen
+
+
+def _prefetch_key(nmodel: NativeModel) -> str:
+    from .hardware import _cpu_name
+    parts = [_cpu_name(), library_path().name, nmodel.threads, nmodel.n_layer, nmodel.hidden,
+             nmodel.inter, nmodel.vocab, PREFETCH_WIDTHS]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
+
+
+def choose_prefetch(nmodel: NativeModel, repeats: int = 12) -> dict:
+    """Sets, for the int8-activation kernel (``native-w8a8``), which register blocks prefetch
+    their weight stream (``nf_set_prefetch``), from a measurement on this machine, and returns
+    ``{"prefetch": "all" | "wide", "reason": str, "cost_s": {...} | None}``.
+
+    ``wide`` (the C default, ``PFQ_MIN``): only blocks of 6+ tokens prefetch; ``all``: every
+    block. Which is faster depends on the machine: prefetching at 1-5 tokens measured no gain
+    (4-5 tokens: 5% slower) on a 2-core Zen 4 with 40+ GB/s, and 11-25% faster forwards of 1-5
+    tokens on a 2-core Xeon with 21 GB/s (``docs/cpu-backends.md``, fourteenth session). The
+    measurement alternates both settings forward by forward over :data:`PREFETCH_WIDTHS` tokens
+    after 128 cached tokens (``repeats`` each, medians; ~0.5 s for 135M), chooses ``all`` when it
+    saves at least :data:`PREFETCH_GAIN`, and is stored per machine, library and model shape in
+    ``models.cache_dir()/native-prefetch.json`` unless other processes used more than
+    ``machine.BUSY_SHARE`` of the CPU meanwhile. ``SPECDEMO_NATIVE_PREFETCH``: ``all`` or
+    ``wide`` chooses without measuring, ``recalibrate`` (or ``SPECDEMO_BACKEND=recalibrate``)
+    measures again. The numbers a forward computes do not depend on the setting.
+
+    Raises:
+        NativeError: ``SPECDEMO_NATIVE_PREFETCH`` names no setting.
+    """
+    lib = nmodel.lib
+    wide = lib.nf_prefetch_min()
+    wide = wide if wide > PREFETCH_ALL else 6
+    asked = os.environ.get(PREFETCH_ENV, "").strip().lower()
+    if asked in ("all", "wide"):
+        lib.nf_set_prefetch(PREFETCH_ALL if asked == "all" else wide, -1)
+        return {"prefetch": asked, "reason": f"{PREFETCH_ENV}={asked}", "cost_s": None}
+    if asked not in ("", "recalibrate"):
+        raise NativeError(f"{PREFETCH_ENV}={asked} is not a prefetch setting; use all, wide or "
+                          "recalibrate")
+    from .builtin import cache_dir, store_cache_entry
+    path, key = cache_dir() / PREFETCH_FILE, _prefetch_key(nmodel)
+    again = asked == "recalibrate" or os.environ.get("SPECDEMO_BACKEND", "").strip().lower() == "recalibrate"
+    if not again:
+        try:
+            entry = json.loads(path.read_text())[key]
+            lib.nf_set_prefetch(PREFETCH_ALL if entry["prefetch"] == "all" else wide, -1)
+            return {**entry, "reason": "measured earlier on this machine: " + entry["reason"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    from ..core.machine import BUSY_SHARE, OtherCpuUse
+    kv = NativeKV(nmodel)
+    context = [i % (nmodel.vocab - 1) + 1 for i in range(128)]
+    kv.forward(context)
+    settings = {"wide": wide, "all": PREFETCH_ALL}
+    times = {(name, n): [] for name in settings for n in PREFETCH_WIDTHS}
+    others = OtherCpuUse()
+    for _ in range(repeats):
+        for n in PREFETCH_WIDTHS:
+            for name, narrowest in settings.items():
+                lib.nf_set_prefetch(narrowest, -1)
+                start = time.perf_counter()
+                kv.forward([1] * n, logits_to_keep=1)
+                times[(name, n)].append(time.perf_counter() - start)
+                kv.rollback(len(context))
+    share = others.share()
+    cost = {name: sum(statistics.median(times[(name, n)]) for n in PREFETCH_WIDTHS)
+            for name in settings}
+    best = "all" if cost["all"] < (1 - PREFETCH_GAIN) * cost["wide"] else "wide"
+    lib.nf_set_prefetch(settings[best], -1)
+    reason = (f"prefetch {best}: every block {cost['all'] * 1e3:.2f} ms, blocks of {wide}+ tokens "
+              f"{cost['wide'] * 1e3:.2f} ms for a 1-token plus a 5-token forward")
+    entry = {"prefetch": best, "reason": reason, "cost_s": cost}
+    if share is not None and share > BUSY_SHARE:
+        return {**entry, "reason": reason + f"; machine busy (others used {share:.0%} of the CPU), "
+                "so not stored"}
+    try:
+        store_cache_entry(path, key, {**entry, "measured_unix_s": time.time()})
+    except OSError as exc:
+        log.warning("native prefetch choice not stored in %s (%s)", path, exc)
+    return entry
 
 
 def model_of(loaded) -> NativeModel:

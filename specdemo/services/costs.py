@@ -68,6 +68,9 @@ class CostReport:
     llama_bench: dict | None = None
     #: how OpenMP threads waited in this process, and why (specdemo/_omp.py; llama-bench inherits it)
     omp_wait: dict | None = None
+    #: native-w8a8: which of its kernel's register blocks prefetch weights, and the measurement
+    #: that chose it (models/native_backend.py choose_prefetch)
+    native_prefetch: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -242,10 +245,13 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
     elif backend in NATIVE_BACKENDS:
         from ..models.native_backend import model_of
         nbytes = model_of(loaded).weight_bytes
+        prefetch = model_of(loaded).prefetch
     else:
         nbytes = (weight_bytes_per_forward(loaded.model) if backend == "transformers"
                   else ggml_model(loaded).size_bytes)
     bound = ratio(bandwidth * 1e9, nbytes)
+    if backend not in NATIVE_BACKENDS:
+        prefetch = None
     info = fastpath_info(loaded.model) if backend == "transformers" else None
     loads = [x for x in (load_before, _load_average()) if x is not None]
     return CostReport(
@@ -259,7 +265,7 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         load_average=max(loads) if loads else None,
         fast_path=info.as_dict() if info else None, stock_forward_s=stock,
         stock_forward_ratio={n: ratio(s, stock[1]) for n, s in stock.items()} if stock else None,
-        backend=backend, omp_wait=OMP_WAIT)
+        backend=backend, omp_wait=OMP_WAIT, native_prefetch=prefetch)
 
 
 SUMMARY_KEYS = ("forward_s", "forward_ratio", "weight_bytes", "bound_tokens_per_s",
@@ -340,6 +346,8 @@ def format_report(r: CostReport) -> str:
                      + (f" ({fp['reason']})" if fp["applied"] and fp["reason"] else ""))
     if r.backend_choice:
         lines += ["", f"backend: {r.backend_choice['backend']} ({r.backend_choice['reason']})"]
+    if r.native_prefetch:
+        lines += ["", f"{r.backend} weight prefetch: {r.native_prefetch['reason']}"]
     if r.backends and len(r.backends) > 1:
         names = list(r.backends)
         lines += ["", "| n | " + " | ".join(f"{b}: forward_s (ms) | / n=1" for b in names) + " |",
