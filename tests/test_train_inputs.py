@@ -218,3 +218,7 @@ def test_bfloat16_training_on_a_cpu_without_bf16_instructions_is_flagged(monkeyp
     monkeypatch.setattr(train_cli.platform, "machine", lambda: "aarch64")
     monkeypatch.setattr(machine, "cpu_flags", lambda: "fp asimd")
     assert train_cli.slow_bf16_note("cpu", "bfloat16") is None
+    # Windows: no flags list, only the machine's name, which says nothing either way
+    monkeypatch.setattr(train_cli.platform, "machine", lambda: "AMD64")
+    monkeypatch.setattr(machine, "cpu_flags", lambda: "AMD64")
+    assert train_cli.slow_bf16_note("cpu", "bfloat16") is None

@@ -588,7 +588,9 @@ def slow_bf16_note(device: str, train_dtype: str) -> str | None:
         return None
     from ..core.machine import cpu_flags
     flags = cpu_flags().split()
-    if not flags or any(f in flags for f in BF16_FLAGS):
+    # a real x86 flags list (Linux) names sse2; elsewhere cpu_flags() is platform.machine() only,
+    # which says nothing about bfloat16
+    if "sse2" not in flags or any(f in flags for f in BF16_FLAGS):
         return None
     return ("note: --train-dtype bfloat16 on a CPU without AVX512-BF16 or AMX: torch emulates "
             "bfloat16 here, which can be several times slower than float32 (the default)")
