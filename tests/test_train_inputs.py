@@ -132,6 +132,20 @@ def test_init_reads_a_shipped_head_by_its_builtin_name():
         check_init(argparse.Namespace(init=Path("builtin:smollm2-135m-eagle3"), kind="dflash"))
 
 
+def test_keep_draft_vocab_is_refused_without_init_or_with_another_size(capsys):
+    import argparse
+    from specdemo.interfaces.train_cli import check_init
+    shipped = Path("builtin:smollm2-135m-eagle3")
+    check_init(argparse.Namespace(init=shipped, kind="eagle3", keep_draft_vocab=True, draft_vocab=8192))
+    for args, says in ((dict(init=None, kind="eagle3", draft_vocab=8192), "without --init"),
+                       (dict(init=shipped, kind="eagle3", draft_vocab=4096), "give --draft-vocab 8192")):
+        with pytest.raises(SystemExit) as exc:
+            check_init(argparse.Namespace(keep_draft_vocab=True, **args))
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1
+
+
 @pytest.mark.parametrize("case", ["missing", "damaged", "kind"])
 def test_a_bad_init_is_refused_before_any_work(tmp_path, capsys, no_target_load, case):
     """``--init`` is checked with the other inputs: the target is never loaded, nothing is

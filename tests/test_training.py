@@ -159,6 +159,16 @@ def test_init_starts_from_an_earlier_runs_head_and_refuses_what_does_not_fit(tar
     for name, value in saved.items():
         if name not in ("d2t", "t2d", "lm_head.weight"):
             assert torch.equal(other.state_dict()[name], value), name
+    # --keep-draft-vocab: the earlier head's vocabulary and rows as they are, whatever this
+    # run's answers would have built; a vocabulary of another size is refused
+    kept = train.new_head(target, RECIPE, counts)
+    assert not torch.equal(kept.d2t, saved["d2t"])
+    assert warm_start(kept, tmp_path / "a", keep_vocab=True) is None
+    for name, value in saved.items():
+        assert torch.equal(kept.state_dict()[name], value), name
+    assert "its draft vocabulary has 24 ids, this run's --draft-vocab 16" in warm_start(
+        train.new_head(target, replace(RECIPE, draft_vocab_size=16), counts), tmp_path / "a",
+        keep_vocab=True)
     wider = _head(target, items)
     wider.fc = torch.nn.Linear(wider.fc.in_features, wider.fc.out_features + 1, bias=False)
     before = {k: v.clone() for k, v in wider.state_dict().items()}

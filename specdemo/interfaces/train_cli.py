@@ -111,6 +111,10 @@ def register(sub) -> None:
                         "a fresh learning-rate schedule. An EAGLE-3 head's draft vocabulary is "
                         "built from this run's answers: ids both vocabularies hold keep the "
                         "earlier head's output rows, new ids start from the target's head")
+    p.add_argument("--keep-draft-vocab", action="store_true",
+                   help="with --init: keep the earlier head's draft vocabulary (its size must be "
+                        "--draft-vocab) instead of building one from this run's answers, e.g. "
+                        "to train more on answers of one task without losing the ids of others")
     p.set_defaults(func=cmd_train)
 
 
@@ -342,7 +346,8 @@ def _train(args: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr)
     if args.init is not None:  # the folder's name only: no machine paths in what may ship
-        where["train"] += f", started from the drafter of an earlier run ({args.init.name})"
+        where["train"] += (f", started from the drafter of an earlier run ({args.init.name})"
+                           + (", keeping its draft vocabulary" if args.keep_draft_vocab else ""))
     if args.stop_after == "features":
         print(_stopped_after("features", out / data.FEATURES, out))
         return 0
@@ -363,7 +368,7 @@ def _train(args: argparse.Namespace) -> int:
         drafter = (train.new_head(target, recipe, train.token_counts(items, target.vocab_size))
                    if args.kind == "eagle3" else dflash_train.new_drafter(target, recipe))
         if args.init is not None:
-            problem = warm_start(drafter, args.init)
+            problem = warm_start(drafter, args.init, keep_vocab=args.keep_draft_vocab)
             if problem:
                 fail(problem)
         trainer = train.train if args.kind == "eagle3" else dflash_train.train
@@ -436,7 +441,7 @@ def _read_init(folder: Path) -> tuple[dict | None, str | None]:
                   "train-draft run wrote, or builtin:NAME)")
 
 
-def warm_start(drafter, folder: Path) -> str | None:
+def warm_start(drafter, folder: Path, keep_vocab: bool = False) -> str | None:
     """Load the weights of the drafter in ``folder`` (what :func:`_read_init` reads: an earlier
     run's ``checkpoint.pt``, else ``model.safetensors``; ``builtin:NAME``) into ``drafter``.
 
@@ -446,9 +451,13 @@ def warm_start(drafter, folder: Path) -> str | None:
     head row). A head trained before the data grew to new languages thus gains their ids without
     starting over. Prints how many ids carried over when the vocabularies differ.
 
+    With ``keep_vocab`` (``--keep-draft-vocab``) the head takes the earlier head's draft
+    vocabulary as it is, which must have as many ids as this run's.
+
     Returns:
-        None, or one sentence why not (nothing to read there, a damaged file, another kind or
-        other layer shapes); ``drafter`` is unchanged then.
+        None, or one sentence why not (nothing to read there, a damaged file, another kind,
+        other layer shapes, or with ``keep_vocab`` a vocabulary of another size); ``drafter``
+        is unchanged then.
     """
     import torch
     saved, problem = _read_init(folder)
@@ -458,7 +467,11 @@ def warm_start(drafter, folder: Path) -> str | None:
     if set(saved) != set(mine):
         return (f"--init {folder}: its drafter is another kind or layout "
                 f"({len(set(saved) ^ set(mine))} weights differ by name)")
-    remap = "d2t" in mine and not torch.equal(saved["d2t"].to(mine["d2t"].device), mine["d2t"])
+    if keep_vocab and "d2t" in mine and saved["d2t"].shape != mine["d2t"].shape:
+        return (f"--init {folder} --keep-draft-vocab: its draft vocabulary has "
+                f"{saved['d2t'].numel():,} ids, this run's --draft-vocab {mine['d2t'].numel():,}")
+    remap = ("d2t" in mine and not keep_vocab
+             and not torch.equal(saved["d2t"].to(mine["d2t"].device), mine["d2t"]))
     vocab_keys = {"d2t", "t2d", "lm_head.weight"} if remap else set()
     for name, value in saved.items():
         if name not in vocab_keys and value.shape != mine[name].shape:
@@ -494,6 +507,10 @@ def check_init(args: argparse.Namespace) -> None:
         SystemExit(2) with one sentence.
     """
     from .decode_cli import fail
+    keep = getattr(args, "keep_draft_vocab", False)
+    if keep and (args.init is None or args.kind != "eagle3"):
+        fail("--keep-draft-vocab keeps the draft vocabulary of the EAGLE-3 head given with "
+             "--init DIR; without --init (or for a DFlash drafter, which has none) it means nothing")
     if args.init is None:
         return
     folder = args.init
@@ -505,6 +522,9 @@ def check_init(args: argparse.Namespace) -> None:
         fail(f"--init {folder}: it holds {'an EAGLE-3 head' if theirs == 'eagle3' else 'a DFlash drafter'}, "
              f"this run trains {'an EAGLE-3 head' if args.kind == 'eagle3' else 'a DFlash drafter'}: "
              f"give --kind {theirs}")
+    if keep and saved["d2t"].numel() != args.draft_vocab:
+        fail(f"--init {folder} --keep-draft-vocab: its draft vocabulary has "
+             f"{saved['d2t'].numel():,} ids; give --draft-vocab {saved['d2t'].numel()}")
 
 
 def check_inputs(args: argparse.Namespace) -> list[dict]:
