@@ -635,3 +635,13 @@ def test_costs_on_native_w8a8_say_which_blocks_prefetch(monkeypatch):
     report = costs.measure_costs(loaded, max_n=2, context=8, repeats=1, plain_tokens=4)
     assert report.native_prefetch["prefetch"] == "wide"
     assert f"native-w8a8 weight prefetch: {nb.PREFETCH_ENV}=wide" in costs.format_report(report)
+
+
+@needs_library
+def test_bench_records_the_prefetch_choice_of_native_w8a8(monkeypatch):
+    from specdemo.services.bench.run import machine_info
+    monkeypatch.setenv(nb.PREFETCH_ENV, "all")
+    loaded = _Loaded(tiny_llama(seed=7, layers=2, hidden=64), backend="native-w8a8")
+    info = machine_info(loaded)
+    assert info["native_prefetch"]["prefetch"] == "all"
+    assert "native_prefetch" not in machine_info(_Loaded(tiny_llama(seed=7, layers=2, hidden=64)))

@@ -252,7 +252,9 @@ def report_markdown(sweep: Sweep, files: dict[str, str]) -> str:
         f"{m['cpu_cores_physical']} cores / {m['cpu_cores_logical']} threads, "
         f"{m['memory_total_bytes'] / 1e9:.1f} GB RAM; torch {m['torch']}, "
         f"transformers {m['transformers']}."
-        + (f" {describe_omp(m['omp_wait'])}." if m.get("omp_wait") else ""),
+        + (f" {describe_omp(m['omp_wait'])}." if m.get("omp_wait") else "")
+        + (f" native-w8a8 weight prefetch: {m['native_prefetch']['reason']}."
+           if m.get("native_prefetch") else ""),
         f"Settings: tasks {', '.join(c.tasks)}; draft lengths {', '.join(map(str, c.draft_lengths))}; "
         f"{c.max_new_tokens} new tokens; temperature {c.temperature}; {c.repeats} repeat(s); "
         f"prompts per task: {c.prompts_per_task or 'all'}. Took {sweep.seconds:.0f} s.",

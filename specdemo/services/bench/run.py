@@ -298,6 +298,9 @@ def machine_info(target) -> dict:
         "backend": getattr(target, "backend", "transformers"),
         "omp_wait": OMP_WAIT,
     }
+    if info["backend"] == "native-w8a8":  # which kernel blocks prefetch weights, as measured here
+        from ...models.native_backend import model_of
+        info["native_prefetch"] = getattr(model_of(target), "prefetch", None)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(device_name=props.name, device_memory_bytes=props.total_memory)
