@@ -173,6 +173,7 @@ def library():
         lib.nf_set_prefetch.argtypes = [c.c_int, c.c_int]
         lib.nf_set_prefetch.restype = None
         lib.nf_prefetch_min.restype = c.c_int
+        lib.nf_prefetch_min_default.restype = c.c_int
         lib.nf_prefetch_distance.restype = c.c_int
         lib.nf_set_layer.argtypes = [c.c_void_p, c.c_int] + [c.c_void_p] * 6
         lib.nf_set_output.argtypes = [c.c_void_p] * 4
@@ -680,8 +681,7 @@ def choose_prefetch(nmodel: NativeModel, repeats: int = 12) -> dict:
         NativeError: ``SPECDEMO_NATIVE_PREFETCH`` names no setting.
     """
     lib = nmodel.lib
-    wide = lib.nf_prefetch_min()
-    wide = wide if wide > PREFETCH_ALL else 6
+    wide = lib.nf_prefetch_min_default()  # the build's PFQ_MIN, whatever was set since
     asked = os.environ.get(PREFETCH_ENV, "").strip().lower()
     if asked in ("all", "wide"):
         lib.nf_set_prefetch(PREFETCH_ALL if asked == "all" else wide, -1)
@@ -691,7 +691,8 @@ def choose_prefetch(nmodel: NativeModel, repeats: int = 12) -> dict:
                           "recalibrate")
     from .builtin import cache_dir, store_cache_entry
     path, key = cache_dir() / PREFETCH_FILE, _prefetch_key(nmodel)
-    again = asked == "recalibrate" or os.environ.get("SPECDEMO_BACKEND", "").strip().lower() == "recalibrate"
+    # SPECDEMO_BACKEND (ggml_backend.CHOICE_ENV, not imported: ggml_backend imports this module)
+    again = "recalibrate" in (asked, os.environ.get("SPECDEMO_BACKEND", "").strip().lower())
     if not again:
         try:
             entry = json.loads(path.read_text())[key]

@@ -742,6 +742,7 @@ void nf_set_prefetch(int min_tokens, int distance) {
     if (distance >= 0) pfq_dist = distance & ~63;
 }
 int nf_prefetch_min(void) { return pfq_min; }
+int nf_prefetch_min_default(void) { return PFQ_MIN; } /* the build's setting (nf_set_prefetch aside) */
 int nf_prefetch_distance(void) { return pfq_dist; }
 #ifndef TBQ /* tokens per register block of the integer kernel: 2 * TBQ accumulators + the weights */
 #ifdef NF_VNNI

@@ -239,19 +239,18 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
     bandwidth = measure_bandwidth_GBps(loaded.device, clock=tick)
     plain = measure_plain_tokens_per_s(loaded, plain_tokens, context, clock=tick)
     from ..models.native_backend import BACKENDS as NATIVE_BACKENDS
+    prefetch = None  # native-w8a8's measured weight-prefetch choice
     if backend == "int8":
         from ..models.compiled_backend import int8_model
         nbytes = int8_model(loaded).weight_bytes
     elif backend in NATIVE_BACKENDS:
         from ..models.native_backend import model_of
-        nbytes = model_of(loaded).weight_bytes
-        prefetch = model_of(loaded).prefetch
+        nmodel = model_of(loaded)
+        nbytes, prefetch = nmodel.weight_bytes, nmodel.prefetch
     else:
         nbytes = (weight_bytes_per_forward(loaded.model) if backend == "transformers"
                   else ggml_model(loaded).size_bytes)
     bound = ratio(bandwidth * 1e9, nbytes)
-    if backend not in NATIVE_BACKENDS:
-        prefetch = None
     info = fastpath_info(loaded.model) if backend == "transformers" else None
     loads = [x for x in (load_before, _load_average()) if x is not None]
     return CostReport(

@@ -300,7 +300,7 @@ def machine_info(target) -> dict:
     }
     if info["backend"] == "native-w8a8":  # which kernel blocks prefetch weights, as measured here
         from ...models.native_backend import model_of
-        info["native_prefetch"] = getattr(model_of(target), "prefetch", None)
+        info["native_prefetch"] = model_of(target).prefetch
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(device_name=props.name, device_memory_bytes=props.total_memory)
