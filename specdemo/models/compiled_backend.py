@@ -262,23 +262,36 @@ class Int8Linear:
 
 # ----------------------------------------------------------------------------- the model
 
+def llama_reason(model: torch.nn.Module, backend: str,
+                 architectures: tuple[str, ...] = ARCHITECTURES) -> str | None:
+    """Why a backend that mirrors the Llama forward on the CPU (this module's, the native C one)
+    cannot compute ``model``'s forward, as far as the architecture and the device go (None when
+    it can): a ``model_type`` in ``architectures`` with SiLU MLPs, no biases, no sliding window,
+    on the CPU. ``backend`` names the backend in the sentence ("int8", "native")."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in architectures:
+        return f"the {backend} backend computes Llama-architecture targets; this one is {kind!r}"
+    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+        return f"the {backend} backend computes Llama targets without biases; this one has biases"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"the {backend} backend computes SiLU MLPs; this target uses {cfg.hidden_act}"
+    if getattr(cfg, "sliding_window", None):
+        return f"the {backend} backend has no sliding-window attention"
+    device = next(model.parameters()).device.type
+    if device != "cpu":
+        return f"the {backend} backend runs on the CPU; this target is on {device}"
+    return None
+
+
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why the int8 backend cannot compute ``model``'s forward (None when it can): a Llama
     (``model_type`` in :data:`ARCHITECTURES`) with SiLU MLPs, no biases, no sliding window, on
-    the CPU in float32."""
-    cfg = getattr(model, "config", None)
-    kind = getattr(cfg, "model_type", None)
-    if kind not in ARCHITECTURES:
-        return f"the int8 backend computes Llama-architecture targets; this one is {kind!r}"
-    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
-        return "the int8 backend computes Llama targets without biases; this one has biases"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"the int8 backend computes SiLU MLPs; this target uses {cfg.hidden_act}"
-    if getattr(cfg, "sliding_window", None):
-        return "the int8 backend has no sliding-window attention"
+    the CPU in float32 (:func:`llama_reason`)."""
+    reason = llama_reason(model, "int8")
+    if reason is not None:
+        return reason
     p = next(model.parameters())
-    if p.device.type != "cpu":
-        return f"the int8 backend runs on the CPU; this target is on {p.device.type}"
     if p.dtype != torch.float32:
         return (f"the int8 backend quantises float32 weights; this target is {p.dtype} "
                 "(load it with --dtype float32)")

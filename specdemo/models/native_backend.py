@@ -218,25 +218,19 @@ def default_kernel() -> str:
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why the native backend cannot compute ``model``'s forward (None when it can): a Llama
     (``model_type`` in :data:`ARCHITECTURES`) with SiLU MLPs, no biases, no sliding window,
-    widths the C kernels take (multiples of 32), on the CPU in float32 or bfloat16."""
-    cfg = getattr(model, "config", None)
-    kind = getattr(cfg, "model_type", None)
-    if kind not in ARCHITECTURES:
-        return f"the native backend computes Llama-architecture targets; this one is {kind!r}"
-    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
-        return "the native backend computes Llama targets without biases; this one has biases"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"the native backend computes SiLU MLPs; this target uses {cfg.hidden_act}"
-    if getattr(cfg, "sliding_window", None):
-        return "the native backend has no sliding-window attention"
+    widths the C kernels take (multiples of 32), on the CPU in float32 or bfloat16
+    (``compiled_backend.llama_reason`` and the widths)."""
+    from .compiled_backend import llama_reason
+    reason = llama_reason(model, "native", ARCHITECTURES)
+    if reason is not None:
+        return reason
+    cfg = model.config
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     widths = (cfg.hidden_size, cfg.intermediate_size, heads * head_dim)
     if any(w % 32 for w in widths) or head_dim > 1024 or head_dim % 2:
         return f"the native backend needs widths that are multiples of 32; this target has {widths}"
     p = next(model.parameters())
-    if p.device.type != "cpu":
-        return f"the native backend runs on the CPU; this target is on {p.device.type}"
     if p.dtype not in (torch.float32, torch.bfloat16):
         return f"the native backend reads float32 or bfloat16 weights; this target is {p.dtype}"
     return None
