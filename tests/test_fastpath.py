@@ -109,6 +109,43 @@ def test_calibration_picks_a_kernel_per_row_count_and_is_reused(monkeypatch, tmp
     assert not fastpath.speed_up(model, rows=(1, 2, 4), min_weight_bytes=0).cached
 
 
+@pytest.mark.skipif(fastpath.pack_weight(torch.randn(8, 8)) is None, reason="oneDNN cannot pack here")
+def test_a_stored_packed_choice_packs_each_weight_on_its_first_use(monkeypatch, tmp_path):
+    """A load that finds the packed kernel in the stored choice packs nothing (a target that
+    another backend runs never holds the second copy); a forward of a row count that uses it
+    packs each weight once, counts its bytes, and computes what F.linear computes."""
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
+    other_processes_use(monkeypatch, 0.05)
+    monkeypatch.setattr(fastpath, "_pick", lambda seconds: "packed")  # what a calibration chose
+    first = fastpath.speed_up(tiny_llama(seed=1, layers=2, hidden=64), rows=(1, 2, 4),
+                              min_weight_bytes=0)
+    assert not first.cached and set(first.kernels.values()) == {"packed"}
+    model = tiny_llama(seed=3, layers=2, hidden=64)
+    info = fastpath.speed_up(model, rows=(1, 2, 4), min_weight_bytes=0)
+    linears = fastpath.linear_modules(model)
+    assert info.cached and info.extra_memory_bytes == 0
+    assert not any(hasattr(m, "_specdemo_packed") for m in linears)
+    m = linears[0]
+    x = torch.randn(1, 2, m.in_features)
+    torch.testing.assert_close(m(x), F.linear(x, m.weight, m.bias), rtol=1e-4, atol=1e-5)
+    assert hasattr(m, "_specdemo_packed") and not hasattr(linears[1], "_specdemo_packed")
+    assert info.extra_memory_bytes == m.weight.numel() * m.weight.element_size()
+    m(x)  # packed once
+    assert info.extra_memory_bytes == m.weight.numel() * m.weight.element_size()
+    fastpath.restore(model)
+    assert not any(hasattr(m, "_specdemo_packed") for m in linears)
+
+
+def test_a_weight_oneDNN_cannot_pack_runs_F_linear(monkeypatch):
+    model = tiny_llama(seed=1, layers=2, hidden=64)
+    monkeypatch.setattr(fastpath, "pack_weight", lambda weight: None)
+    fastpath.install(model, fastpath.FastPathInfo(True, kernels={1: "packed", 2: "packed"}))
+    m = fastpath.linear_modules(model)[0]
+    x = torch.randn(1, 2, m.in_features)
+    assert torch.equal(m(x), F.linear(x, m.weight, m.bias))
+    assert not hasattr(m, "_specdemo_packed") and fastpath.fastpath_info(model).extra_memory_bytes == 0
+
+
 def test_left_alone_when_disabled_or_small(monkeypatch):
     model = tiny_llama(seed=1)
     info = fastpath.speed_up(model)

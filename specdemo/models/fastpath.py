@@ -69,7 +69,7 @@ class FastPathInfo:
             calibration on a busy machine: ``linear`` kept for every row count, not stored).
         kernels: rows -> kernel name for 1..max calibrated rows (more rows: ``linear``).
         timings_s: kernel -> {rows: seconds of one pass over the timed weights}.
-        extra_memory_bytes: bytes of packed weight copies kept.
+        extra_memory_bytes: bytes of packed weight copies kept (they are packed on first use).
         calibrate_s: seconds the calibration took (0 when the choice came from the cache).
         linears: number of ``nn.Linear`` modules given the dispatching forward.
         cached: True when the kernels came from an earlier calibration on this machine.
@@ -156,11 +156,31 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+def _packed(module: torch.nn.Linear) -> torch.Tensor | None:
+    """The module's packed weight, packed on its first use (:func:`install` packs nothing: a
+    target that another backend runs, or that never verifies that many rows, never holds the
+    second copy); None where oneDNN cannot pack it (the module then runs ``F.linear``). The
+    bytes are added to the model's ``FastPathInfo.extra_memory_bytes``."""
+    packed = getattr(module, "_specdemo_packed", None)
+    if packed is None and not getattr(module, "_specdemo_unpackable", False):
+        packed = pack_weight(module.weight)
+        if packed is None:
+            module._specdemo_unpackable = True
+            return None
+        module._specdemo_packed = packed
+        info = getattr(module, "_specdemo_info", None)
+        if info is not None:
+            info.extra_memory_bytes += packed.numel() * module.weight.element_size()
+    return packed
+
+
 def _run(kernel: str, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if kernel == "blocked":
         return blocked_linear(x, module.weight, module.bias)
     if kernel == "packed":
-        return packed_linear(x, module._specdemo_packed, module.bias)
+        packed = _packed(module)
+        if packed is not None:
+            return packed_linear(x, packed, module.bias)
     return F.linear(x, module.weight, module.bias)
 
 
@@ -312,8 +332,7 @@ def _choose(modules: list[torch.nn.Linear], rows: tuple[int, ...]) -> FastPathIn
     count, a note in ``reason``, nothing stored). ``calibrate_s`` and ``linears`` are left 0."""
     key = _cache_key(modules, rows)
     cached = _cached_choice(key)
-    if cached is not None and ("packed" not in cached[0].values()
-                               or "packed" in _candidates(modules)):
+    if cached is not None:  # packed weights, if chosen, are built on first use (_packed)
         return FastPathInfo(True, kernels=cached[0], timings_s=cached[1], cached=True)
     others = OtherCpuUse()
     choice, timings = calibrate(modules, _candidates(modules), rows)
@@ -391,22 +410,17 @@ def speed_up(model: torch.nn.Module, rows: tuple[int, ...] = CALIBRATION_ROWS,
 def install(model: torch.nn.Module, info: FastPathInfo) -> None:
     """Give the model's linears the dispatching forward for ``info.kernels`` (no timing): after
     :func:`speed_up` chose them, or again after :func:`restore` (before/after comparisons).
-
-    Raises:
-        ValueError: ``packed`` is chosen but oneDNN cannot pack these weights here.
-    """
+    Weights the ``packed`` kernel needs are packed on their first use, not here; a weight oneDNN
+    cannot pack runs ``F.linear`` instead."""
     modules = linear_modules(model)
-    if "packed" in info.kernels.values():
-        if not all(hasattr(m, "_specdemo_packed") for m in modules) \
-                and "packed" not in _candidates(modules):
-            raise ValueError("oneDNN cannot pack these weights on this machine")
-    else:
+    if "packed" not in info.kernels.values():
         _drop_packed(modules)
     table = ("linear",) + tuple(info.kernels[n] for n in range(1, max(info.kernels) + 1))
     forward = _dispatching_forward(table)  # table[rows]
     for m in modules:
         m.forward = types.MethodType(forward, m)
         m._specdemo_dispatch = True  # restore() removes only these forwards
+        m._specdemo_info = info  # _packed adds the bytes of a weight packed later
     info.extra_memory_bytes = sum(m._specdemo_packed.numel() * m.weight.element_size()
                                   for m in modules if hasattr(m, "_specdemo_packed"))
     model._specdemo_fastpath = info
@@ -422,8 +436,9 @@ def restore(model: torch.nn.Module, forget: bool = True) -> None:
     for m in model.modules():
         if getattr(m, "_specdemo_dispatch", False):
             del m.forward, m._specdemo_dispatch
-        if hasattr(m, "_specdemo_packed"):
-            del m._specdemo_packed
+        for name in ("_specdemo_packed", "_specdemo_info"):
+            if hasattr(m, name):
+                delattr(m, name)
     if forget and hasattr(model, "_specdemo_fastpath"):
         del model._specdemo_fastpath
 
