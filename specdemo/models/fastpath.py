@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 import types
 from dataclasses import asdict, dataclass, field
@@ -156,21 +157,28 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+_PACK_LOCK = threading.Lock()
+
+
 def _packed(module: torch.nn.Linear) -> torch.Tensor | None:
     """The module's packed weight, packed on its first use (:func:`install` packs nothing: a
     target that another backend runs, or that never verifies that many rows, never holds the
     second copy); None where oneDNN cannot pack it (the module then runs ``F.linear``). The
     bytes are added to the model's ``FastPathInfo.extra_memory_bytes``."""
     packed = getattr(module, "_specdemo_packed", None)
-    if packed is None and not getattr(module, "_specdemo_unpackable", False):
-        packed = pack_weight(module.weight)
+    if packed is not None or getattr(module, "_specdemo_unpackable", False):
+        return packed
+    with _PACK_LOCK:  # two lanes of a race may reach the same weight first together
+        packed = getattr(module, "_specdemo_packed", None)
         if packed is None:
-            module._specdemo_unpackable = True
-            return None
-        module._specdemo_packed = packed
-        info = getattr(module, "_specdemo_info", None)
-        if info is not None:
-            info.extra_memory_bytes += packed.numel() * module.weight.element_size()
+            packed = pack_weight(module.weight)
+            if packed is None:
+                module._specdemo_unpackable = True
+                return None
+            module._specdemo_packed = packed
+            info = getattr(module, "_specdemo_info", None)
+            if info is not None:
+                info.extra_memory_bytes += packed.numel() * module.weight.element_size()
     return packed
 
 
