@@ -206,6 +206,8 @@ def test_resume_says_which_given_options_the_saved_recipe_overrides(tmp_path, ca
                               answers_per_prompt=saved.answers_per_prompt,
                               max_tokens=saved.max_new_tokens, draft_vocab=8192,
                               ttt_steps=saved.ttt_steps)
+    import specdemo.core.drafters.features, specdemo.services.training.dflash_train  # noqa: F401
+    capsys.readouterr()  # what their first import prints (torch's warnings) is not the message
     recipe = _recipe(args, None, recipe_file, temperature=(0.7, 1.0))
     assert recipe.epochs == 3
     err = capsys.readouterr().err
@@ -214,6 +216,32 @@ def test_resume_says_which_given_options_the_saved_recipe_overrides(tmp_path, ca
     args.epochs = 3
     _recipe(args, None, recipe_file, temperature=(0.7, 1.0))
     assert capsys.readouterr().err == ""
+
+
+def test_answer_loss_only_is_part_of_the_recipe(tmp_path, capsys):
+    """``--answer-loss-only`` sets the recipe's ``loss_on_prompt`` to False for a new run (both
+    kinds), and on ``--resume`` a folder whose saved recipe differs says so."""
+    import argparse
+    from dataclasses import asdict
+    from types import SimpleNamespace
+    from tiny import tiny_llama
+    from specdemo.interfaces.cli import build_parser
+    from specdemo.interfaces.train_cli import _recipe
+    from specdemo.services.training import train
+    args = build_parser().parse_args(["train-draft", "--out", str(tmp_path / "a"), "--answer-loss-only"])
+    target = SimpleNamespace(model=tiny_llama(seed=0))
+    assert _recipe(args, target, tmp_path / "none.json").loss_on_prompt is False
+    args.kind = "dflash"
+    assert _recipe(args, target, tmp_path / "none.json").loss_on_prompt is False
+    default = build_parser().parse_args(["train-draft", "--out", str(tmp_path / "b")])
+    assert _recipe(default, target, tmp_path / "none.json").loss_on_prompt is True
+    saved = train.Recipe(feature_layers=(1, 2, 3))
+    recipe_file = tmp_path / "recipe.json"
+    recipe_file.write_text(json.dumps({**asdict(saved), "feature_layers": [1, 2, 3]}))
+    resumed = argparse.Namespace(**{**vars(default), "resume": True, "answer_loss_only": True,
+                                    "epochs": saved.epochs})
+    assert _recipe(resumed, target, recipe_file).loss_on_prompt is True
+    assert "loss_on_prompt True (this command: False)" in capsys.readouterr().err
 
 
 def test_bfloat16_training_on_a_cpu_without_bf16_instructions_is_flagged(monkeypatch):

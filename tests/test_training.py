@@ -226,3 +226,19 @@ def test_new_head_names_the_verifier_class_when_the_target_config_has_none(targe
         target.model.config.architectures = before
     assert type(target.model).__name__ == "LlamaForCausalLM"
     assert head.verifier["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_the_loss_mask_covers_prompt_positions_only_when_asked():
+    """``collate``'s mask (True where the head is taught): from the third position with
+    ``loss_on_prompt`` (the first pair needs a feature and a token before it), else from the
+    first answer token; always up to the prediction after the last token."""
+    item = {"ids": torch.arange(7), "features": torch.zeros(7, 6), "last": torch.zeros(7, 4),
+            "n_prompt": 4}
+    short = {**item, "ids": torch.arange(5), "features": torch.zeros(5, 6), "last": torch.zeros(5, 4)}
+    *_, answer, lengths = train.collate([item, short], steps=2, loss_on_prompt=True)
+    assert answer[0].tolist() == [False, False] + [True] * 6 + [False]
+    assert answer[1].tolist() == [False, False] + [True] * 4 + [False] * 3
+    *_, answer, _ = train.collate([item, short], steps=2, loss_on_prompt=False)
+    assert answer[0].tolist() == [False] * 4 + [True] * 4 + [False]
+    assert answer[1].tolist() == [False] * 4 + [True] * 2 + [False] * 3
+    assert lengths.tolist() == [7, 5]

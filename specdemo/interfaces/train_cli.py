@@ -96,6 +96,10 @@ def register(sub) -> None:
                         "on a CPU with AVX512-BF16)")
     p.add_argument("--batch-tokens", type=_count("--batch-tokens"), default=1024)
     p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--answer-loss-only", action="store_true",
+                   help="the loss at answer positions only (the assistant-only mask SpecForge "
+                        "trains with); by default prompt positions count too, labelled with the "
+                        "target's own prediction there")
     p.add_argument("--train-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="bfloat16: train under autocast (about 1.5x faster on CPUs with AVX512-BF16 "
                         "or AMX, several times slower on CPUs without them; float32 master "
@@ -197,7 +201,8 @@ def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
         saved.pop("temperature_note", None)
     common = dict(epochs=args.epochs, learning_rate=args.learning_rate, train_dtype=args.train_dtype,
                   batch_tokens=args.batch_tokens, answers_per_prompt=args.answers_per_prompt,
-                  max_new_tokens=args.max_tokens, temperature=temperature)
+                  max_new_tokens=args.max_tokens, temperature=temperature,
+                  loss_on_prompt=not getattr(args, "answer_loss_only", False))
     if saved:
         given = {**common, **({"draft_vocab_size": args.draft_vocab, "ttt_steps": args.ttt_steps}
                               if args.kind == "eagle3" else {})}
