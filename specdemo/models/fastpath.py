@@ -340,7 +340,8 @@ def _choose(modules: list[torch.nn.Linear], rows: tuple[int, ...]) -> FastPathIn
     count, a note in ``reason``, nothing stored). ``calibrate_s`` and ``linears`` are left 0."""
     key = _cache_key(modules, rows)
     cached = _cached_choice(key)
-    if cached is not None:  # packed weights, if chosen, are built on first use (_packed)
+    if cached is not None and ("packed" not in cached[0].values() or _packing_fits(modules)):
+        # packed weights, if chosen, are built on first use (_packed)
         return FastPathInfo(True, kernels=cached[0], timings_s=cached[1], cached=True)
     others = OtherCpuUse()
     choice, timings = calibrate(modules, _candidates(modules), rows)
