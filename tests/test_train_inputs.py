@@ -205,7 +205,7 @@ def test_resume_says_which_given_options_the_saved_recipe_overrides(tmp_path, ca
                               train_dtype="bfloat16", batch_tokens=saved.batch_tokens,
                               answers_per_prompt=saved.answers_per_prompt,
                               max_tokens=saved.max_new_tokens, draft_vocab=8192,
-                              ttt_steps=saved.ttt_steps)
+                              ttt_steps=saved.ttt_steps, answer_loss_only=False)
     import specdemo.core.drafters.features, specdemo.services.training.dflash_train  # noqa: F401
     capsys.readouterr()  # what their first import prints (torch's warnings) is not the message
     recipe = _recipe(args, None, recipe_file, temperature=(0.7, 1.0))

@@ -202,7 +202,7 @@ def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
     common = dict(epochs=args.epochs, learning_rate=args.learning_rate, train_dtype=args.train_dtype,
                   batch_tokens=args.batch_tokens, answers_per_prompt=args.answers_per_prompt,
                   max_new_tokens=args.max_tokens, temperature=temperature,
-                  loss_on_prompt=not getattr(args, "answer_loss_only", False))
+                  loss_on_prompt=not args.answer_loss_only)
     if saved:
         given = {**common, **({"draft_vocab_size": args.draft_vocab, "ttt_steps": args.ttt_steps}
                               if args.kind == "eagle3" else {})}
