@@ -27,13 +27,17 @@ def loaded(target) -> LoadedModel:
     return LoadedModel("tiny-llama", target, CharTokenizer(), torch.device("cpu"), torch.float32, 0.0, "test")
 
 
-@pytest.mark.parametrize("k", [1, 3, 6, "auto"])
+@pytest.mark.parametrize("k", [1, 3, 6, "auto", "auto-confidence"])
 @pytest.mark.parametrize("draft_vocab", [None, 20])
 def test_greedy_equals_plain(target, k, draft_vocab):
     kv = KVModel(target)
     plain = generate(kv, PROMPT, CharTokenizer(), max_new_tokens=48)
     head = tiny_eagle(target, draft_vocab, seed=1)
-    policy = make_policy(k, {n: 1.0 for n in range(1, 18)}) if k == "auto" else FixedDraftLength(k)
+    if k == "auto-confidence":  # drafting stops early on the head's confidence (policy.more)
+        from specdemo.core.policy import AdaptiveDraftLength
+        policy = AdaptiveDraftLength(forward_s={n: 1.0 for n in range(1, 18)}, use_confidence=True)
+    else:
+        policy = make_policy(k, {n: 1.0 for n in range(1, 18)}) if k == "auto" else FixedDraftLength(k)
     spec = generate(kv, PROMPT, CharTokenizer(), drafter=Eagle3Drafter(head, 32), policy=policy,
                     max_new_tokens=48)
     assert spec.token_ids == plain.token_ids

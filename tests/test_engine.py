@@ -174,3 +174,14 @@ def test_cancel_keeps_what_was_produced(target):
     assert events[-1].stats.finish_reason == "cancelled"
     assert events[-1].stats.new_tokens == 3
     assert [t for e in events for t in e.token_ids] == plain_tokens(target)[:3]
+
+
+def test_host_argmax_equals_torch_first_maximum():
+    """The engine reads greedy argmaxes through numpy on a CPU: the same ids as torch's argmax,
+    the first of equal maxima included."""
+    from specdemo.core.engine import _argmax_rows
+    rows = torch.tensor([[0.1, 0.9, 0.9, -1.0], [2.0, 2.0, 2.0, 2.0], [-5.0, -4.0, -4.5, -4.0],
+                         [0.0, float("-inf"), 3.0, 1.0]])
+    assert _argmax_rows(rows) == rows.argmax(-1).tolist() == [1, 0, 1, 2]
+    big = torch.randn(5, 49152)
+    assert _argmax_rows(big) == big.argmax(-1).tolist()

@@ -270,8 +270,9 @@ def test_greedy_draw_over_a_draft_vocabulary_equals_drawing_from_expanded_logits
         fast, ref = DraftSampler([1, 2], SamplingParams(), None), DraftSampler([1, 2], SamplingParams(), None)
         token = fast.draw_subset(logits, ids, 32, increasing=True)
         assert torch.equal(token, ref.draw(expand_logits(logits, ids, 32)))
-        assert torch.equal(fast.probs[0], ref.probs[0])
-        assert fast.proposal("x").ids == ref.proposal("x").ids
+        mine, theirs = fast.proposal("x"), ref.proposal("x")
+        assert mine.ids == theirs.ids and torch.equal(mine.probs, theirs.probs)
+        assert mine.confidence == pytest.approx(theirs.confidence)
     assert DraftSampler([1], SamplingParams(), None).draw_subset(cases[1], ids, 32, True).item() == 5
     # with a repetition penalty the V logits are built (the penalty reads the context's ids)
     params = SamplingParams(repetition_penalty=1.5)

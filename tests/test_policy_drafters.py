@@ -180,3 +180,80 @@ def test_each_source_keeps_its_own_acceptance_and_cost():
     assert policy.best("learned") == (0, pytest.approx(1 / 0.020))
     assert policy.best("lookup")[0] == policy.max_k
     assert policy.acceptance == [0.6] * policy.max_k  # the drafter as a whole: untouched
+
+
+# -- the drafter's confidence (EAGLE-2's dynamic draft length, as a chain) --------------------
+
+from specdemo.core.policy import Calibration  # noqa: E402
+
+
+def confident_policy(costs=FLAT, rounds=20, accepted_of=lambda k: k, draft_token_s=0.0):
+    policy = AdaptiveDraftLength(forward_s=costs)
+    for _ in range(rounds):
+        k = policy.choose()
+        policy.update(k + 1, policy.forward_time(k + 1), k, accepted_of(k), draft_token_s * k)
+    return policy
+
+
+def test_calibration_starts_at_the_confidence_and_learns_what_is_accepted():
+    cal = Calibration()
+    assert cal(0.05) == pytest.approx(0.05) and cal(0.95) == pytest.approx(0.95)
+    assert cal(1.0) == pytest.approx(0.95) and cal(-0.1) == pytest.approx(0.05)  # clamped to a bin
+    for _ in range(200):
+        cal.observe(0.95, False)  # an over-confident drafter
+        cal.observe(0.15, True)   # an under-confident one
+    assert cal(0.95) < 0.1 and cal(0.15) > 0.9
+    assert cal(0.55) == pytest.approx(0.55)  # bins not observed keep their prior
+
+
+def test_limit_verifies_the_confident_prefix_only():
+    """Forwards nearly flat but not free: sure tokens are worth verifying, a near-certain miss
+    is not, whatever the running averages say."""
+    costs = {n: 0.020 + 0.002 * n for n in range(1, 18)}
+    policy = confident_policy(costs)
+    assert policy.limit(5, confidence=[0.99, 0.98, 0.97, 0.02, 0.99]) == 3
+    assert policy.limit(5, confidence=[0.01, 0.99, 0.99, 0.99, 0.99]) == 0
+    assert policy.limit(5) == 5  # without confidence: the averages (everything was accepted)
+    assert FixedDraftLength(4).limit(4, confidence=[0.0] * 4) == 4  # a fixed k stays k
+
+
+def test_more_drafts_on_while_sure_and_stops_at_a_doubtful_token():
+    costs = {n: 0.020 + 0.002 * n for n in range(1, 18)}
+    policy = confident_policy(costs, draft_token_s=0.001)
+    assert policy.more([0.99, 0.99], 8)
+    assert not policy.more([0.99, 0.01], 8)  # the next token could only extend a likely miss
+    assert not policy.more([0.99] * 8, 8)     # the budget is spent
+    # a dear forward per extra token: even sure tokens stop paying after a few
+    steep = {n: 0.020 * (1 + 0.5 * (n - 1)) for n in range(1, 18)}
+    policy = confident_policy(steep, draft_token_s=0.001)
+    stop = next(j for j in range(1, 17) if not policy.more([0.9] * j, 16))
+    assert 1 <= stop < 8
+
+
+def test_without_use_confidence_the_averages_decide():
+    policy = AdaptiveDraftLength(forward_s=FLAT, use_confidence=False)
+    for _ in range(20):
+        policy.update(5, 0.020, 4, 4, 0.0)
+    assert policy.limit(4, confidence=[0.01] * 4) == 4
+    assert policy.more([0.01], 8) and policy.draft_budget(4, 100) == 4
+    assert confident_policy().draft_budget(4, 100) == 16  # with it: up to max_k
+    assert confident_policy().draft_budget(4, 6) == 6     # within the tokens still to generate
+
+
+def test_make_policy_reads_the_confidence_switch(monkeypatch):
+    monkeypatch.delenv("SPECDEMO_DRAFT_CONFIDENCE", raising=False)
+    assert not make_policy("auto").use_confidence  # off by default (it did not pay on a CPU)
+    monkeypatch.setenv("SPECDEMO_DRAFT_CONFIDENCE", "1")
+    assert make_policy("auto").use_confidence
+
+
+def test_update_learns_calibration_from_judged_tokens_and_cost_from_drafted_ones():
+    policy = AdaptiveDraftLength(forward_s=FLAT)
+    # 6 drafted, 3 verified (limit trimmed 3), the first 2 accepted, the 3rd rejected
+    policy.update(4, 0.02, 3, 2, 0.006, "learned", confidence=[0.95, 0.75, 0.35],
+                  n_proposed=6)
+    stats = policy.sources["learned"]
+    assert stats.draft_token_s == pytest.approx(0.001)  # 6 ms for 6 tokens, not for 3
+    cal = stats.calibration
+    assert cal.seen[9] == cal.seen[7] == cal.seen[3] == 1 and sum(cal.seen) == 3
+    assert cal(0.95) > 0.95 and cal(0.75) > 0.75 and cal(0.35) < 0.35

@@ -71,3 +71,17 @@ def test_draft_length_mean_and_range_cover_the_whole_run():
     assert d["mean_draft_length"] == 2.75 and d["draft_length_max"] == 8
     assert d["draft_length"] == 0  # the existing key keeps its meaning
     json.dumps(d, allow_nan=False)
+
+
+def test_copy_is_an_equal_independent_snapshot():
+    """copy() (twice a round in the engine) copies every list and dict field, shares nothing."""
+    s = DecodeStats(new_tokens=5, ttft_s=0.1, finish_reason="eos")
+    s.record_round(4, 2, 3, "eagle3")
+    s.not_reported.append("ttft_s")
+    c = s.copy()
+    assert c == s
+    for name in ("position_drafted", "position_accepted", "drafted_by", "accepted_by",
+                 "not_reported"):
+        assert getattr(c, name) == getattr(s, name) and getattr(c, name) is not getattr(s, name)
+    c.record_round(4, 4, 5, "ngram")
+    assert s.drafted_by == {"eagle3": 4} and s.rounds == 1 and c.rounds == 2

@@ -14,6 +14,21 @@ a CPU it grows with n (1.3-2.6x for a few tokens), so the rule drafts less or no
 While k = 0 wins, it still probes with the cheapest draft now and then, with a backing-off interval,
 so that it notices when the text becomes predictable again.
 
+When a proposal carries the drafter's confidence in each token (``Proposal.confidence``), the
+acceptance of *this* round's tokens is estimated from it instead of from the running per-position
+averages: a_j = calibration(c_j), a table of measured acceptance per confidence bin that starts at
+the confidence itself. A drafter that drafts token by token (EAGLE-3) asks :meth:`more` after
+each token and stops when no longer draft is expected to beat verifying what it has; ``limit``
+then verifies the prefix with the best expected rate. This is EAGLE-2's dynamic draft (Li et al.
+2024, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees": a draft model's
+confidence approximates its acceptance rate) as a chain, and what transformers'
+``assistant_confidence_threshold`` does with a fixed threshold; here the threshold follows from
+the measured forward and drafting times. Measured on the shipped EAGLE-3 head, held-out chat,
+k = 8: tokens drafted at confidence 0.1-0.2 were accepted 15% of the time, at 0.9-1.0 98%. Yet
+on a 2-core Xeon, where a wider forward costs ~0.1-0.2 of a step a token, it did not beat the
+running averages (within noise, some tasks slower), so it is off unless asked for
+(``SPECDEMO_DRAFT_CONFIDENCE=1``; docs/learned-drafters.md, sixteenth session).
+
 A drafter that stacks sources (prompt lookup over a learned drafter, :class:`CombinedDrafter`)
 has its rounds counted per source: a_j and t_draft are kept for each (``source=``), the forward
 times are shared. Prompt lookup's drafts cost next to nothing, so a match is worth verifying
@@ -23,6 +38,7 @@ lookup before its draft model in the same way).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Protocol
 
@@ -32,10 +48,12 @@ from .clock import sync
 class DraftLengthPolicy(Protocol):
     def choose(self, source: str | None = None) -> int: ...
 
-    def limit(self, n_proposed: int, source: str | None = None) -> int: ...
+    def limit(self, n_proposed: int, source: str | None = None,
+              confidence: list[float] | None = None) -> int: ...
 
     def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
-               draft_s: float, source: str | None = None) -> None: ...
+               draft_s: float, source: str | None = None, confidence: list[float] | None = None,
+               n_proposed: int | None = None) -> None: ...
 
 
 class FixedDraftLength:
@@ -51,23 +69,57 @@ class FixedDraftLength:
     def choose(self, source: str | None = None) -> int:
         return self.k
 
-    def limit(self, n_proposed: int, source: str | None = None) -> int:
+    def limit(self, n_proposed: int, source: str | None = None,
+              confidence: list[float] | None = None) -> int:
         """Verify every proposed token."""
         return n_proposed
 
     def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
-               draft_s: float, source: str | None = None) -> None:
+               draft_s: float, source: str | None = None, confidence: list[float] | None = None,
+               n_proposed: int | None = None) -> None:
         pass
+
+
+class Calibration:
+    """Measured acceptance of draft tokens by the drafter's confidence in them.
+
+    ``bins`` equal bins over [0, 1]; each starts at its centre (the confidence taken at its
+    word) counted as two observations, then follows the tokens verified in it: a token is
+    observed when every token before it in its round was accepted (the rest were never judged).
+    """
+
+    def __init__(self, bins: int = 10, smoothing: float = 0.05) -> None:
+        self.bins = bins
+        self.smoothing = smoothing
+        self.acceptance = [(i + 0.5) / bins for i in range(bins)]
+        self.seen = [0] * bins
+
+    def _bin(self, confidence: float) -> int:
+        if confidence != confidence:  # NaN (logits that were NaN): the least sure bin
+            return 0
+        return min(max(int(confidence * self.bins), 0), self.bins - 1)
+
+    def __call__(self, confidence: float) -> float:
+        """Estimated probability that a token drafted at ``confidence`` is accepted."""
+        return self.acceptance[self._bin(confidence)]
+
+    def observe(self, confidence: float, accepted: bool) -> None:
+        b = self._bin(confidence)
+        self.seen[b] += 1
+        weight = max(1.0 / (self.seen[b] + 2), self.smoothing)
+        self.acceptance[b] += weight * ((1.0 if accepted else 0.0) - self.acceptance[b])
 
 
 class _SourceStats:
     """What the adaptive rule knows of one draft source: per-position acceptance a_j (with the
-    number of observations of each) and the seconds per drafted token."""
+    number of observations of each), the seconds per drafted token, and acceptance by the
+    drafter's confidence (:class:`Calibration`)."""
 
     def __init__(self, max_k: int, prior_acceptance: float) -> None:
         self.acceptance = [prior_acceptance] * max_k
         self.seen = [0] * max_k
         self.draft_token_s = 0.0
+        self.calibration = Calibration()
 
 
 class AdaptiveDraftLength:
@@ -81,6 +133,9 @@ class AdaptiveDraftLength:
         forward_s: measured seconds of a target forward over n tokens, n -> s (see
             :func:`measure_forward_s`); refined while decoding. Without it the first round is a
             plain step and other widths are extrapolated with ``prior_slope``.
+        use_confidence: weigh each proposal by the drafter's confidence in its tokens when it
+            gives one (module docstring); False keeps to the running per-position averages.
+            :func:`make_policy` sets it from ``SPECDEMO_DRAFT_CONFIDENCE`` (default off).
 
     ``source`` (``choose``, ``limit``, ``update``, ``expected_rate``): the draft source a
     round's proposal came from (``Proposal.source``, e.g. "ngram" or "eagle3"); each has its own
@@ -90,8 +145,10 @@ class AdaptiveDraftLength:
     per_source = True  # the engine may offer a stacked drafter's free lookup first (engine.decode)
 
     def __init__(self, max_k: int = 16, prior_acceptance: float = 0.6, prior_slope: float = 0.15,
-                 smoothing: float = 0.2, forward_s: dict[int, float] | None = None) -> None:
+                 smoothing: float = 0.2, forward_s: dict[int, float] | None = None,
+                 use_confidence: bool = True) -> None:
         self.max_k = max_k
+        self.use_confidence = use_confidence
         self.prior_acceptance = prior_acceptance
         self.prior_slope = prior_slope
         self.smoothing = smoothing
@@ -182,25 +239,93 @@ class AdaptiveDraftLength:
             return min(range(1, self.max_k + 1), key=lambda k: self.forward_time(k + 1))  # cheapest
         return 0
 
-    def limit(self, n_proposed: int, source: str | None = None) -> int:
+    def limit(self, n_proposed: int, source: str | None = None,
+              confidence: list[float] | None = None) -> int:
         """How many of a proposal's tokens are worth verifying: a drafter may return fewer than
         asked (n-gram lookup), and a forward over that width may cost more than a wider or a
         plain one on this machine; verify the prefix with the best expected rate (0 = none).
-        A probe (``choose`` looking again while plain steps win) is verified whole: trimming it
-        by the very figures it is there to refresh would leave them as they are for good."""
+        With ``confidence`` (the drafter's, per proposed token) this round's acceptance is
+        estimated from it (:class:`Calibration`) and the drafting already done counts for every
+        choice alike. A probe (``choose`` looking again while plain steps win) is verified whole:
+        trimming it by the very figures it is there to refresh would leave them as they are for
+        good."""
         if self._probing:
             return n_proposed
+        if self.use_confidence and confidence is not None and len(confidence) >= n_proposed:
+            return self._best_prefix(confidence[:n_proposed], self._source(source))[0]
         return max(range(n_proposed + 1), key=lambda m: (self.expected_rate(m, source), -m))
 
+    def _best_prefix(self, confidence: list[float], stats: _SourceStats) -> tuple[int, float]:
+        """(m, rate): the prefix of a drafted proposal with the best expected tokens per second,
+        its tokens' acceptance estimated from their confidence, all of it drafted already."""
+        sunk = len(confidence) * stats.draft_token_s
+        best_m, best_rate = 0, 1.0 / (sunk + self.forward_time(1))
+        tokens, survive = 1.0, 1.0
+        for m, c in enumerate(confidence, 1):
+            survive *= stats.calibration(c)
+            tokens += survive
+            rate = tokens / (sunk + self.forward_time(m + 1))
+            if rate > best_rate:
+                best_m, best_rate = m, rate
+        return best_m, best_rate
+
+    def draft_budget(self, k: int, room: int) -> int:
+        """The most tokens a drafter that stops early (``more``) may draft this round, when
+        ``choose`` said k: up to ``max_k`` (within ``room``, the tokens still to generate),
+        except on a probe or without ``use_confidence`` (then k)."""
+        if self._probing or not self.use_confidence:
+            return k
+        return max(k, min(self.max_k, room))
+
+    def more(self, confidence: list[float], k: int, source: str | None = None) -> bool:
+        """Whether a drafter that has drafted ``len(confidence)`` tokens of at most ``k`` should
+        draft another: True when some longer draft, its further tokens at the running
+        per-position acceptance, is expected to beat verifying the best prefix of what is
+        drafted (:meth:`limit`). Never stops a probe."""
+        j = len(confidence)
+        if j >= k:
+            return False
+        if not self.use_confidence:
+            return True
+        if self._probing:
+            return True
+        stats = self._source(source)
+        _, stop_rate = self._best_prefix(confidence, stats)
+        tokens, survive = 1.0, 1.0
+        for c in confidence:
+            survive *= stats.calibration(c)
+            tokens += survive
+        for n in range(j + 1, k + 1):
+            survive *= stats.acceptance[n - 1] if n - 1 < len(stats.acceptance) else 0.0
+            tokens += survive
+            if tokens / (n * stats.draft_token_s + self.forward_time(n + 1)) > stop_rate:
+                return True
+        return False
+
     def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
-               draft_s: float, source: str | None = None) -> None:
+               draft_s: float, source: str | None = None, confidence: list[float] | None = None,
+               n_proposed: int | None = None) -> None:
+        """Learn from one round.
+
+        Args:
+            n_forward_tokens: the width of the target forward (drafts verified + 1).
+            forward_s: its seconds.  draft_s: the seconds drafting took.
+            n_drafted: draft tokens verified.  n_accepted: of those, accepted.
+            confidence: the drafter's confidence in the verified tokens, when it gives one.
+            n_proposed: draft tokens drafted (>= n_drafted when ``limit`` trimmed the
+                proposal; default n_drafted): what ``draft_s`` paid for.
+        """
         self._probing = False
         self.forward_s[n_forward_tokens] = self._avg(self.forward_s.get(n_forward_tokens), forward_s)
+        n_proposed = max(n_drafted, n_proposed or 0)
+        stats = self._source(source)
+        if n_proposed:
+            stats.draft_token_s = self._avg(stats.draft_token_s or None, draft_s / n_proposed)
         if n_drafted:
-            stats = self._source(source)
-            stats.draft_token_s = self._avg(stats.draft_token_s or None, draft_s / n_drafted)
             for j in range(min(n_drafted, n_accepted + 1)):
                 self._observe(stats, j, j < n_accepted)
+                if confidence is not None and j < len(confidence):
+                    stats.calibration.observe(confidence[j], j < n_accepted)
 
 
 def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3,
@@ -239,13 +364,18 @@ def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3,
 
 
 def make_policy(draft_length: int | str, forward_s: dict[int, float] | None = None) -> DraftLengthPolicy:
-    """``"auto"`` -> AdaptiveDraftLength (seeded with ``forward_s``), an int k -> FixedDraftLength(k).
+    """``"auto"`` -> AdaptiveDraftLength (seeded with ``forward_s``; weighing drafts by the
+    drafter's confidence only when the environment sets ``SPECDEMO_DRAFT_CONFIDENCE=1``: on a
+    2-core Xeon it did not beat the running averages, docs/learned-drafters.md, sixteenth
+    session), an int k -> FixedDraftLength(k).
 
     Raises:
         ValueError: for anything else or k outside 1..64.
     """
     if draft_length == "auto":
-        return AdaptiveDraftLength(forward_s=forward_s)
+        use = os.environ.get("SPECDEMO_DRAFT_CONFIDENCE", "0").strip().lower()
+        return AdaptiveDraftLength(forward_s=forward_s,
+                                   use_confidence=use in ("1", "on", "true", "yes"))
     k = int(draft_length)
     if not 1 <= k <= 64:
         raise ValueError(f"draft length must be 1..64 or 'auto', got {draft_length!r}")

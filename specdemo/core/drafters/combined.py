@@ -77,12 +77,22 @@ class CombinedDrafter:
         self._last, self._last_n = "ngram", len(proposal.ids)
         return proposal
 
+    @property
+    def stops_early(self) -> bool:
+        """Whether :meth:`propose_learned` takes ``keep_going`` (the learned drafter's does)."""
+        return bool(getattr(self.learned, "stops_early", False))
+
     def propose_learned(self, context: list[int], k: int, params: SamplingParams,
-                        generator: torch.Generator | None) -> Proposal:
-        """The learned drafter's proposal of k tokens, recorded as this round's."""
-        proposal = self.learned.propose(context, k, params, generator)
+                        generator: torch.Generator | None, keep_going=None) -> Proposal:
+        """The learned drafter's proposal of up to k tokens, recorded as this round's;
+        ``keep_going`` is passed on when given (``Eagle3Drafter.propose``)."""
+        if keep_going is None:
+            proposal = self.learned.propose(context, k, params, generator)
+        else:
+            proposal = self.learned.propose(context, k, params, generator, keep_going=keep_going)
         self._last, self._last_n = "learned", len(proposal.ids)
-        return Proposal(proposal.ids, proposal.probs, source=proposal.source or "learned")
+        return Proposal(proposal.ids, proposal.probs, source=proposal.source or "learned",
+                        confidence=proposal.confidence)
 
     def _need(self) -> int:
         """The n-gram match that lets prompt lookup propose: ``min_match`` while the learned

@@ -302,6 +302,7 @@ class Eagle3Drafter:
         self.feature_layers = head.feature_layers
         self._ids = head.draft_ids()
         self._ids_increasing = bool((self._ids[1:] > self._ids[:-1]).all())
+        self._ids_host = self._ids.tolist()
         self._pending: list[torch.Tensor] = []  # observed features not yet fed to the head
         self._n_real = 0  # real positions in the cache
         self._past: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -356,9 +357,20 @@ class Eagle3Drafter:
         self._last_out = out[:, -1:]
         return logits[0, -1]
 
+    stops_early = True  # propose takes keep_going (engine.decode, policy.more)
+
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
+                generator: torch.Generator | None, keep_going=None) -> Proposal:
+        """Up to k tokens, one head step each.
+
+        Args:
+            keep_going: None, or ``keep_going(confidence: list[float]) -> bool`` asked after
+                each token but the k-th with the confidences so far (``Proposal.confidence``);
+                drafting stops when it says False (one device-to-host transfer a token).
+        Raises:
+            RuntimeError: no target features were observed since the last round.
+        """
         if k <= 0:
             return Proposal([], source=self.name)
         if not self._pending:  # the engine observes after every target forward
@@ -367,13 +379,18 @@ class Eagle3Drafter:
         sampler = DraftSampler(context, params, generator)
         hidden, past = self._last_out, self._past
         position = self._n_real
+        said: list[float] = []  # the confidences so far, on the host, for keep_going
         for step in range(k):
-            token = sampler.draw_subset(logits.float(), self._ids, self.vocab_size,
-                                       self._ids_increasing)
+            token = sampler.draw_subset(logits, self._ids, self.vocab_size,
+                                       self._ids_increasing, self._ids_host)
             if step + 1 == k:
                 break
+            if keep_going is not None:
+                said.append(sampler.last_confidence())
+                if not keep_going(said):
+                    break
             if self.stepper is not None:
-                hidden, out_logits = self.stepper.step(hidden, [int(token)], position, 1)
+                hidden, out_logits = self.stepper.step(hidden, [sampler.last_id()], position, 1)
                 logits = out_logits[-1]
                 position += 1
                 continue
