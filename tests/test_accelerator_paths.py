@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdemo.core import clock
 from specdemo.core.drafters.dflash import DFlashDrafter
 from specdemo.core.drafters.draft_model import ModelDrafter, early_exit_view
 from specdemo.core.drafters.eagle import Eagle3Drafter
@@ -207,6 +208,7 @@ def test_greedy_rounds_move_only_argmaxes_in_one_transfer_each(monkeypatch, name
     target, make = _drafters()[name]
     plain = generate(KVModel(target), PROMPT, CharTokenizer(), max_new_tokens=24)
     drafter = make()  # built before counting: a drafter may look at its vocabulary once
+    monkeypatch.setattr(clock, "HOST_READS", False)  # the device path, on this CPU
     counter = Transfers(monkeypatch)
     out = generate(KVModel(target), PROMPT, CharTokenizer(), drafter=drafter,
                    policy=FixedDraftLength(4), max_new_tokens=24)
@@ -215,9 +217,9 @@ def test_greedy_rounds_move_only_argmaxes_in_one_transfer_each(monkeypatch, name
     prefill = [c for c in counter.calls if c[1] == "engine.py:probs_at" or c[1] == "sampling.py:choose"]
     assert prefill == [("cpu", "engine.py:probs_at"), ("int", "sampling.py:choose")]  # the first token
     rounds = [c for c in counter.calls if c not in prefill]
-    verify = [c for c in rounds if c[1] == "engine.py:greedy_ids"]
+    verify = [c for c in rounds if c[1] == "engine.py:_argmax_rows"]
     drafts = [c for c in rounds if c[1] == "base.py:proposal"]
-    assert len(verify) == out.stats.rounds and set(verify) == {("tolist", "engine.py:greedy_ids")}
+    assert len(verify) == out.stats.rounds and set(verify) == {("tolist", "engine.py:_argmax_rows")}
     if name == "ngram":
         assert drafts == []
     else:  # every round proposes but a last one with a single token left to emit
@@ -230,12 +232,13 @@ def test_greedy_with_a_repetition_penalty_still_equals_plain_and_transfers_once(
     target, make = _drafters()["eagle3"]
     params = SamplingParams(repetition_penalty=1.3)
     plain = generate(KVModel(target), PROMPT, CharTokenizer(), params=params, max_new_tokens=20)
+    monkeypatch.setattr(clock, "HOST_READS", False)  # the device path, on this CPU
     counter = Transfers(monkeypatch)
     spec = generate(KVModel(target), PROMPT, CharTokenizer(), drafter=make(), params=params,
                     max_new_tokens=20)
     monkeypatch.undo()
     assert spec.token_ids == plain.token_ids
-    assert len([c for c in counter.calls if c[1] == "engine.py:greedy_ids"]) == spec.stats.rounds
+    assert len([c for c in counter.calls if c[1] == "engine.py:_argmax_rows"]) == spec.stats.rounds
 
 
 # --- 7. accelerate-hooked (offloaded) targets -------------------------------------------------

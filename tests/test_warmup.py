@@ -151,7 +151,8 @@ def test_a_draft_model_that_starts_late_catches_up_in_warmed_widths(monkeypatch,
     # ... and every proposal is verified whole: `limit` would drop a proposal when the timings
     # of a busy machine make any verification look dearer than a plain step (CI once: nothing
     # drafted in the whole run, so the test checked nothing).
-    monkeypatch.setattr(AdaptiveDraftLength, "limit", lambda self, n_proposed, source=None: n_proposed)
+    monkeypatch.setattr(AdaptiveDraftLength, "limit",
+                        lambda self, n_proposed, source=None, confidence=None: n_proposed)
     final = list(race.run(min_interval_s=0.0))[-1]
     spec = final.panes[SPECULATIVE]
     assert spec.status == "done" and spec.stats.drafted > 0, "the late drafter never drafted"

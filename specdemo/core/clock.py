@@ -1,5 +1,6 @@
 """Reading a clock around device work: GPUs queue kernels and return at once, so a timer must
-wait for the queue first (the CPU runs each op before returning: nothing to wait for)."""
+wait for the queue first (the CPU runs each op before returning: nothing to wait for). And where
+small results are read: on a CPU through numpy, on a device in one transfer."""
 
 from __future__ import annotations
 
@@ -12,3 +13,13 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+HOST_READS = True  # tests of the accelerator code path set it False to run that path on a CPU
+
+
+def read_on_host(tensor: torch.Tensor) -> bool:
+    """Whether small results of ``tensor`` (argmaxes, a top probability) are read through numpy:
+    a CPU tensor, where torch's small-tensor ops cost 20-360 us each beside the native target's
+    threads and there is no transfer to save. On a device they stay tensors until one transfer."""
+    return HOST_READS and tensor.device.type == "cpu"

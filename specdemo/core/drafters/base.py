@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from ..clock import read_on_host
 from ..sampling import (Generators, SamplingParams, choose, generator_for, next_token_probs,
                         penalize, probs_from_logits)
 
@@ -192,7 +193,7 @@ class DraftSampler:
 
     def _greedy(self, logits: torch.Tensor, ids: list[int] | None = None) -> torch.Tensor:
         """Record the argmax of (n,) logits (mapped through ``ids`` when given) as one-hot."""
-        if logits.device.type == "cpu":
+        if read_on_host(logits):
             index, confidence = host_top(logits)
             token_id = ids[index] if ids is not None else index
             token = torch.tensor([token_id])
@@ -239,7 +240,7 @@ class DraftSampler:
         params = self.params
         if params.greedy and params.repetition_penalty == 1.0 and increasing:
             self._vocab = vocab_size
-            if logits.device.type == "cpu":
+            if read_on_host(logits):
                 return self._greedy(logits, ids_host if ids_host is not None else ids.tolist())
             token = ids[logits.float().argmax(-1)].view(1).to(logits.device)
             self.tokens.append(token)
@@ -254,10 +255,16 @@ class DraftSampler:
         """The tokens drawn so far, their ids moved to the host in one transfer."""
         if not self.tokens:
             return Proposal([], source=source)
+        n = len(self.tokens)
+        on_device = [c for c in self.confidence if isinstance(c, torch.Tensor)]
         if all(t is not None for t in self._host):
             ids = list(self._host)
-        else:
-            ids = torch.cat(self.tokens).tolist()
+            moved = iter(torch.stack(on_device).tolist() if on_device else [])
+        else:  # ids and confidences in one transfer (ids are exact in float64)
+            both = torch.cat([torch.cat(self.tokens).double(),
+                              torch.stack(on_device).double() if on_device
+                              else self.tokens[0].new_empty(0, dtype=torch.float64)]).tolist()
+            ids, moved = [int(x) for x in both[:n]], iter(both[n:])
         device = self.tokens[0].device
         if all(p is None for p in self.probs):  # greedy: one-hot rows, built at once
             probs = torch.zeros(len(ids), self._vocab, device=device)
@@ -270,8 +277,6 @@ class DraftSampler:
                     p[ids[i]] = 1.0
                 rows.append(p)
             probs = torch.stack(rows)
-        on_device = [c for c in self.confidence if isinstance(c, torch.Tensor)]
-        moved = iter(torch.stack(on_device).tolist() if on_device else [])
         confidence = [c if not isinstance(c, torch.Tensor) else next(moved)
                       for c in self.confidence]
         return Proposal(ids, probs, source=source, confidence=confidence)
