@@ -85,3 +85,11 @@ def test_copy_is_an_equal_independent_snapshot():
         assert getattr(c, name) == getattr(s, name) and getattr(c, name) is not getattr(s, name)
     c.record_round(4, 4, 5, "ngram")
     assert s.drafted_by == {"eagle3": 4} and s.rounds == 1 and c.rounds == 2
+
+
+def test_copy_keeps_counters_a_server_lane_leaves_unset():
+    """A lane served by llama.cpp or vLLM may leave per-position counters None (not reported)."""
+    s = DecodeStats(engine="llama.cpp", not_reported=["position_drafted"])
+    s.position_drafted = s.position_accepted = None
+    c = s.copy()
+    assert c.position_drafted is None and c.position_accepted is None and c == s

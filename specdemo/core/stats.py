@@ -197,8 +197,9 @@ class DecodeStats:
         Called twice a round: ``dataclasses.asdict``'s deep copy took 0.28 ms here, 5% of a
         one-token forward of the built-in target on a 2-core Xeon."""
         values = {name: getattr(self, name) for name in _FIELDS}
-        for name in _CONTAINERS:
-            values[name] = values[name].copy()
+        for name in _CONTAINERS:  # None where a server lane does not report them
+            if values[name] is not None:
+                values[name] = values[name].copy()
         return DecodeStats(**values)
 
 
