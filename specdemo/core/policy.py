@@ -363,6 +363,13 @@ def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3,
     return {n: min(v) for n, v in times.items()}
 
 
+def confidence_requested() -> bool:
+    """Whether the environment asks ``auto`` to weigh drafts by the drafter's confidence
+    (``SPECDEMO_DRAFT_CONFIDENCE=1``, also on/true/yes; off by default)."""
+    value = os.environ.get("SPECDEMO_DRAFT_CONFIDENCE", "0").strip().lower()
+    return value in ("1", "on", "true", "yes")
+
+
 def make_policy(draft_length: int | str, forward_s: dict[int, float] | None = None) -> DraftLengthPolicy:
     """``"auto"`` -> AdaptiveDraftLength (seeded with ``forward_s``; weighing drafts by the
     drafter's confidence only when the environment sets ``SPECDEMO_DRAFT_CONFIDENCE=1``: on a
@@ -373,9 +380,7 @@ def make_policy(draft_length: int | str, forward_s: dict[int, float] | None = No
         ValueError: for anything else or k outside 1..64.
     """
     if draft_length == "auto":
-        use = os.environ.get("SPECDEMO_DRAFT_CONFIDENCE", "0").strip().lower()
-        return AdaptiveDraftLength(forward_s=forward_s,
-                                   use_confidence=use in ("1", "on", "true", "yes"))
+        return AdaptiveDraftLength(forward_s=forward_s, use_confidence=confidence_requested())
     k = int(draft_length)
     if not 1 <= k <= 64:
         raise ValueError(f"draft length must be 1..64 or 'auto', got {draft_length!r}")

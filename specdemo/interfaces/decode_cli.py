@@ -23,14 +23,20 @@ def draft_length_arg(value: str) -> int | str:
 
 def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> None:
     """Flags shared by run, compare and bench."""
-    parser.add_argument("--target", default="builtin:smollm2-135m",
-                        type=checked(inputs.target, "target"),
-                        help="HF id, local dir, .gguf file or builtin:<name> (default %(default)s)")
-    parser.add_argument("--draft", default=draft_default, type=checked(inputs.draft, "draft"),
+    parser.add_argument("--preset", default=None,
+                        help="a preset (python -m specdemo presets; the app's default is "
+                             "the one marked *): sets --target, --draft, --draft-length, "
+                             "--dtype and --quantization; --draft-length, --dtype and "
+                             "--quantization given too override the preset's")
+    parser.add_argument("--target", default=None, type=checked(inputs.target, "target"),
+                        help="HF id, local dir, .gguf file or builtin:<name> (default "
+                             f"{DEFAULT_TARGET})")
+    parser.add_argument("--draft", default=None, type=checked(inputs.draft, "draft"),
                         help="none, ngram, self, early-exit:<layers>, mtp (the target's own MTP "
                              "layers), a learned drafter (EAGLE-3, DFlash or Gemma 4 assistant "
                              "folder or hub id, builtin:smollm2-135m-eagle3, <learned>+ngram), or a "
-                             "model like --target (default %(default)s)")
+                             f"model like --target (default {draft_default})")
+    parser.set_defaults(draft_default=draft_default)
     parser.add_argument("--max-new-tokens", default=128,
                         type=checked(inputs.number, "max new tokens", minimum=1, integer=True))
     parser.add_argument("--temperature", default=0.0, help="0 = greedy",
@@ -42,14 +48,15 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
     parser.add_argument("--repetition-penalty", default=1.0,
                         type=checked(inputs.number, "repetition penalty", above=0))
     parser.add_argument("--seed", default=None, type=checked(inputs.number, "seed", integer=True))
-    parser.add_argument("--draft-length", type=draft_length_arg, default=4,
-                        help="draft tokens per round, 1..64, or auto (default 4; the app and "
-                             "the presets use auto)")
+    parser.add_argument("--draft-length", type=draft_length_arg, default=None,
+                        help="draft tokens per round, 1..64, or auto (default 4, or the "
+                             "preset's: the app and the presets use auto)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)",
                         type=checked(inputs.text, "stop", required=False))
     parser.add_argument("--system", default=None, help="system prompt",
                         type=checked(inputs.text, "system", required=False))
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"],
+                        help="(default auto, or the preset's)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_CHOICES),
                         help="target quantisation: 4bit/8bit bitsandbytes (CUDA), int8/int4 "
@@ -58,6 +65,43 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
                         help="allow code from the model repository to run (off by default)")
     add_backend_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+DEFAULT_TARGET = "builtin:smollm2-135m"
+
+
+def resolve_decode_args(args) -> None:
+    """Fill ``run``/``compare``'s model flags in place: from ``--preset`` when given (flags given
+    beside it override its draft length, dtype and quantization), else the defaults.
+
+    Raises:
+        SystemExit(2): ``--preset`` with ``--target`` or ``--draft``, or an unknown preset (the
+            sentence names the known ones).
+    """
+    preset = None
+    if getattr(args, "preset", None):
+        if args.target or args.draft:
+            from .cli import refuse
+            refuse("give either --preset or --target/--draft, not both",
+                   f"python -m specdemo {args.command}")
+        from ..services.presets import PresetError, get_preset
+        try:
+            preset = get_preset(args.preset)
+        except PresetError as exc:
+            from .cli import refuse
+            refuse(str(exc), f"python -m specdemo {args.command}")
+    if preset is not None:
+        args.target, args.draft = preset.target, preset.draft
+        if args.draft_length is None:
+            args.draft_length = preset.draft_length
+        if args.dtype is None:
+            args.dtype = preset.dtype
+        if args.quantization is None and preset.quantization != "none":
+            args.quantization = preset.quantization
+    args.target = args.target or DEFAULT_TARGET
+    args.draft = args.draft or args.draft_default
+    args.draft_length = 4 if args.draft_length is None else args.draft_length
+    args.dtype = args.dtype or "auto"
 
 
 def add_backend_flag(parser: argparse.ArgumentParser) -> None:
@@ -216,6 +260,7 @@ def prepare_untimed(pipe, settings, ids, modes) -> None:
 
 
 def cmd_run(args) -> int:
+    resolve_decode_args(args)
     endpoints = _endpoints(args)
     if endpoints["plain"] or endpoints["speculative"]:
         return run_endpoint(args, endpoints)
@@ -348,6 +393,7 @@ def _print_race(args, snap, endpoints: dict) -> None:
 
 
 def cmd_compare(args) -> int:
+    resolve_decode_args(args)
     endpoints = _endpoints(args)
     if endpoints["plain"] or endpoints["speculative"]:
         return compare_endpoints(args, endpoints)
@@ -391,6 +437,9 @@ def draft_length_text(policy: int | str, s) -> str:
     """The draft-length policy and the k the run used: ``"auto (k used: mean 3.2, range 0-8,
     over 12 rounds)"``, ``"4 (k used: mean 3.9, range 1-4, ...)"``; n-gram lookup and the end
     of a run can verify fewer tokens than k."""
+    from ..core.policy import confidence_requested
+    if policy == "auto" and confidence_requested():
+        policy = "auto, weighing the drafter's confidence (SPECDEMO_DRAFT_CONFIDENCE=1)"
     if not s.rounds:
         return f"{policy} (no verification round)"
     return (f"{policy} (k used: mean {_fmt(s.mean_draft_length, '.1f')}, range "
