@@ -78,7 +78,8 @@ def test_engine_verifies_the_sure_tokens_and_stays_lossless():
     drafter = _Oracle(plain.token_ids[1:], len(prompt) + 1)
     costs = {n: 0.010 + 0.001 * n for n in range(1, 18)}
     spec = generate(kv, prompt, tok, drafter=drafter,
-                    policy=AdaptiveDraftLength(forward_s=costs), max_new_tokens=40)
+                    policy=AdaptiveDraftLength(forward_s=costs, use_confidence=True),
+                    max_new_tokens=40)
     assert spec.token_ids == plain.token_ids
     s = spec.stats
     assert s.drafted > 0

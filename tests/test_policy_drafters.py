@@ -188,7 +188,7 @@ from specdemo.core.policy import Calibration  # noqa: E402
 
 
 def confident_policy(costs=FLAT, rounds=20, accepted_of=lambda k: k, draft_token_s=0.0):
-    policy = AdaptiveDraftLength(forward_s=costs)
+    policy = AdaptiveDraftLength(forward_s=costs, use_confidence=True)
     for _ in range(rounds):
         k = policy.choose()
         policy.update(k + 1, policy.forward_time(k + 1), k, accepted_of(k), draft_token_s * k)

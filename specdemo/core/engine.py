@@ -260,11 +260,11 @@ def decode(
                     k = min(policy.choose(source), room) if drafter else 0
                     if k > 0:
                         propose = drafter.propose_learned if stacked else drafter.propose
-                        budget = getattr(policy, "draft_budget", None)
-                        if budget is not None and getattr(drafter, "stops_early", False):
+                        if (getattr(policy, "use_confidence", False)
+                                and getattr(drafter, "stops_early", False)):
                             # a token-by-token drafter asks the policy after each token
                             # (policy.more: the drafter's confidence against the cost model)
-                            k = budget(k, room)
+                            k = policy.draft_budget(k, room)
                             proposal = propose(context, k, params, generator,
                                                keep_going=_asker(policy, k, source))
                         else:

@@ -134,8 +134,8 @@ class AdaptiveDraftLength:
             :func:`measure_forward_s`); refined while decoding. Without it the first round is a
             plain step and other widths are extrapolated with ``prior_slope``.
         use_confidence: weigh each proposal by the drafter's confidence in its tokens when it
-            gives one (module docstring); False keeps to the running per-position averages.
-            :func:`make_policy` sets it from ``SPECDEMO_DRAFT_CONFIDENCE`` (default off).
+            gives one (module docstring); False (the default) keeps to the running
+            per-position averages. :func:`make_policy` sets it from ``SPECDEMO_DRAFT_CONFIDENCE``.
 
     ``source`` (``choose``, ``limit``, ``update``, ``expected_rate``): the draft source a
     round's proposal came from (``Proposal.source``, e.g. "ngram" or "eagle3"); each has its own
@@ -146,7 +146,7 @@ class AdaptiveDraftLength:
 
     def __init__(self, max_k: int = 16, prior_acceptance: float = 0.6, prior_slope: float = 0.15,
                  smoothing: float = 0.2, forward_s: dict[int, float] | None = None,
-                 use_confidence: bool = True) -> None:
+                 use_confidence: bool = False) -> None:
         self.max_k = max_k
         self.use_confidence = use_confidence
         self.prior_acceptance = prior_acceptance

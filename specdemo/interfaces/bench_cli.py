@@ -49,16 +49,15 @@ def resolve_models(args) -> tuple[str, str, str, str | None]:
 
     Raises:
         ValueError: --preset together with --target/--draft.
+        PresetError: an unknown preset.
     """
-    from ..services.presets import default_preset, get_preset
-    if args.preset and (args.target or args.draft):
-        raise ValueError("give either --preset or --target/--draft, not both")
-    if args.preset or not args.target:
-        preset = get_preset(args.preset) if args.preset else default_preset()
-        target, draft = preset.target, args.draft or preset.draft
-        dtype, quant = args.dtype or preset.dtype, args.quantization or (
-            None if preset.quantization == "none" else preset.quantization)
-        return target, draft, dtype, quant
+    from ..services.presets import default_preset
+    from .decode_cli import chosen_preset, preset_models
+    preset = chosen_preset(args)
+    if preset is None and not args.target:
+        preset = default_preset()
+    if preset is not None:
+        return preset_models(preset, args)
     return args.target, args.draft or "ngram", args.dtype or "auto", args.quantization
 
 

@@ -70,6 +70,29 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
 DEFAULT_TARGET = "builtin:smollm2-135m"
 
 
+def chosen_preset(args):
+    """The preset ``--preset`` names, or None without the flag (``run``, ``compare``, ``bench``).
+
+    Raises:
+        ValueError: ``--preset`` with ``--target`` or ``--draft``.
+        PresetError: no preset of that name (the message lists the known ones).
+    """
+    if not getattr(args, "preset", None):
+        return None
+    if args.target or args.draft:
+        raise ValueError("give either --preset or --target/--draft, not both")
+    from ..services.presets import get_preset
+    return get_preset(args.preset)
+
+
+def preset_models(preset, args) -> tuple[str, str, str, str | None]:
+    """(target, draft, dtype, quantization) of ``preset``, where ``--draft``, ``--dtype`` and
+    ``--quantization`` given override its own."""
+    quantization = args.quantization or (
+        None if preset.quantization == "none" else preset.quantization)
+    return preset.target, args.draft or preset.draft, args.dtype or preset.dtype, quantization
+
+
 def resolve_decode_args(args) -> None:
     """Fill ``run``/``compare``'s model flags in place: from ``--preset`` when given (flags given
     beside it override its draft length, dtype and quantization), else the defaults.
@@ -78,26 +101,15 @@ def resolve_decode_args(args) -> None:
         SystemExit(2): ``--preset`` with ``--target`` or ``--draft``, or an unknown preset (the
             sentence names the known ones).
     """
-    preset = None
-    if getattr(args, "preset", None):
-        if args.target or args.draft:
-            from .cli import refuse
-            refuse("give either --preset or --target/--draft, not both",
-                   f"python -m specdemo {args.command}")
-        from ..services.presets import PresetError, get_preset
-        try:
-            preset = get_preset(args.preset)
-        except PresetError as exc:
-            from .cli import refuse
-            refuse(str(exc), f"python -m specdemo {args.command}")
+    try:
+        preset = chosen_preset(args)
+    except ValueError as exc:  # PresetError included
+        from .cli import refuse
+        refuse(str(exc), f"python -m specdemo {args.command}")
     if preset is not None:
-        args.target, args.draft = preset.target, preset.draft
+        args.target, args.draft, args.dtype, args.quantization = preset_models(preset, args)
         if args.draft_length is None:
             args.draft_length = preset.draft_length
-        if args.dtype is None:
-            args.dtype = preset.dtype
-        if args.quantization is None and preset.quantization != "none":
-            args.quantization = preset.quantization
     args.target = args.target or DEFAULT_TARGET
     args.draft = args.draft or args.draft_default
     args.draft_length = 4 if args.draft_length is None else args.draft_length
