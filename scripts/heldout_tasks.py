@@ -43,13 +43,22 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--ngram", action="store_true", help="evaluate prompt lookup (ngram) too")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tree", default=None, help="a draft tree: default or rank paths "
+                    "(core.tree); the learned drafters' rounds verify trees")
+    ap.add_argument("--backend", default="transformers",
+                    help="the target's backend (default transformers float32, the report's)")
     args = ap.parse_args(argv)
     picked = picked_prompts(args.tasks.split(",") if args.tasks else None, args.per_task)
+    from specdemo.core.tree import named_shape
+    tree = named_shape(args.tree)
     target = load_model("builtin:smollm2-135m", "cpu", "float32")
+    if args.backend != "transformers":
+        from specdemo.services.startup import use_backend
+        target = use_backend(target, args.backend)[0]
     pipes = {h: Pipeline(target, h, load_learned(h, target)) for h in args.heads}
     if args.ngram:
         pipes["ngram"] = Pipeline(target, "ngram")
-    results = evaluate(pipes, picked, k=4, max_new_tokens=args.max_new_tokens)
+    results = evaluate(pipes, picked, k=4, max_new_tokens=args.max_new_tokens, tree=tree)
     for name, r in results.items():
         by_task = ", ".join(f"{t} {v:.2f}" for t, v in r["mean_acceptance_length_by_task"].items())
         print(f"{name}: mean acceptance length {r['mean_acceptance_length']:.2f} ({len(picked)} "

@@ -25,6 +25,7 @@ from .policy import DraftLengthPolicy, FixedDraftLength
 from .sampling import (Generators, SamplingParams, choose, next_token_probs, penalize, verify,
                        verify_greedy)
 from .stats import DecodeStats
+from .tree import TreeShape, verify_tree_greedy
 
 
 @dataclass
@@ -127,6 +128,7 @@ def decode(
     eos_token_ids: frozenset[int] = frozenset(),
     stop_strings: tuple[str, ...] = (),
     cancel: threading.Event | None = None,
+    tree: TreeShape | None = None,
 ) -> Iterator[DecodeEvent]:
     """Decode ``prompt_ids`` with the target, speculatively when a drafter is given.
 
@@ -143,6 +145,12 @@ def decode(
         cancel: when set, generation stops after the current round, or between two chunks of a
             long prefill (of the target, or of a draft model catching up with the prompt);
             finish_reason "cancelled", what was emitted is kept.
+        tree: a draft tree shape (``core.tree``): rounds of the learned drafter verify a tree
+            of candidates in one forward with tree attention instead of a chain of k. Used
+            only when it can be exact and cheap to check: greedy decoding without a repetition
+            penalty, a drafter with ``propose_tree`` (EAGLE-3, alone or under prompt lookup)
+            and a target with ``forward_tree``; otherwise the chain as usual
+            (``stats.tree`` says which). Prompt lookup's rounds stay chains.
     Yields:
         DecodeEvent per round; the last has ``done=True`` and the final stats (with
         ``other_cpu_share``: how much of the CPU other processes took meanwhile).
@@ -204,6 +212,9 @@ def decode(
         return _argmax_rows(rows)
 
     layers = wants_features(drafter)
+    tree = tree if tree_usable(tree, drafter, target, params) else None
+    stats.tree = tree.describe() if tree is not None else None
+    tree_rate: float | None = None  # measured tokens a second of the tree rounds
 
     def target_forward(ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(keep, V) logits and, for a drafter that reads hidden states, (len(ids), F) features."""
@@ -246,17 +257,27 @@ def decode(
         stacked = (drafter is not None and getattr(policy, "per_source", False)
                    and hasattr(drafter, "lookup"))
         source = "learned" if stacked else None  # the policy's name for this round's source
-        proposal, k = None, 0
+        proposal, k, draft_tree = None, 0, None
         try:
             with stop_on(cancel):  # a draft model's first proposal feeds it the whole prompt
                 if stacked and room > 0:
                     found = drafter.lookup(context, min(policy.max_k, room), params, generator)
                     m = policy.limit(len(found.ids), "lookup") if found is not None else 0
-                    if m > 0 and policy.expected_rate(m, "lookup") >= policy.best("learned")[1]:
+                    rival = policy.best("learned")[1] if tree_rate is None else tree_rate
+                    if m > 0 and policy.expected_rate(m, "lookup") >= rival:
                         probs = found.probs[:m] if found.probs is not None else None
                         proposal = drafter.use(Proposal(found.ids[:m], probs, found.source))
                         k, source = m, "lookup"
-                if proposal is None:
+                if (tree is not None and not stacked and room > 0
+                        and hasattr(drafter, "lookup")):  # a stacked drafter's own rule
+                    kk = min(policy.choose(None), room)
+                    found = drafter.lookup(context, kk, params, generator)
+                    if drafter.prefers(found, kk):
+                        proposal = drafter.use(found)
+                        k = len(proposal.ids)
+                if proposal is None and tree is not None and room > 0:
+                    draft_tree = drafter.propose_tree(context, tree)
+                if proposal is None and draft_tree is None:
                     k = min(policy.choose(source), room) if drafter else 0
                     if k > 0:
                         propose = drafter.propose_learned if stacked else drafter.propose
@@ -272,6 +293,32 @@ def decode(
         except Cancelled:
             yield cancelled()
             return
+        if draft_tree is not None:
+            _sync(device)
+            t1 = time.perf_counter()
+            depth, anc = draft_tree.rows()
+            logits, features = target.forward_tree([context[-1]] + draft_tree.ids, depth, anc,
+                                                   layers)
+            rows, next_token = verify_tree_greedy(draft_tree, _argmax_rows(logits.float()))
+            start_row = len(context) - 1
+            target.keep_rows(start_row, [0] + rows)
+            accepted = [draft_tree.ids[r - 1] for r in rows]
+            if features is not None:
+                drafter.observe(features[[0] + rows])
+            _sync(device)
+            t2 = time.perf_counter()
+            stats.draft_s += t1 - t0
+            stats.verify_s += t2 - t1
+            rate = (len(rows) + 1) / max(t2 - t0, 1e-9)
+            tree_rate = rate if tree_rate is None else tree_rate + 0.3 * (rate - tree_rate)
+            drafter.feedback(len(rows))
+            event = emit(accepted + [next_token], [True] * len(rows) + [False])
+            stats.record_tree_round(len(draft_tree.ids), tree.depth, len(rows),
+                                    len(event.token_ids), draft_tree.source)
+            stats.extra_memory_bytes = drafter.extra_memory_bytes
+            event.stats = stats.copy()
+            yield event
+            continue
         confidence = proposal.confidence if proposal else None
         drafts = (proposal.ids[:policy.limit(min(k, len(proposal.ids)), source, confidence)]
                   if proposal else [])
@@ -317,6 +364,14 @@ def _argmax_rows(rows: torch.Tensor) -> list[int]:
     if read_on_host(rows):
         return rows.detach().numpy().argmax(-1).tolist()
     return rows.argmax(-1).tolist()
+
+
+def tree_usable(tree: TreeShape | None, drafter, target, params: SamplingParams) -> bool:
+    """Whether ``decode`` can verify ``tree`` rounds exactly here (see its ``tree``)."""
+    return (tree is not None and drafter is not None and params.greedy
+            and params.repetition_penalty == 1.0
+            and (hasattr(drafter, "propose_tree") and getattr(drafter, "drafts_trees", True))
+            and hasattr(target, "forward_tree"))
 
 
 def _asker(policy, k: int, source: str | None):

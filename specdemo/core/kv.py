@@ -306,6 +306,61 @@ class KVModel:
         elif self._bounded and self.length:
             self.cache.crop(0)  # trim the recorded past back to the window
 
+    @torch.inference_mode()
+    def forward_tree(self, ids: list[int], depth: list[int], anc: list[int],
+                     layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward over a draft tree's rows after the cached tokens, with tree attention.
+
+        Args:
+            ids: the S rows' token ids (row 0 the context's last token, then the nodes).
+            depth: per row, its depth (row 0: 0); its position is ``length + depth``.
+            anc: per row, a bitmask of the rows it attends to among these S (itself and its
+                ancestors; ``core.tree.DraftTree.rows``).
+            layers: hidden-state indices to return, as :meth:`forward_features`.
+        Returns:
+            ((S, V) logits of every row, (S, F) features or None). The cache holds all S rows
+            until :meth:`keep_rows` keeps the accepted ones.
+        Raises:
+            ValueError: on a model with sliding-window layers (its cache cannot drop rows out
+                of order) or rows that do not match.
+        """
+        if self._bounded:
+            raise ValueError("tree drafting needs a cache that can drop any row; this model has "
+                             "sliding-window layers")
+        s = len(ids)
+        if not (s == len(depth) == len(anc)) or s == 0:
+            raise ValueError("forward_tree: ids, depth and anc must have the same length >= 1")
+        start = self.length
+        allowed = torch.tensor([[(a >> j) & 1 for j in range(s)] for a in anc], dtype=torch.bool)
+        mask = torch.ones(s, start + s, dtype=torch.bool)
+        mask[:, start:] = allowed
+        dtype = next(self.model.parameters()).dtype
+        bias = torch.zeros(s, start + s, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
+        extra = {"output_hidden_states": list(layers)} if layers else {}
+        out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True,
+                         attention_mask=bias[None, None].to(self.device),
+                         position_ids=torch.tensor([[start + d for d in depth]], device=self.device),
+                         logits_to_keep=s, **extra, **{self._cache_arg: self.cache})
+        self.length += s
+        self.ids += list(ids)
+        feats = (torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers
+                 else None)
+        return out.logits[0], feats
+
+    @torch.inference_mode()
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """After :meth:`forward_tree` at ``start``: keep that call's rows ``rows`` (increasing,
+        call-relative), moved to positions start, start + 1, ...; drop the rest."""
+        moved = [start + r for r in rows]
+        if moved != list(range(start, start + len(rows))):
+            index = torch.tensor(moved, device=self.device)
+            for layer in self.cache.layers:
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)
+                    t[:, :, start:start + len(rows)] = t.index_select(2, index)
+        self.ids[start:start + len(rows)] = [self.ids[m] for m in moved]
+        self.rollback(start + len(rows))
+
     @property
     def cache_bytes(self) -> int:
         return cache_bytes(self.cache)

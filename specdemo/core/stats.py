@@ -73,6 +73,10 @@ class DecodeStats:
         not_reported: names of the counters above that the engine does not report; each is
             None (never estimated) and is shown as "not reported by this engine". Empty for
             our engine.
+        tree: the draft tree's shape when the run verified draft trees (``core.tree``), else
+            None. A tree round verifies all its nodes (``drafted``) and accepts one branch
+            (``accepted``); per-position counters count depths.
+        tree_rounds: rounds that verified a draft tree (the others were chains).
     """
 
     new_tokens: int = 0
@@ -99,6 +103,8 @@ class DecodeStats:
     finish_reason: str | None = None
     engine: str | None = None
     not_reported: list[str] = field(default_factory=list)
+    tree: str | None = None
+    tree_rounds: int = 0
 
     # --- derived metrics (DESIGN.md names) -------------------------------------------------
     @property
@@ -181,6 +187,29 @@ class DecodeStats:
         self.draft_length_max = max(self.draft_length_max or 0, n_drafted)
         count_positions(self.position_drafted, self.position_accepted, counted_drafted,
                         counted_accepted)
+
+    def record_tree_round(self, n_nodes: int, depth: int, n_accepted: int,
+                          n_emitted: int | None = None, source: str | None = None) -> None:
+        """Record one draft-tree round: ``n_nodes`` verified, a branch of ``n_accepted`` kept
+        (``depth``: the tree's longest branch, for the per-depth counters). ``n_emitted`` as
+        :meth:`record_round`: a stop point inside the branch counts only the tokens before it."""
+        drafted, accepted, deep = n_nodes, n_accepted, depth
+        if n_emitted is not None and n_emitted <= n_accepted:
+            drafted = accepted = deep = n_emitted
+        self.tree_rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        if source and drafted:
+            self.drafted_by[source] = self.drafted_by.get(source, 0) + drafted
+            self.accepted_by[source] = self.accepted_by.get(source, 0) + accepted
+        self.target_forwards += 1
+        self.draft_length = n_nodes
+        self.rounds += 1
+        self.draft_length_sum += n_nodes
+        self.draft_length_min = n_nodes if self.draft_length_min is None else min(
+            self.draft_length_min, n_nodes)
+        self.draft_length_max = max(self.draft_length_max or 0, n_nodes)
+        count_positions(self.position_drafted, self.position_accepted, deep, accepted)
 
     def as_dict(self) -> dict:
         """All raw counters and derived metrics, JSON-ready (None stays None)."""

@@ -21,6 +21,9 @@ def register(sub) -> None:
                        help="ngram, self, early-exit:N or a draft model")
     bench.add_argument("--tasks", default=",".join(TASKS), help="comma-separated (default %(default)s)")
     bench.add_argument("--draft-lengths", default="1,2,4,8,auto", help="(default %(default)s)")
+    from .decode_cli import draft_tree_arg
+    bench.add_argument("--draft-tree", type=draft_tree_arg, default=None, metavar="SHAPE",
+                       help="as for run: default, off, or rank paths (default off)")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -71,7 +74,7 @@ def cmd_bench(args) -> int:
                              temperature=args.temperature, seed=args.seed,
                              prompts_per_task=args.prompts_per_task,
                              concurrency=parse_ints(args.concurrency), reference=not args.no_reference,
-                             system=args.system)
+                             system=args.system, tree=args.draft_tree)
         prompts = load_prompts(config.tasks)
         if args.plain_endpoint or args.spec_endpoint:  # servers: the concurrency sweep
             from ..services.endpoint_bench import cmd

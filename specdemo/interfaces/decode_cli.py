@@ -16,6 +16,16 @@ from ..models.loading import ModelLoadError
 from ..models.quantize import QUANTIZATION_CHOICES
 
 
+def draft_tree_arg(value: str):
+    """``--draft-tree``: off, default, or rank paths (``core.tree.parse_shape``)."""
+    import argparse
+    from ..core.tree import named_shape
+    try:
+        return named_shape(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def draft_length_arg(value: str) -> int | str:
     """``auto`` or 1..64 (the same rule as the /race API and the page)."""
     return checked(inputs.draft_length, "draft length")(value)
@@ -51,6 +61,10 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
     parser.add_argument("--draft-length", type=draft_length_arg, default=None,
                         help="draft tokens per round, 1..64, or auto (default 4, or the "
                              "preset's: the app and the presets use auto)")
+    parser.add_argument("--draft-tree", type=draft_tree_arg, default=None, metavar="SHAPE",
+                        help="verify a tree of the EAGLE-3 drafter's guesses a round instead of "
+                             "a chain (greedy only): 'default' (the shape tuned on the shipped "
+                             "head), 'off', or rank paths like 0;1;0.0;0.0.0 (default off)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)",
                         type=checked(inputs.text, "stop", required=False))
     parser.add_argument("--system", default=None, help="system prompt",
@@ -155,7 +169,8 @@ def settings_from_args(args):
     return DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p,
                           repetition_penalty=args.repetition_penalty, seed=args.seed,
-                          draft_length=args.draft_length, stop_strings=tuple(args.stop))
+                          draft_length=args.draft_length, stop_strings=tuple(args.stop),
+                          tree=getattr(args, "draft_tree", None))
 
 
 def pipeline_from_args(args):
@@ -474,4 +489,7 @@ def format_stats(label: str, s, draft_length: int | str | None = None) -> str:
                      f"verify_s={s.verify_s:.2f} extra_memory_bytes={s.extra_memory_bytes}")
     if draft_length is not None:
         lines.append(f"    draft_length={draft_length_text(draft_length, s)}")
+    if getattr(s, "tree", None):
+        lines.append(f"    draft_tree={s.tree} (tree rounds: {s.tree_rounds} of {s.rounds}; a "
+                     "tree round verifies every node and accepts one branch)")
     return "\n".join(lines)

@@ -186,6 +186,8 @@ def library():
                                    c.c_void_p, c.c_int, c.c_void_p]
         lib.nf_forward_rows.restype = c.c_int
         lib.nf_forward_rows.argtypes = [c.c_void_p, c.c_void_p, c.c_int] + [c.c_void_p] * 3 + [c.c_int, c.c_void_p]
+        lib.nf_set_tree.restype = c.c_int
+        lib.nf_set_tree.argtypes = [c.c_void_p, c.c_void_p, c.c_void_p, c.c_int]
         lib.nf_head_create.restype = c.c_void_p
         lib.nf_head_create.argtypes = [c.c_int] * 7 + [c.c_float, c.c_float] + [c.c_int] * 3
         lib.nf_head_set.argtypes = [c.c_void_p] * 11
@@ -511,6 +513,51 @@ class NativeKV(StaticCacheKV):
         self.length += s
         self.ids += ids
         return logits, feats
+
+
+    def forward_tree(self, ids: list[int], depth: list[int], anc: list[int],
+                     layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``core.kv.KVModel.forward_tree`` in C (tree attention: ``nf_set_tree``)."""
+        m = self.nmodel
+        s, start = len(ids), self.length
+        if not (s == len(depth) == len(anc)) or not 1 <= s <= 64:
+            raise ValueError("forward_tree: ids, depth and anc must have the same length 1..64")
+        self._grow(start + s)
+        tokens = torch.tensor(ids, dtype=torch.int32)
+        pos = torch.tensor([start + d for d in depth], dtype=torch.int32)
+        mask = torch.tensor([a - (1 << 64) if a >= 1 << 63 else a for a in anc], dtype=torch.int64)
+        want = torch.tensor(layers, dtype=torch.int32)
+        logits = torch.empty(s, m.vocab)
+        feats = torch.empty(s, len(layers) * m.hidden) if layers else None
+        with m.lock:
+            cos, sin = m.rope(self.capacity)
+            m.lib.nf_set_cache(m.handle, self.k_cache.data_ptr(), self.v_cache.data_ptr(),
+                               cos.data_ptr(), sin.data_ptr(), self.capacity)
+            m.lib.nf_set_tree(m.handle, pos.data_ptr(), mask.data_ptr(), start)
+            try:
+                status = m.lib.nf_forward(m.handle, tokens.data_ptr(), s, start, s,
+                                          logits.data_ptr(), want.data_ptr() if layers else None,
+                                          len(layers), feats.data_ptr() if layers else None)
+            finally:
+                m.lib.nf_set_tree(m.handle, None, None, 0)
+        if status == -2:
+            raise ValueError(f"a token id outside 0..{m.vocab - 1}: {ids}")
+        if status != 0:
+            raise MemoryError("the native forward could not allocate its buffers")
+        self.length += s
+        self.ids += ids
+        return logits, feats
+
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """``core.kv.KVModel.keep_rows``: the kept rows' keys and values moved into place."""
+        moved = [start + r for r in rows]
+        n = len(rows)
+        if moved != list(range(start, start + n)):
+            index = torch.tensor(moved)
+            for cache in (self.k_cache, self.v_cache):
+                cache[:, :, start:start + n] = cache.index_select(2, index)
+        self.ids[start:start + n] = [self.ids[i] for i in moved]
+        self.rollback(start + n)
 
 
 class NativeBatch:
@@ -884,7 +931,8 @@ class NativeEagleHead:
         _grow_cache(self, needed, 1, self.weights)
 
     def step(self, hidden: torch.Tensor, ids: list[int], start: int,
-             keep: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+             keep: int = 1, tree: tuple[list[int], list[int], int] | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         """One head pass over T positions start..start+T-1 (``Eagle3Head.step`` without the
         batch dimension); the cache keeps positions 0..start+T-1 afterwards.
 
@@ -893,6 +941,9 @@ class NativeEagleHead:
             ids: the T target ids of the tokens after those positions.
             start: the first position, at most the cached length (later positions are dropped).
             keep: logits for the last ``keep`` positions (1..T).
+            tree: None, or draft-tree nodes (``nf_set_tree``): (per position its rotary
+                position, per position a bitmask of the rows from ``first`` on it attends to,
+                ``first``); the positions stay in cache rows start..start+T-1.
         Returns:
             (output (T, H) float32, the one the next draft step reads; logits (keep, Vd)
             float32).
@@ -918,8 +969,16 @@ class NativeEagleHead:
             cos, sin = w.rope(self.capacity)
             w.lib.nf_set_cache(w.handle, self.k_cache.data_ptr(), self.v_cache.data_ptr(),
                                cos.data_ptr(), sin.data_ptr(), self.capacity)
-            status = w.lib.nf_head_forward(w.handle, x.data_ptr(), tokens.data_ptr(), n, start,
-                                           keep, logits.data_ptr(), out.data_ptr())
+            if tree is not None:
+                pos = torch.tensor(tree[0], dtype=torch.int32)
+                anc = torch.tensor(tree[1], dtype=torch.int64)
+                w.lib.nf_set_tree(w.handle, pos.data_ptr(), anc.data_ptr(), tree[2])
+            try:
+                status = w.lib.nf_head_forward(w.handle, x.data_ptr(), tokens.data_ptr(), n,
+                                               start, keep, logits.data_ptr(), out.data_ptr())
+            finally:
+                if tree is not None:
+                    w.lib.nf_set_tree(w.handle, None, None, 0)
         if status == -2:
             raise ValueError(f"a token id outside 0..{w.embed.shape[0] - 1}: {ids}")
         if status != 0:

@@ -225,6 +225,12 @@ typedef struct {
     /* nf_forward_rows: token t is at position row_pos[t] of the sequence whose cache rows start
      * at row_base[t]; NULL in nf_forward (one sequence: positions start..start+n-1 from row 0) */
     const int32_t *row_base, *row_pos;
+    /* nf_set_tree: a draft tree in the next calls. Token t's rotary position is tree_pos[t]
+     * (its cache row stays start + t); of the rows from tree_from on it sees only those whose
+     * bit (row - tree_from) is set in tree_anc[t] (its ancestors and itself); NULL: causal */
+    const int32_t *tree_pos;
+    const uint64_t *tree_anc;
+    int tree_from;
 } nf_model;
 
 enum { KERNEL_FMA = 0, KERNEL_DPBF16 = 1 };
@@ -1137,6 +1143,14 @@ static void att_task(void *p, int ith, int nth) {
                 if (s > mx) mx = s;
             }
         }
+        const uint64_t anc = m->tree_anc ? m->tree_anc[t] : 0;
+        if (m->tree_anc) { /* a draft tree: rows from tree_from on only when an ancestor */
+            mx = -INFINITY;
+            for (int j = 0; j < T; j++)
+                if (j < m->tree_from || ((anc >> (j - m->tree_from)) & 1)) {
+                    if (scores[j] > mx) mx = scores[j];
+                }
+        }
         float sum = 0.0f;
         int j = 0;
         for (; j + VL <= T; j += VL) storev(scores + j, expv(loadv(scores + j) - mx));
@@ -1146,6 +1160,9 @@ static void att_task(void *p, int ith, int nth) {
             storev(tail, expv(loadv(tail) - mx));
             memcpy(scores + j, tail, sizeof(float) * (T - j));
         }
+        if (m->tree_anc)
+            for (j = m->tree_from; j < T; j++)
+                if (!((anc >> (j - m->tree_from)) & 1)) scores[j] = 0.0f;
         for (j = 0; j < T; j++) sum += scores[j];
         float *out = m->att + (size_t)t * H * D + (size_t)h * D;
         if (D % VL == 0 && D <= 256) {
@@ -1183,7 +1200,8 @@ static void layer_rest(nf_model *m, int l, int n, int start, float *x) {
     size_t layer_off = (size_t)l * m->n_kv * m->capacity * D;
     for (int t = 0; t < n; t++) {
         int pos = tok_pos(m, start, t), cache_row = tok_base(m, t) + pos;
-        const float *c = m->cos + (size_t)pos * D, *s = m->sin + (size_t)pos * D;
+        int rpos = m->tree_pos ? m->tree_pos[t] : pos; /* a tree node: at its depth */
+        const float *c = m->cos + (size_t)rpos * D, *s = m->sin + (size_t)rpos * D;
         float *row = m->qkv + (size_t)t * q_width;
         for (int hh = 0; hh < m->n_head; hh++) rope(row + hh * D, c, s, D);
         for (int kh = 0; kh < m->n_kv; kh++) {
@@ -1285,6 +1303,20 @@ int nf_forward_rows(void *p, const int32_t *ids, int n, const int32_t *base, con
     int rc = forward(m, ids, n, 0, keep, logits, NULL, 0, NULL, keep_rows);
     m->row_base = m->row_pos = NULL;
     return rc;
+}
+
+/* A draft tree for the next nf_forward / nf_head_forward calls (tree attention, as in SpecInfer
+ * (Miao et al. 2024) and EAGLE-2): token t of a call is at rotary position pos[t] but in cache
+ * row start + t; of the cache rows from `from` on it attends only to those whose bit
+ * (row - from) is set in anc[t] (bit 63 at most: 64 rows). Rows before `from` are all seen.
+ * pos NULL ends tree mode. The arrays are read during the calls and must outlive them. */
+int nf_set_tree(void *p, const int32_t *pos, const uint64_t *anc, int from) {
+    nf_model *m = (nf_model *)p;
+    if (pos && (!anc || from < 0)) return -1;
+    m->tree_pos = pos;
+    m->tree_anc = pos ? anc : NULL;
+    m->tree_from = pos ? from : 0;
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------ EAGLE-3 head */

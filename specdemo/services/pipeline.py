@@ -17,6 +17,7 @@ from ..core.machine import busy_warning
 from ..core.policy import AdaptiveDraftLength, make_policy, measure_forward_s
 from ..core.sampling import SamplingParams
 from ..core.stats import DecodeStats, speedup
+from ..core.tree import TreeShape
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class DecodeSettings:
         temperature, top_k, top_p, repetition_penalty, seed: see :class:`SamplingParams`.
         draft_length: k (int) or "auto".
         stop_strings: generation ends before the first of these in the text.
+        tree: a draft tree shape (``core.tree``) for the learned drafter's rounds, or None
+            (chains); used where exact (greedy, an EAGLE-3 drafter, a target with tree
+            attention: ``engine.decode``).
     """
 
     max_new_tokens: int = 128
@@ -38,6 +42,7 @@ class DecodeSettings:
     seed: int | None = None
     draft_length: int | str = 4
     stop_strings: tuple[str, ...] = ()
+    tree: TreeShape | None = None
 
     @property
     def sampling(self) -> SamplingParams:
@@ -308,7 +313,7 @@ class Pipeline:
                       policy=make_policy(settings.draft_length, costs), params=settings.sampling,
                       max_new_tokens=settings.max_new_tokens,
                       eos_token_ids=self.target.eos_token_ids,
-                      stop_strings=settings.stop_strings, cancel=cancel)
+                      stop_strings=settings.stop_strings, cancel=cancel, tree=settings.tree)
 
     def run(self, prompt_ids: list[int], settings: DecodeSettings, speculative: bool) -> DecodeResult:
         """One whole decode."""

@@ -52,8 +52,7 @@ class CombinedDrafter:
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
         found = self.lookup(context, k, params, generator)
-        if (found is not None and len(found.ids) >= min(k, 2)
-                and self.acceptance["ngram"] >= self.acceptance["learned"]):
+        if self.prefers(found, k):
             return self.use(found)
         return self.propose_learned(context, k, params, generator)
 
@@ -93,6 +92,24 @@ class CombinedDrafter:
         self._last, self._last_n = "learned", len(proposal.ids)
         return Proposal(proposal.ids, proposal.probs, source=proposal.source or "learned",
                         confidence=proposal.confidence)
+
+    def prefers(self, found: Proposal | None, k: int) -> bool:
+        """Whether :meth:`propose` would take prompt lookup's ``found`` (from :meth:`lookup`)
+        over the learned drafter for a k-token round."""
+        return (found is not None and len(found.ids) >= min(k, 2)
+                and self.acceptance["ngram"] >= self.acceptance["learned"])
+
+    @property
+    def drafts_trees(self) -> bool:
+        """Whether the learned drafter drafts trees (:meth:`propose_tree`)."""
+        return hasattr(self.learned, "propose_tree")
+
+    def propose_tree(self, context: list[int], shape):
+        """The learned drafter's draft tree (``Eagle3Drafter.propose_tree``), recorded as this
+        round's (its acceptance per depth: accepted / the tree's depth)."""
+        tree = self.learned.propose_tree(context, shape)
+        self._last, self._last_n = "learned", shape.depth
+        return tree
 
     def _need(self) -> int:
         """The n-gram match that lets prompt lookup propose: ``min_match`` while the learned

@@ -28,6 +28,7 @@ from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..sampling import SamplingParams
+from ..tree import DraftTree, TreeShape
 from .base import DraftSampler, Proposal, param_bytes
 from .vocab import target_ids
 
@@ -210,7 +211,7 @@ class Eagle3Head(nn.Module):
         return target_ids(self.d2t)
 
     def step(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
-             past: tuple[torch.Tensor, torch.Tensor] | None):
+             past: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None = None):
         """One inference pass over T new draft positions with a KV cache.
 
         Args:
@@ -219,6 +220,8 @@ class Eagle3Head(nn.Module):
             ids: (1, T) the target ids of the tokens after those positions.
             positions: (1, T) positions (continuing the cache's).
             past: cached (k, v), each (1, kvh, S, d), or None.
+            mask: (T, S + T) bool, True where a position may attend (a draft tree's); None:
+                causal.
         Returns:
             (output (1, T, H), logits (1, T, Vd), (k, v) with S + T positions); the output is
             the one the next draft step reads (normed when ``norm_output``).
@@ -229,7 +232,8 @@ class Eagle3Head(nn.Module):
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         t, s = q.shape[2], k.shape[2]
-        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
+        if mask is None:
+            mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
         attended = F.scaled_dot_product_attention(q, layer.expand_kv(k), layer.expand_kv(v),
                                                   attn_mask=mask)
         out = layer.finish(attended, residual)
@@ -400,6 +404,83 @@ class Eagle3Drafter:
             position += 1
         self._past = past
         return sampler.proposal(self.name)
+
+    @torch.inference_mode()
+    def propose_tree(self, context: list[int], shape: TreeShape) -> DraftTree:
+        """A greedy draft tree of ``shape`` (``core.tree``): at each node, the head's tokens of
+        the ranks the shape asks for, each continued on its own branch. The nodes of one depth
+        are stepped in one head call with tree attention (each sees the real positions and its
+        own ancestors), so a tree of depth d costs d head calls, as a chain of d tokens.
+
+        Raises:
+            RuntimeError: no target features were observed since the last round.
+        """
+        if not self._pending:
+            raise RuntimeError("EAGLE-3 drafter: no new target features since the last round")
+        logits = self._catch_up(context)  # (Vd,) at the last real position
+        paths, parents = shape.paths, shape.parents()
+        ids: list[int] = [0] * len(paths)
+        by_depth: dict[int, list[int]] = {}
+        for i, p in enumerate(paths):
+            by_depth.setdefault(len(p), []).append(i)
+        has_children = {parents[i] for i in range(len(paths))}
+        # the logits each expanded node (and the root, -1) gives its children
+        node_logits: dict[int, torch.Tensor] = {-1: logits}
+        node_out: dict[int, torch.Tensor] = {-1: self._last_out.reshape(1, -1)}
+        row_of: dict[int, int] = {}  # node -> its row in the head's draft rows (from n_real)
+        hidden_past = self._past
+        for depth in range(1, shape.depth + 1):
+            nodes = by_depth.get(depth, [])
+            # choose each node's token from its parent's logits
+            wanted: dict[int, list[int]] = {}
+            for i in nodes:
+                wanted.setdefault(parents[i], []).append(i)
+            for parent, kids in wanted.items():
+                top = max(paths[i][-1] for i in kids) + 1
+                order = node_logits[parent].float().topk(min(top, node_logits[parent].numel())).indices
+                order = self._ids[order].tolist()
+                for i in kids:
+                    r = paths[i][-1]
+                    ids[i] = order[r] if r < len(order) else order[-1]
+            expand = [i for i in nodes if i in has_children]
+            if not expand:
+                continue
+            first_row = len(row_of)
+            for j, i in enumerate(expand):
+                row_of[i] = first_row + j
+            hidden = torch.cat([node_out[parents[i]] for i in expand])  # (T, H)
+            position = self._n_real + depth - 1
+            n_rows = first_row + len(expand)
+            anc = []
+            for i in expand:  # rows of its expanded ancestors and itself
+                bits, a = 0, i
+                while a >= 0:
+                    if a in row_of:
+                        bits |= 1 << row_of[a]
+                    a = parents[a]
+                anc.append(bits)
+            if self.stepper is not None:
+                out, lg = self.stepper.step(hidden, [ids[i] for i in expand],
+                                            self._n_real + first_row, len(expand),
+                                            tree=([position] * len(expand), anc, self._n_real))
+            else:
+                t = len(expand)
+                mask = torch.zeros(t, self._n_real + n_rows, dtype=torch.bool)
+                mask[:, :self._n_real] = True
+                for j, bits in enumerate(anc):
+                    for r in range(n_rows):
+                        if (bits >> r) & 1:
+                            mask[j, self._n_real + r] = True
+                dev = hidden.device
+                out3, lg3, hidden_past = self.head.step(
+                    hidden.unsqueeze(0), torch.tensor([[ids[i] for i in expand]], device=dev),
+                    torch.full((1, t), position, device=dev), hidden_past, mask.to(dev))
+                out, lg = out3[0], lg3[0]
+            for j, i in enumerate(expand):
+                node_out[i] = out[j:j + 1]
+                node_logits[i] = lg[j]
+        self._past = hidden_past
+        return DraftTree(ids, parents, source=self.name)
 
     def feedback(self, n_accepted: int) -> None:
         pass

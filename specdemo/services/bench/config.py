@@ -8,6 +8,7 @@ from typing import Iterable, Iterator
 
 from ..prompts import TASKS
 from ...core.stats import count_positions
+from ...core.tree import TreeShape
 
 ENGINES = ("specdemo", "transformers")
 DIGITS = 4  # decimals kept for every float written out
@@ -29,6 +30,7 @@ class BenchConfig:
         concurrency: request counts for the concurrency sweep (empty = skip it).
         reference: also run transformers' generate() on the same model object.
         system: optional system prompt.
+        tree: a draft tree shape for the learned drafter's rounds (``core.tree``), or None.
     """
 
     tasks: tuple[str, ...] = TASKS
@@ -41,6 +43,7 @@ class BenchConfig:
     concurrency: tuple[int, ...] = ()
     reference: bool = True
     system: str | None = None
+    tree: TreeShape | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -68,7 +71,7 @@ class BenchConfig:
     def settings(self, draft_length: int | str = 4):
         from ..pipeline import DecodeSettings
         return DecodeSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                              seed=self.seed, draft_length=draft_length)
+                              seed=self.seed, draft_length=draft_length, tree=self.tree)
 
 
 def parse_draft_lengths(text: str) -> tuple[int | str, ...]:

@@ -15,7 +15,7 @@ from ...core.stats import ratio
 
 
 def evaluate(pipes: dict, prompts: list[dict], k: int = 4, max_new_tokens: int = 96,
-             plain: bool = False) -> dict:
+             plain: bool = False, tree=None) -> dict:
     """{drafter: {"mean_acceptance_length", "acceptance_rate", "per_position_acceptance",
     "tokens_per_s", "draft_s_per_round", "draft_s_per_token", "prompts", ...}} pooled over
     ``prompts`` (greedy, draft length k).
@@ -30,9 +30,10 @@ def evaluate(pipes: dict, prompts: list[dict], k: int = 4, max_new_tokens: int =
     Args:
         pipes: {name: pipeline.Pipeline} (same target, different drafters).
         prompts: rows {"task", "prompt"}.
+        tree: a draft tree shape (``core.tree``) for the learned drafters' rounds, or None.
     """
     from ..pipeline import DecodeSettings
-    settings = DecodeSettings(max_new_tokens=max_new_tokens, draft_length=k)
+    settings = DecodeSettings(max_new_tokens=max_new_tokens, draft_length=k, tree=tree)
     out = {}
     if plain:
         pipes = {"plain": next(iter(pipes.values())), **pipes}

@@ -1,0 +1,58 @@
+"""Mean acceptance length per target step from tree_sim.py's ranks: chain k and static trees.
+A tree is a set of rank tuples (r1..rd); a round accepts the longest prefix of the true ranks
+that is a node. Trees are built greedily (Sequoia/Medusa): add the most frequent rank-prefix
+among the calibration anchors until the node budget is used.
+    python tree_eval.py RANKS.json
+"""
+import json, sys
+from collections import Counter
+res = json.load(open(sys.argv[1]))
+
+def accept(rk, tree):
+    n = 0
+    for j in range(len(rk)):
+        if tuple(rk[:j + 1]) in tree:
+            n = j + 1
+        else:
+            break
+    return n
+
+def mal(seqs, tree):
+    toks = steps = 0
+    for s in seqs:
+        L = s["prompt_len"] + 1
+        while str(L) in s["ranks"] and L < s["n"]:
+            a = accept(s["ranks"][str(L)], tree)
+            a = min(a, s["n"] - L - 1) if s["n"] - L - 1 >= 0 else 0
+            toks += a + 1; steps += 1; L += a + 1
+    return toks / max(steps, 1)
+
+def build(seqs_list, budget, depth=5, maxrank=8):
+    c = Counter()
+    for seqs in seqs_list:
+        for s in seqs:
+            for rk in s["ranks"].values():
+                for j in range(min(len(rk), depth)):
+                    if rk[j] >= maxrank: break
+                    c[tuple(rk[:j + 1])] += 1
+    tree = set()
+    cands = sorted(c.items(), key=lambda kv: -kv[1])
+    for node, _ in cands:
+        if len(tree) >= budget: break
+        if len(node) == 1 or node[:-1] in tree:
+            tree.add(node)
+    return tree
+
+chain = lambda k: {tuple([0] * j) for j in range(1, k + 1)}
+tasks = list(res)
+calib_all = [res[t]["calib"] for t in tasks]
+print("task   chain4 chain5 | tree8  tree12 tree16 tree24 (calib all tasks) | tree16 own task")
+for t in tasks:
+    ev = res[t]["eval"]
+    row = [mal(ev, chain(4)), mal(ev, chain(5))]
+    row += [mal(ev, build(calib_all, b)) for b in (8, 12, 16, 24)]
+    row += [mal(ev, build([res[t]["calib"]], 16))]
+    print(t.ljust(8), " ".join(f"{x:.2f}" for x in row))
+for b in (8, 12, 16):
+    tr = build(calib_all, b)
+    print(b, sorted(tr, key=lambda x: (len(x), x)))

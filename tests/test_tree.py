@@ -1,0 +1,157 @@
+"""Draft trees (core.tree): shapes, tree attention in the target forwards (transformers and the
+native C forward) against separate causal forwards of each branch, the head's tree steps against
+chains, and greedy decoding with trees equal to plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdemo.core.drafters.combined import CombinedDrafter
+from specdemo.core.drafters.eagle import Eagle3Drafter
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.core.policy import FixedDraftLength, make_policy
+from specdemo.core.sampling import SamplingParams
+from specdemo.core.tree import (DraftTree, TreeShape, build_shape, chain_shape, parse_shape,
+                                verify_tree_greedy)
+from specdemo.models import native_backend as nb
+from tiny import CharTokenizer, tiny_eagle, tiny_llama
+
+try:
+    nb.library()
+    NO_LIBRARY = None
+except nb.NativeError as exc:
+    NO_LIBRARY = str(exc)
+needs_library = pytest.mark.skipif(NO_LIBRARY is not None, reason=f"{NO_LIBRARY}")
+
+PROMPT = CharTokenizer().encode("speculative decoding, made visible")
+SHAPE = parse_shape("0;1;2;0.0;0.1;1.0;0.0.0;0.0.1;0.0.0.0")
+
+
+def _bf16_valued(module):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return module
+
+
+@pytest.fixture(scope="module")
+def target():
+    return _bf16_valued(tiny_llama(seed=3, layers=3, hidden=64))
+
+
+def test_shapes_are_checked_and_built_from_counts():
+    assert chain_shape(3).paths == ((0,), (0, 0), (0, 0, 0))
+    assert SHAPE.parents() == [-1, -1, -1, 0, 0, 1, 3, 3, 6]
+    assert SHAPE.depth == 4 and SHAPE.size == 9
+    for bad, why in (("0;0.0.1", "before its parent"), ("0;0", "twice"), ("", "at least one"),
+                     ("0;x", "paths of ranks")):
+        with pytest.raises(ValueError, match=why):
+            parse_shape(bad)
+    counts = {(0,): 50, (1,): 20, (0, 0): 30, (2,): 5, (1, 0): 12, (0, 1): 4, (5, 0): 40}
+    built = build_shape(counts, 4)
+    # (5, 0) is frequent but its parent (5,) never was: not a tree node
+    assert built.paths == ((0,), (1,), (0, 0), (1, 0))
+
+
+def test_verification_walks_the_targets_greedy_choices():
+    tree = DraftTree(ids=[7, 8, 9, 4], parents=[-1, -1, 0, 1])  # rows 1..4
+    # root -> 8 (row 2) -> 4 (row 4) -> bonus 11
+    assert verify_tree_greedy(tree, [8, 0, 4, 0, 11]) == ([2, 4], 11)
+    # root -> 7 (row 1) -> target wants 5, not 9: correction 5
+    assert verify_tree_greedy(tree, [7, 5, 0, 0, 0]) == ([1], 5)
+    assert verify_tree_greedy(tree, [3, 0, 0, 0, 0]) == ([], 3)
+    depth, anc = tree.rows()
+    assert depth == [0, 1, 1, 2, 2]
+    assert anc == [0b1, 0b11, 0b101, 0b1011, 0b10101]
+
+
+def _branch_logits(model_kv_factory, prefix, branch):
+    kv = model_kv_factory()
+    return kv.forward(prefix + branch, len(branch))
+
+
+@pytest.mark.parametrize("backend", ["transformers",
+                                     pytest.param("native", marks=needs_library)])
+def test_tree_forward_equals_each_branch_fed_causally_and_keeps_the_accepted_rows(target,
+                                                                                 backend):
+    if backend == "native":
+        nm = nb.NativeModel(target, kernel="fma")
+        factory = lambda: nb.NativeKV(nm)  # noqa: E731
+    else:
+        factory = lambda: KVModel(target)  # noqa: E731
+    prefix = PROMPT[:-1]
+    tree = DraftTree(ids=[7, 8, 9, 4, 12], parents=[-1, -1, 0, 1, 3])
+    kv = factory()
+    kv.forward(prefix)
+    depth, anc = tree.rows()
+    logits, feats = kv.forward_tree([PROMPT[-1]] + tree.ids, depth, anc, (0, 2))
+    assert logits.shape[0] == 6 and feats.shape == (6, 2 * 64)
+    # every row's logits equal those of its branch fed as an ordinary causal sequence
+    for row in range(6):
+        branch, r = [], row
+        while r > 0:
+            branch.insert(0, tree.ids[r - 1])
+            r = tree.parents[r - 1] + 1
+        want = _branch_logits(factory, prefix, [PROMPT[-1]] + branch)[-1]
+        assert torch.allclose(logits[row], want, atol=1e-4), row
+    # keep the branch root -> 8 -> 4 -> 12 (rows 0, 2, 4, 5); the cache is then the sequence's
+    kv.keep_rows(len(prefix), [0, 2, 4, 5])
+    assert kv.length == len(prefix) + 4
+    after = kv.forward([3], 1)[-1]
+    want = _branch_logits(factory, prefix, [PROMPT[-1], 8, 4, 12, 3])[-1]
+    assert torch.allclose(after, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("stepper", ["torch", pytest.param("native", marks=needs_library)])
+def test_a_tree_holds_the_chain_the_head_would_draft(target, stepper):
+    """The rank-0 branch of a tree is the head's greedy chain, node for node."""
+    head = _bf16_valued(tiny_eagle(target, 20, seed=1))
+    kv = KVModel(target)
+    _, feats = kv.forward_features(PROMPT, 1, head.feature_layers)
+
+    def drafter():
+        d = Eagle3Drafter(head, 32, stepper=nb.NativeEagleHead(head, kernel="fma")
+                          if stepper == "native" else None)
+        d.observe(feats)
+        return d
+
+    context = PROMPT + [5]
+    chain = drafter().propose(context, 4, SamplingParams(), None).ids
+    tree = drafter().propose_tree(context, SHAPE)
+    zero = [i for i, p in enumerate(SHAPE.paths) if set(p) == {0}]
+    assert [tree.ids[i] for i in zero] == chain
+    # siblings differ: the second and third guesses are other tokens
+    assert len({tree.ids[0], tree.ids[1], tree.ids[2]}) == 3
+
+
+@pytest.mark.parametrize("backend", ["transformers",
+                                     pytest.param("native", marks=needs_library)])
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+@pytest.mark.parametrize("stack", [False, True])
+def test_greedy_decoding_with_trees_equals_plain(target, backend, policy, stack):
+    nm = nb.NativeModel(target, kernel="fma") if backend == "native" else None
+    factory = (lambda: nb.NativeKV(nm)) if nm else (lambda: KVModel(target))  # noqa: E731
+    plain = generate(factory(), PROMPT, CharTokenizer(), max_new_tokens=40)
+    head = _bf16_valued(tiny_eagle(target, 20, seed=1))
+    stepper = nb.NativeEagleHead(head, kernel="fma") if nm else None
+    drafter = Eagle3Drafter(head, 32, stepper=stepper)
+    if stack:
+        drafter = CombinedDrafter(drafter)
+    pol = (make_policy("auto", {n: 1.0 for n in range(1, 18)}) if policy == "auto"
+           else FixedDraftLength(4))
+    spec = generate(factory(), PROMPT, CharTokenizer(), drafter=drafter, policy=pol,
+                    max_new_tokens=40, tree=SHAPE)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.tree == SHAPE.describe() and spec.stats.tree_rounds > 0
+    assert spec.stats.target_forwards < plain.stats.target_forwards or spec.stats.accepted == 0
+    assert len(spec.stats.per_position_acceptance) <= SHAPE.depth
+
+
+def test_sampling_keeps_the_chain(target):
+    head = tiny_eagle(target, 20, seed=1)
+    params = SamplingParams(temperature=0.8, seed=1)
+    out = generate(KVModel(target), PROMPT, CharTokenizer(), drafter=Eagle3Drafter(head, 32),
+                   policy=FixedDraftLength(3), params=params, max_new_tokens=20, tree=SHAPE)
+    assert out.stats.tree is None and out.stats.tree_rounds == 0 and out.stats.drafted > 0
