@@ -25,7 +25,7 @@ from .policy import DraftLengthPolicy, FixedDraftLength
 from .sampling import (Generators, SamplingParams, choose, next_token_probs, penalize, verify,
                        verify_greedy)
 from .stats import DecodeStats
-from .tree import TreeShape, verify_tree_greedy
+from .tree import TreeOrChain, TreeShape, verify_tree_greedy
 
 
 @dataclass
@@ -214,7 +214,8 @@ def decode(
     layers = wants_features(drafter)
     tree = tree if tree_usable(tree, drafter, target, params) else None
     stats.tree = tree.describe() if tree is not None else None
-    tree_rate: float | None = None  # measured tokens a second of the tree rounds
+    # under auto the tree is kept only while it is faster than the chain here (TreeOrChain)
+    shape_choice = TreeOrChain(adaptive=hasattr(policy, "forward_time")) if tree else None
 
     def target_forward(ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(keep, V) logits and, for a drafter that reads hidden states, (len(ids), F) features."""
@@ -263,7 +264,9 @@ def decode(
                 if stacked and room > 0:
                     found = drafter.lookup(context, min(policy.max_k, room), params, generator)
                     m = policy.limit(len(found.ids), "lookup") if found is not None else 0
-                    rival = policy.best("learned")[1] if tree_rate is None else tree_rate
+                    rival = policy.best("learned")[1]
+                    if shape_choice is not None and shape_choice.use_tree():
+                        rival = shape_choice.rate() or rival
                     if m > 0 and policy.expected_rate(m, "lookup") >= rival:
                         probs = found.probs[:m] if found.probs is not None else None
                         proposal = drafter.use(Proposal(found.ids[:m], probs, found.source))
@@ -275,7 +278,8 @@ def decode(
                     if drafter.prefers(found, kk):
                         proposal = drafter.use(found)
                         k = len(proposal.ids)
-                if proposal is None and tree is not None and room > 0:
+                if (proposal is None and tree is not None and room > 0
+                        and shape_choice.use_tree()):
                     draft_tree = drafter.propose_tree(context, tree)
                 if proposal is None and draft_tree is None:
                     k = min(policy.choose(source), room) if drafter else 0
@@ -309,8 +313,7 @@ def decode(
             t2 = time.perf_counter()
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
-            rate = (len(rows) + 1) / max(t2 - t0, 1e-9)
-            tree_rate = rate if tree_rate is None else tree_rate + 0.3 * (rate - tree_rate)
+            shape_choice.record(True, len(rows) + 1, t2 - t0)
             drafter.feedback(len(rows))
             event = emit(accepted + [next_token], [True] * len(rows) + [False])
             stats.record_tree_round(len(draft_tree.ids), tree.depth, len(rows),
@@ -345,6 +348,9 @@ def decode(
                           confidence=confidence[:len(drafts)] if confidence else None,
                           n_proposed=len(proposal.ids) if proposal else 0)
             drafter.feedback(n_accepted)
+            if shape_choice is not None and drafts and source != "lookup" and (
+                    proposal is None or proposal.source != "ngram"):
+                shape_choice.record(False, n_accepted + 1, t2 - t0)
         event = emit(drafts[:n_accepted] + [next_token], [True] * n_accepted + [False])
         # Drafts after a stop point (EOS, stop string, length) count neither way.
         stats.record_round(len(drafts), n_accepted, len(event.token_ids),

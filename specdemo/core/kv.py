@@ -334,7 +334,9 @@ class KVModel:
         allowed = torch.tensor([[(a >> j) & 1 for j in range(s)] for a in anc], dtype=torch.bool)
         mask = torch.ones(s, start + s, dtype=torch.bool)
         mask[:, start:] = allowed
-        dtype = next(self.model.parameters()).dtype
+        dtype = getattr(self.model, "dtype", torch.float32)  # the compute dtype, quantised too
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            dtype = torch.float32
         bias = torch.zeros(s, start + s, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
         extra = {"output_hidden_states": list(layers)} if layers else {}
         out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True,

@@ -129,7 +129,8 @@ def build_shape(counts: dict[tuple[int, ...], int], budget: int,
 # Tuned on the shipped head (builtin:smollm2-135m-eagle3) and the built-in target: calibration
 # prompts of the held-out split, not the evaluation ones (docs/learned-drafters.md, seventeenth
 # session; docs/bench-learned-w3/session17/tree_eval.py).
-DEFAULT_PATHS = "0;1;2;0.0;0.1;1.0;0.0.0;0.0.1;0.1.0;1.0.0;0.0.0.0;0.0.0.1;0.0.0.0.0"
+DEFAULT_PATHS = ("0;1;2;3;0.0;0.1;0.2;1.0;2.0;0.0.0;0.0.1;0.1.0;1.0.0;0.0.0.0;0.0.0.1;"
+                 "0.0.1.0")
 
 
 def named_shape(value: str | None) -> TreeShape | None:
@@ -206,3 +207,51 @@ def verify_tree_greedy(tree: DraftTree, argmax: list[int]) -> tuple[list[int], i
             return path, argmax[row]
         path.append(nxt)
         row = nxt
+
+
+class TreeOrChain:
+    """Whether a learned drafter's round verifies the tree or a chain.
+
+    With a fixed draft length the user asked for the tree: always the tree. Under ``auto``
+    the tree is kept only while it is faster here: a tree raises the tokens accepted per target
+    forward, but its forward is wider (16 nodes: 17 rows), and where the target's forward costs
+    grow with its width (a CPU: 29 ms for 5 rows, 92 ms for 17, SmolLM2-135M on a 2-core AVX2
+    EPYC) that can cost more than it gains; on a GPU a forward of 17 rows costs about what one of
+    5 does. So ``auto`` measures both: tokens emitted per second of the learned drafter's tree
+    rounds and chain rounds (drafting and verification), each a running average, takes the
+    faster, and tries the other again every ``probe`` rounds.
+
+    Args:
+        adaptive: False: always the tree.
+        probe: learned rounds between two tries of the slower kind.
+    """
+
+    def __init__(self, adaptive: bool, probe: int = 12) -> None:
+        self.adaptive = adaptive
+        self.probe = probe
+        self.rates: dict[bool, float | None] = {True: None, False: None}
+        self.rounds = 0
+
+    def use_tree(self) -> bool:
+        """This learned round's kind: True for the tree."""
+        if not self.adaptive:
+            return True
+        tree, chain = self.rates[True], self.rates[False]
+        if tree is None:
+            return True
+        if chain is None:
+            return False
+        faster = tree >= chain
+        return (not faster) if self.rounds % self.probe == self.probe - 1 else faster
+
+    def rate(self) -> float | None:
+        """The measured tokens per second of the kind :meth:`use_tree` would choose now
+        (None before it has been measured)."""
+        return self.rates[self.use_tree()]
+
+    def record(self, tree: bool, tokens: int, seconds: float) -> None:
+        """One learned round: ``tokens`` emitted in ``seconds`` of drafting and verifying."""
+        self.rounds += 1
+        rate = tokens / max(seconds, 1e-9)
+        old = self.rates[tree]
+        self.rates[tree] = rate if old is None else old + 0.3 * (rate - old)

@@ -389,6 +389,12 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
                                           elem_id="draft-refused")
                     draft_length = gr.Dropdown(DRAFT_LENGTHS, value=str(start["draft_length"]),
                                                label="Draft length (k)", elem_id="draft-length")
+                    draft_tree = gr.Dropdown(["off", "default"], value="off",
+                                             label="Draft tree (EAGLE-3, greedy)",
+                                             elem_id="draft-tree",
+                                             info="verify a tree of the drafter's guesses a round "
+                                                  "instead of a chain; with auto, kept only while "
+                                                  "faster here")
                     temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
                                             elem_id="temperature")
                     top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="top-p")
@@ -407,7 +413,7 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
         race_outputs = [plain_chat, spec_chat, plain_stats, spec_stats, verdict, race_chart,
                         acceptance_chart]
         go = dict(fn=send, inputs=[prompt, system, preset, draft, draft_length, temperature, top_p,
-                                   max_new, seed, highlight, conv] + engine_inputs,
+                                   max_new, seed, highlight, conv] + engine_inputs + [draft_tree],
                   outputs=race_outputs + [conv, last_race, prompt, status], concurrency_id="device",
                   concurrency_limit=1, show_progress="hidden")
         send_btn.click(**go, api_name="send", api_visibility="undocumented")

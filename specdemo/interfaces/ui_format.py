@@ -40,6 +40,9 @@ LABELS = {
                                            "weights not shared with the target + its KV cache)"),
     "engine": ("Engine", "engine: the server that decoded this lane; its counters are the ones "
                          "it reports"),
+    "tree": ("Draft tree", "tree: the draft tree's shape, and tree_rounds of rounds: a tree "
+                           "round verifies every node and accepts one branch (with auto, "
+                           "chains where they were faster)"),
 }
 
 STATUS_TEXT = {
@@ -119,6 +122,8 @@ def counter_cells(s, speculative: bool, draft_length: int | str | None = None) -
                   ("drafted / accepted", f"{s.drafted} / {s.accepted}" if s else "–"),
                   ("draft_length", draft_length_cell(draft_length, s)),
                   ("extra_memory_bytes", fmt_bytes(s.extra_memory_bytes) if s else "–")]
+        if s is not None and s.tree:
+            cells.append(("tree", f"{s.tree}; {s.tree_rounds} of {s.rounds} rounds"))
     return cells
 
 

@@ -89,7 +89,8 @@ def _valid(check, *args, **kwargs):
         raise refusal(str(exc)) from None
 
 
-def _settings(temperature, top_p, max_new_tokens, seed, draft_length, names: dict | None = None):
+def _settings(temperature, top_p, max_new_tokens, seed, draft_length, names: dict | None = None,
+              draft_tree: str | None = None):
     """DecodeSettings from the controls' (or the API's) values, each checked with its field
     named in the message (seed -1 = random, draft length "auto" or 1..64).
 
@@ -103,7 +104,13 @@ def _settings(temperature, top_p, max_new_tokens, seed, draft_length, names: dic
     names = {"temperature": "temperature", "top_p": "top-p", "max_new_tokens": "max new tokens",
              "seed": "seed", "draft_length": "draft length", **(names or {})}
     seed = _valid(inputs.number, names["seed"], -1 if seed in (None, "") else seed, integer=True)
+    from ..core.tree import named_shape
+    try:
+        tree = named_shape(draft_tree)
+    except ValueError as exc:
+        raise refusal(f"{names.get('draft_tree', 'draft tree')}: {exc}") from None
     return DecodeSettings(
+        tree=tree,
         max_new_tokens=_valid(inputs.number, names["max_new_tokens"], max_new_tokens, minimum=1,
                               integer=True),
         temperature=_valid(inputs.number, names["temperature"], temperature, minimum=0),
@@ -227,11 +234,12 @@ def _only_changed(before: tuple | None, after: tuple) -> tuple:
 
 def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, max_new_tokens,
          seed, highlight, conv, request: gr.Request, engines=None, plain_endpoint="",
-         spec_endpoint="", endpoint_model="", key_env="", allow_remote=False):
+         spec_endpoint="", endpoint_model="", key_env="", allow_remote=False, draft_tree="off"):
     """Race the prompt through both panes; yields the page's outputs as the race goes. With
     Engines set to servers, a lane with an endpoint URL streams from that server."""
     _check_prompt(prompt, system)
-    settings = _settings(temperature, top_p, max_new_tokens, seed, draft_length)
+    settings = _settings(temperature, top_p, max_new_tokens, seed, draft_length,
+                         draft_tree=draft_tree)
     endpoints = _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_env,
                                 allow_remote, preset_name)
     engine_imports()
@@ -293,7 +301,7 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
              draft_length: str | int | None = None, plain_endpoint: str | None = None,
              spec_endpoint: str | None = None, endpoint_model: str | None = None,
              endpoint_key_env: str | None = None, allow_remote_endpoint: bool = False,
-             request: gr.Request = None) -> dict:
+             draft_tree: str | None = None, request: gr.Request = None) -> dict:
     """Race one prompt: plain, then speculative, each alone; returns both results.
 
     Args:
@@ -308,6 +316,9 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         endpoint_model: the model to request (default: the server's first).
         endpoint_key_env: name of the app's environment variable holding the API key.
         allow_remote_endpoint: allow an endpoint that is not on this machine.
+        draft_tree: "off" (default), "default" or rank paths (``core.tree``): the EAGLE-3
+            drafter's rounds verify a tree of its guesses (greedy only); the pane's
+            ``tree`` and ``tree_rounds`` say whether it was used.
     Returns:
         {"plain": {...}, "speculative": {...}, "speedup": x, "speedup_note": None,
         "identical": bool, "first_divergence": i, "warnings": [...], "lossless_expected": bool or
@@ -334,7 +345,8 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     pairing = _pairing(preset)
     k = draft_length if draft_length not in (None, "") else pairing["draft_length"]
     settings = _settings(temperature, 1.0, max_new_tokens, -1, k,
-                         names={"max_new_tokens": "max_new_tokens", "draft_length": "draft_length"})
+                         names={"max_new_tokens": "max_new_tokens", "draft_length": "draft_length",
+                                "draft_tree": "draft_tree"}, draft_tree=draft_tree)
     if draft not in (None, ""):  # text checks first, as the command line's flags
         _valid(inputs.draft, "draft", draft)
     endpoints = _lane_endpoints(None, plain_endpoint, spec_endpoint, endpoint_model,
