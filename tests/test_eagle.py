@@ -170,25 +170,53 @@ class _Wrong:
     extra_memory_bytes = 0
 
 
+class _Clock:
+    """A fake ``time`` for the engine: seconds pass only where a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
 class _SlowWrong(_Wrong):
-    """Wrong and dear: 20 ms a drafted token, ten target forwards' worth."""
+    """Wrong and dear: 20 ms a drafted token, ten target forwards' worth (on ``clock``)."""
+
+    def __init__(self, clock: _Clock) -> None:
+        super().__init__()
+        self.clock = clock
 
     def propose(self, context, k, params, generator):
-        import time
-        time.sleep(0.02 * k)
+        self.clock.now += 0.02 * k
         return super().propose(context, k, params, generator)
 
 
-def test_auto_weighs_prompt_lookup_apart_from_a_dear_learned_drafter(target):
+class _TimedKV(KVModel):
+    """A target whose forwards take 2 ms + 0.2 ms a token on ``clock``."""
+
+    def __init__(self, model, clock: _Clock) -> None:
+        super().__init__(model)
+        self.clock = clock
+
+    def _run(self, ids, keep, layers):
+        self.clock.now += 0.002 + 0.0002 * len(ids)
+        return super()._run(ids, keep, layers)
+
+
+def test_auto_weighs_prompt_lookup_apart_from_a_dear_learned_drafter(target, monkeypatch):
     """Under auto, prompt lookup's drafts are judged at their own cost and acceptance: a learned
     drafter that accepts nothing at 20 ms a token must not stop free lookup drafts that are
     accepted (on an AVX2 CPU, head + ngram on auto drafted almost nothing where ngram alone ran
     at 1.20x). Lossless either way."""
     from specdemo.core.drafters.combined import CombinedDrafter
     from specdemo.core.policy import AdaptiveDraftLength
-    tok, kv = CharTokenizer(), KVModel(target)
+    from specdemo.core import engine
+    clock = _Clock()  # the engine's clock: the same figures however busy the machine is
+    monkeypatch.setattr(engine, "time", clock)
+    tok, kv = CharTokenizer(), _TimedKV(target, clock)
     plain = generate(kv, PROMPT, tok, max_new_tokens=96)  # falls into a greedy loop
-    learned = _SlowWrong()
+    learned = _SlowWrong(clock)
     policy = AdaptiveDraftLength(forward_s={n: 0.002 + 0.0002 * n for n in range(1, 18)})
     spec = generate(kv, PROMPT, tok, drafter=CombinedDrafter(learned, name="wrong+ngram"),
                     policy=policy, max_new_tokens=96)
