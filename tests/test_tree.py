@@ -164,25 +164,28 @@ def test_auto_keeps_the_faster_kind_and_tries_the_other_again():
     fixed.record(True, 1, 10.0)
     fixed.record(False, 5, 0.1)
     assert fixed.use_tree()  # asked for: always the tree
-    auto = TreeOrChain(adaptive=True, probe=4)
+    auto = TreeOrChain(adaptive=True, probe=4, max_probe=16)
     assert auto.use_tree()  # first the tree is measured
     auto.record(True, 3, 0.10)  # 30 tokens/s
     assert not auto.use_tree()  # then the chain
     auto.record(False, 2, 0.04)  # 50 tokens/s: the chain is faster
     kinds = []
-    for _ in range(8):
+    for _ in range(40):
         kind = auto.use_tree()
         kinds.append(kind)
         auto.record(kind, 2 if not kind else 3, 0.04 if not kind else 0.10)
-    assert kinds.count(True) == 2 and kinds.count(False) == 6  # the tree re-tried every 4th
+    tried = [i for i, kind in enumerate(kinds) if kind]
+    # the losing tree is tried again after 4, then 8, then 16 (the longest wait) chain rounds
+    assert [b - a - 1 for a, b in zip(tried, tried[1:])] == [8, 16]
     assert auto.rate() == pytest.approx(50.0)
     for _ in range(12):  # the tree becomes faster (a GPU: a wide forward costs no more)
         auto.record(True, 3, 0.03)  # 100 tokens/s
     kinds = []
-    for _ in range(8):
-        kinds.append(auto.use_tree())
-        auto.rounds += 1
-    assert kinds.count(True) == 6 and kinds.count(False) == 2
+    for _ in range(10):
+        kind = auto.use_tree()
+        kinds.append(kind)
+        auto.record(kind, 3 if kind else 2, 0.03 if kind else 0.04)
+    assert kinds.count(True) >= 8  # the chain, now the slower, only re-tried
 
 
 def test_the_page_and_api_take_a_tree_and_show_it():

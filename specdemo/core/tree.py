@@ -219,18 +219,24 @@ class TreeOrChain:
     EPYC) that can cost more than it gains; on a GPU a forward of 17 rows costs about what one of
     5 does. So ``auto`` measures both: tokens emitted per second of the learned drafter's tree
     rounds and chain rounds (drafting and verification), each a running average, takes the
-    faster, and tries the other again every ``probe`` rounds.
+    faster, and tries the other again after ``probe`` rounds; each try that loses doubles the
+    wait (up to ``max_probe``), so a tree that never pays here costs a few dear rounds, not one
+    in twelve.
 
     Args:
         adaptive: False: always the tree.
-        probe: learned rounds between two tries of the slower kind.
+        probe: learned rounds before the first re-try of the slower kind.
+        max_probe: the longest wait between two re-tries.
     """
 
-    def __init__(self, adaptive: bool, probe: int = 12) -> None:
+    def __init__(self, adaptive: bool, probe: int = 12, max_probe: int = 96) -> None:
         self.adaptive = adaptive
         self.probe = probe
+        self.max_probe = max_probe
         self.rates: dict[bool, float | None] = {True: None, False: None}
         self.rounds = 0
+        self._since = 0  # learned rounds since the slower kind was last tried
+        self._wait = probe
 
     def use_tree(self) -> bool:
         """This learned round's kind: True for the tree."""
@@ -242,7 +248,7 @@ class TreeOrChain:
         if chain is None:
             return False
         faster = tree >= chain
-        return (not faster) if self.rounds % self.probe == self.probe - 1 else faster
+        return (not faster) if self._since >= self._wait else faster
 
     def rate(self) -> float | None:
         """The measured tokens per second of the kind :meth:`use_tree` would choose now
@@ -252,6 +258,17 @@ class TreeOrChain:
     def record(self, tree: bool, tokens: int, seconds: float) -> None:
         """One learned round: ``tokens`` emitted in ``seconds`` of drafting and verifying."""
         self.rounds += 1
+        leader = self._leader()
         rate = tokens / max(seconds, 1e-9)
         old = self.rates[tree]
         self.rates[tree] = rate if old is None else old + 0.3 * (rate - old)
+        if leader is None or tree == leader:
+            self._since += 1
+            return
+        self._since = 0  # the slower kind was tried: wait longer if it is still the slower
+        self._wait = self.probe if self._leader() == tree else min(2 * self._wait,
+                                                                   self.max_probe)
+
+    def _leader(self) -> bool | None:
+        tree, chain = self.rates[True], self.rates[False]
+        return None if tree is None or chain is None else tree >= chain
