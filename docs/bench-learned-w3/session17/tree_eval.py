@@ -2,11 +2,11 @@
 A tree is a set of rank tuples (r1..rd); a round accepts the longest prefix of the true ranks
 that is a node. Trees are built greedily (Sequoia/Medusa): add the most frequent rank-prefix
 among the calibration anchors until the node budget is used.
-    python tree_eval.py RANKS.json
+    python tree_eval.py RANKS.json   (this session's: ranks.json.gz; chat has calib rows only)
 """
-import json, sys
+import gzip, json, sys
 from collections import Counter
-res = json.load(open(sys.argv[1]))
+res = json.load((gzip.open if sys.argv[1].endswith(".gz") else open)(sys.argv[1], "rt"))
 
 def accept(rk, tree):
     n = 0
@@ -45,13 +45,15 @@ def build(seqs_list, budget, depth=5, maxrank=8):
 
 chain = lambda k: {tuple([0] * j) for j in range(1, k + 1)}
 tasks = list(res)
-calib_all = [res[t]["calib"] for t in tasks]
+calib_all = [res[t]["calib"] for t in tasks if "calib" in res[t]]
 print("task   chain4 chain5 | tree8  tree12 tree16 tree24 (calib all tasks) | tree16 own task")
 for t in tasks:
+    if "eval" not in res[t]:
+        continue
     ev = res[t]["eval"]
     row = [mal(ev, chain(4)), mal(ev, chain(5))]
     row += [mal(ev, build(calib_all, b)) for b in (8, 12, 16, 24)]
-    row += [mal(ev, build([res[t]["calib"]], 16))]
+    row += [mal(ev, build([res[t]["calib"]], 16))] if "calib" in res[t] else []
     print(t.ljust(8), " ".join(f"{x:.2f}" for x in row))
 for b in (8, 12, 16):
     tr = build(calib_all, b)
