@@ -27,7 +27,7 @@ def mal(seqs, tree):
             toks += a + 1; steps += 1; L += a + 1
     return toks / max(steps, 1)
 
-def build(seqs_list, budget, depth=5, maxrank=8):
+def build(seqs_list, budget, depth=4, maxrank=8):
     c = Counter()
     for seqs in seqs_list:
         for s in seqs:
@@ -46,13 +46,13 @@ def build(seqs_list, budget, depth=5, maxrank=8):
 chain = lambda k: {tuple([0] * j) for j in range(1, k + 1)}
 tasks = list(res)
 calib_all = [res[t]["calib"] for t in tasks if "calib" in res[t]]
-print("task   chain4 chain5 | tree8  tree12 tree16 tree24 (calib all tasks) | tree16 own task")
+print("task   chain4 chain5 | tree4 tree8 tree12 tree16 tree24 (depth 4, calib all tasks) | tree16 own task")
 for t in tasks:
     if "eval" not in res[t]:
         continue
     ev = res[t]["eval"]
     row = [mal(ev, chain(4)), mal(ev, chain(5))]
-    row += [mal(ev, build(calib_all, b)) for b in (8, 12, 16, 24)]
+    row += [mal(ev, build(calib_all, b)) for b in (4, 8, 12, 16, 24)]
     row += [mal(ev, build([res[t]["calib"]], 16))] if "calib" in res[t] else []
     print(t.ljust(8), " ".join(f"{x:.2f}" for x in row))
 for b in (8, 12, 16):
