@@ -155,7 +155,33 @@ def test_sampling_keeps_the_chain(target):
     params = SamplingParams(temperature=0.8, seed=1)
     out = generate(KVModel(target), PROMPT, CharTokenizer(), drafter=Eagle3Drafter(head, 32),
                    policy=FixedDraftLength(3), params=params, max_new_tokens=20, tree=SHAPE)
-    assert out.stats.tree is None and out.stats.tree_rounds == 0 and out.stats.drafted > 0
+    assert out.stats.tree_rounds == 0 and out.stats.drafted > 0
+    assert out.stats.tree == "not used: sampling keeps the chain (trees are verified greedily only)"
+
+
+def test_a_drafter_or_target_without_trees_keeps_the_chain_and_says_why(target):
+    from specdemo.core.drafters.ngram import NgramDrafter
+    out = generate(KVModel(target), PROMPT, CharTokenizer(), drafter=NgramDrafter(),
+                   policy=FixedDraftLength(3), max_new_tokens=20, tree=SHAPE)
+    assert out.stats.tree_rounds == 0 and out.stats.tree.startswith("not used: the drafter")
+
+    class NoTrees:  # a target backend without tree attention (ggml, int8)
+        def __init__(self, kv):
+            self.kv = kv
+            self.device, self.backend = kv.device, "ggml"
+
+        def __getattr__(self, name):
+            if name in ("forward_tree", "keep_rows"):
+                raise AttributeError(name)
+            return getattr(self.kv, name)
+
+    head = tiny_eagle(target, 20, seed=1)
+    plain = generate(KVModel(target), PROMPT, CharTokenizer(), max_new_tokens=20)
+    out = generate(NoTrees(KVModel(target)), PROMPT, CharTokenizer(),
+                   drafter=Eagle3Drafter(head, 32), policy=FixedDraftLength(3),
+                   max_new_tokens=20, tree=SHAPE)
+    assert out.token_ids == plain.token_ids and out.stats.tree_rounds == 0
+    assert out.stats.tree == "not used: the target's ggml forward has no tree attention"
 
 
 def test_auto_keeps_the_faster_kind_and_tries_the_other_again():

@@ -212,8 +212,10 @@ def decode(
         return _argmax_rows(rows)
 
     layers = wants_features(drafter)
-    tree = tree if tree_usable(tree, drafter, target, params) else None
-    stats.tree = tree.describe() if tree is not None else None
+    if tree is not None:
+        why_not = tree_unusable_reason(drafter, target, params)
+        stats.tree = f"not used: {why_not}" if why_not else tree.describe()
+        tree = None if why_not else tree
     # under auto the tree is kept only while it is faster than the chain here (TreeOrChain)
     shape_choice = TreeOrChain(adaptive=hasattr(policy, "forward_time")) if tree else None
 
@@ -372,12 +374,20 @@ def _argmax_rows(rows: torch.Tensor) -> list[int]:
     return rows.argmax(-1).tolist()
 
 
-def tree_usable(tree: TreeShape | None, drafter, target, params: SamplingParams) -> bool:
-    """Whether ``decode`` can verify ``tree`` rounds exactly here (see its ``tree``)."""
-    return (tree is not None and drafter is not None and params.greedy
-            and params.repetition_penalty == 1.0
-            and (hasattr(drafter, "propose_tree") and getattr(drafter, "drafts_trees", True))
-            and hasattr(target, "forward_tree"))
+def tree_unusable_reason(drafter, target, params: SamplingParams) -> str | None:
+    """Why ``decode`` cannot verify draft-tree rounds here (see its ``tree``), or None."""
+    if drafter is None:
+        return "no drafter"
+    if not params.greedy:
+        return "sampling keeps the chain (trees are verified greedily only)"
+    if params.repetition_penalty != 1.0:
+        return "a repetition penalty keeps the chain"
+    if not (hasattr(drafter, "propose_tree") and getattr(drafter, "drafts_trees", True)):
+        return f"the drafter {getattr(drafter, 'name', '')} drafts chains only (trees: EAGLE-3)"
+    if not hasattr(target, "forward_tree"):
+        backend = getattr(target, "backend", None) or type(target).__name__
+        return f"the target's {backend} forward has no tree attention"
+    return None
 
 
 def _asker(policy, k: int, source: str | None):

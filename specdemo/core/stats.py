@@ -73,8 +73,9 @@ class DecodeStats:
         not_reported: names of the counters above that the engine does not report; each is
             None (never estimated) and is shown as "not reported by this engine". Empty for
             our engine.
-        tree: the draft tree's shape when the run verified draft trees (``core.tree``), else
-            None. A tree round verifies all its nodes (``drafted``) and accepts one branch
+        tree: the draft tree's shape when the run was asked to verify draft trees
+            (``core.tree``), or ``"not used: <why>"`` when it could not here; None when not
+            asked. A tree round verifies all its nodes (``drafted``) and accepts one branch
             (``accepted``); per-position counters count depths.
         tree_rounds: rounds that verified a draft tree (the others were chains).
     """

@@ -489,7 +489,9 @@ def format_stats(label: str, s, draft_length: int | str | None = None) -> str:
                      f"verify_s={s.verify_s:.2f} extra_memory_bytes={s.extra_memory_bytes}")
     if draft_length is not None:
         lines.append(f"    draft_length={draft_length_text(draft_length, s)}")
-    if getattr(s, "tree", None):
+    if getattr(s, "tree", None) and s.tree.startswith("not used"):
+        lines.append(f"    draft_tree={s.tree}")
+    elif getattr(s, "tree", None):
         lines.append(f"    draft_tree={s.tree} (tree rounds: {s.tree_rounds} of {s.rounds}; a "
                      "tree round verifies every node and accepts one branch)")
     return "\n".join(lines)

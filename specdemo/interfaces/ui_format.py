@@ -123,7 +123,8 @@ def counter_cells(s, speculative: bool, draft_length: int | str | None = None) -
                   ("draft_length", draft_length_cell(draft_length, s)),
                   ("extra_memory_bytes", fmt_bytes(s.extra_memory_bytes) if s else "–")]
         if s is not None and s.tree:
-            cells.append(("tree", f"{s.tree}; {s.tree_rounds} of {s.rounds} rounds"))
+            cells.append(("tree", s.tree if s.tree.startswith("not used")
+                          else f"{s.tree}; {s.tree_rounds} of {s.rounds} rounds"))
     return cells
 
 
