@@ -175,7 +175,7 @@ def test_server_killed_mid_stream_is_the_lanes_error(servers):
                 break
             time.sleep(0.01)
         victim.kill()
-        race.join(120)
+        race.join(600)  # the plain lane's 2000 tokens: 36 s alone, over 120 s beside two suites
         snap = race.snapshot()
     finally:
         victim.stop()
