@@ -45,7 +45,8 @@ def test_shapes_are_checked_and_built_from_counts():
     assert chain_shape(3).paths == ((0,), (0, 0), (0, 0, 0))
     assert SHAPE.parents() == [-1, -1, -1, 0, 0, 1, 3, 3, 6]
     assert SHAPE.depth == 4 and SHAPE.size == 9
-    for bad, why in (("0;0.0.1", "before its parent"), ("0;0", "twice"), ("", "at least one"),
+    for bad, why in (("0;0.0.1", "tree path 0.0.1 needs its parent 0.0 earlier in the list"),
+                     ("0;0", "twice"), ("", "at least one"),
                      ("0;x", "paths of ranks")):
         with pytest.raises(ValueError, match=why):
             parse_shape(bad)
@@ -148,6 +149,12 @@ def test_greedy_decoding_with_trees_equals_plain(target, backend, policy, stack)
     assert spec.stats.target_forwards < plain.stats.target_forwards or spec.stats.accepted == 0
     if policy == "fixed":  # every learned round a tree: per-position counters count depths
         assert len(spec.stats.per_position_acceptance) <= SHAPE.depth
+        short = generate(factory(), PROMPT, CharTokenizer(), drafter=Eagle3Drafter(
+            head, 32, stepper=nb.NativeEagleHead(head, kernel="fma") if nm else None),
+            policy=FixedDraftLength(2), max_new_tokens=40, tree=SHAPE)
+        assert short.token_ids == plain.token_ids  # k = 2 cuts the tree to depth 2 (6 nodes)
+        assert short.stats.tree == SHAPE.cut(2).describe() and SHAPE.cut(2).size == 6
+        assert short.stats.draft_length_max <= 6
 
 
 def test_sampling_keeps_the_chain(target):
@@ -222,7 +229,7 @@ def test_the_page_and_api_take_a_tree_and_show_it():
     settings = ui_race._settings(0.0, 1.0, 8, -1, "auto", draft_tree="default")
     assert settings.tree is not None and settings.tree.name == "default"
     assert ui_race._settings(0.0, 1.0, 8, -1, "auto", draft_tree="off").tree is None
-    with pytest.raises(gr.Error, match="draft_tree: tree path"):
+    with pytest.raises(gr.Error, match="draft_tree: tree path 1.1 needs its parent 1"):
         ui_race._settings(0.0, 1.0, 8, -1, "4", names={"draft_tree": "draft_tree"},
                           draft_tree="0;1.1")
     stats = DecodeStats(drafted=16, accepted=3, rounds=2, tree_rounds=1, tree=SHAPE.describe())
@@ -240,6 +247,6 @@ def test_the_command_line_refuses_a_bad_tree_in_one_sentence(capsys, command):
         main(argv)
     assert caught.value.code == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == ("error: argument --draft-tree: tree path (1, 1) comes before its parent "
-                      "(1,) (or it has none)")
+    assert err[0] == ("error: argument --draft-tree: tree path 1.1 needs its parent 1 earlier "
+                      "in the list")
     assert err[1:] == [f"(python -m specdemo {command} --help)"]

@@ -214,6 +214,8 @@ def decode(
     layers = wants_features(drafter)
     if tree is not None:
         why_not = tree_unusable_reason(drafter, target, params)
+        if not why_not and isinstance(getattr(policy, "k", None), int):
+            tree = tree.cut(policy.k)  # a fixed draft length k: the tree's depth is at most k
         stats.tree = f"not used: {why_not}" if why_not else tree.describe()
         tree = None if why_not else tree
     # under auto the tree is kept only while it is faster than the chain here (TreeOrChain)

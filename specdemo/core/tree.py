@@ -57,9 +57,19 @@ class TreeShape:
         index = {p: i for i, p in enumerate(self.paths)}
         return [index[p[:-1]] if len(p) > 1 else -1 for p in self.paths]
 
+    def cut(self, depth: int) -> "TreeShape":
+        """The same tree without the nodes deeper than ``depth`` (>= 1)."""
+        if depth >= self.depth:
+            return self
+        return TreeShape(tuple(p for p in self.paths if len(p) <= depth), self.name)
+
     def describe(self) -> str:
         widths = [sum(1 for p in self.paths if len(p) == d) for d in range(1, self.depth + 1)]
         return f"{self.size} nodes, depth {self.depth} (per depth {'/'.join(map(str, widths))})"
+
+
+def _dotted(path) -> str:
+    return ".".join(str(r) for r in path)
 
 
 def shape_problems(paths) -> str | None:
@@ -73,9 +83,10 @@ def shape_problems(paths) -> str | None:
         if not p or any((not isinstance(r, int)) or r < 0 for r in p):
             return f"tree path {p!r} is not a non-empty tuple of ranks >= 0"
         if p in seen:
-            return f"tree path {p!r} appears twice"
+            return f"tree path {_dotted(p)} appears twice"
         if len(p) > 1 and p[:-1] not in seen:
-            return f"tree path {p!r} comes before its parent {p[:-1]!r} (or it has none)"
+            return (f"tree path {_dotted(p)} needs its parent {_dotted(p[:-1])} earlier in the "
+                    "list")
         seen.add(p)
     return None
 
