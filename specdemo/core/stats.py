@@ -174,20 +174,7 @@ class DecodeStats:
         counted_drafted, counted_accepted = n_drafted, n_accepted
         if n_emitted is not None and n_emitted <= n_accepted:
             counted_drafted = counted_accepted = n_emitted
-        self.drafted += counted_drafted
-        self.accepted += counted_accepted
-        if source and counted_drafted:
-            self.drafted_by[source] = self.drafted_by.get(source, 0) + counted_drafted
-            self.accepted_by[source] = self.accepted_by.get(source, 0) + counted_accepted
-        self.target_forwards += 1
-        self.draft_length = n_drafted
-        self.rounds += 1
-        self.draft_length_sum += n_drafted
-        self.draft_length_min = n_drafted if self.draft_length_min is None else min(
-            self.draft_length_min, n_drafted)
-        self.draft_length_max = max(self.draft_length_max or 0, n_drafted)
-        count_positions(self.position_drafted, self.position_accepted, counted_drafted,
-                        counted_accepted)
+        self._record(n_drafted, counted_drafted, counted_accepted, counted_drafted, source)
 
     def record_tree_round(self, n_nodes: int, depth: int, n_accepted: int,
                           n_emitted: int | None = None, source: str | None = None) -> None:
@@ -198,19 +185,26 @@ class DecodeStats:
         if n_emitted is not None and n_emitted <= n_accepted:
             drafted = accepted = deep = n_emitted
         self.tree_rounds += 1
+        self._record(n_nodes, drafted, accepted, deep, source)
+
+    def _record(self, verified: int, drafted: int, accepted: int, positions: int,
+                source: str | None) -> None:
+        """A round's counters: ``verified`` draft tokens in the forward (its draft length),
+        ``drafted``/``accepted`` counted (after a stop point's cut), the per-position counters
+        over ``positions`` positions."""
         self.drafted += drafted
         self.accepted += accepted
         if source and drafted:
             self.drafted_by[source] = self.drafted_by.get(source, 0) + drafted
             self.accepted_by[source] = self.accepted_by.get(source, 0) + accepted
         self.target_forwards += 1
-        self.draft_length = n_nodes
+        self.draft_length = verified
         self.rounds += 1
-        self.draft_length_sum += n_nodes
-        self.draft_length_min = n_nodes if self.draft_length_min is None else min(
-            self.draft_length_min, n_nodes)
-        self.draft_length_max = max(self.draft_length_max or 0, n_nodes)
-        count_positions(self.position_drafted, self.position_accepted, deep, accepted)
+        self.draft_length_sum += verified
+        self.draft_length_min = verified if self.draft_length_min is None else min(
+            self.draft_length_min, verified)
+        self.draft_length_max = max(self.draft_length_max or 0, verified)
+        count_positions(self.position_drafted, self.position_accepted, positions, accepted)
 
     def as_dict(self) -> dict:
         """All raw counters and derived metrics, JSON-ready (None stays None)."""
