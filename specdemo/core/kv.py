@@ -130,6 +130,20 @@ def unknown_hidden_states(layers: tuple[int, ...], n_layer: int) -> str | None:
             f"(hidden states 0..{n_layer})")
 
 
+def keep_tree_rows(kv, caches: list[torch.Tensor], start: int, rows: list[int]) -> None:
+    """``kv.keep_rows`` for a cache whose tensors hold positions along dim 2: rows
+    ``start + rows[i]`` move to ``start + i`` in every tensor of ``caches`` and in ``kv.ids``,
+    then ``kv.rollback`` drops the rest (a draft tree's accepted branch)."""
+    n = len(rows)
+    moved = [start + r for r in rows]
+    if moved != list(range(start, start + n)):
+        index = torch.tensor(moved, device=caches[0].device)
+        for cache in caches:
+            cache[:, :, start:start + n] = cache.index_select(2, index)
+    kv.ids[start:start + n] = [kv.ids[i] for i in moved]
+    kv.rollback(start + n)
+
+
 class RotaryTables:
     """``rope(capacity)`` for a forward of our own: ``self.rotary`` (the model's rotary
     module), ``self.embed`` (a float32 tensor giving the dtype and device) and ``self._rope``
@@ -269,10 +283,11 @@ class KVModel:
         return feed_in_chunks(self._run, ids, keep, layers)
 
     @torch.inference_mode()
-    def _run(self, ids: list[int], keep: int,
-             layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run(self, ids: list[int], keep: int, layers: tuple[int, ...],
+             inputs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One model call: ((keep, V) logits, (S, F) features or None). ``ids`` may be an (S,)
-        long tensor already on the device (a drafter's token: fed without a host round trip)."""
+        long tensor already on the device (a drafter's token: fed without a host round trip).
+        ``inputs``: more model arguments (a draft tree's ``attention_mask``, ``position_ids``)."""
         if isinstance(ids, torch.Tensor):
             input_ids = ids.view(1, -1).to(self.device)
             ids = list(ids.view(-1).unbind())  # 0-d tensors until the caller names them
@@ -280,7 +295,7 @@ class KVModel:
             input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, S)
         extra = {"output_hidden_states": list(layers)} if layers else {}
         out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep,
-                         **extra, **{self._cache_arg: self.cache})
+                         **extra, **(inputs or {}), **{self._cache_arg: self.cache})
         self.length += len(ids)
         self.ids += ids
         if not layers:
@@ -338,30 +353,16 @@ class KVModel:
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             dtype = torch.float32
         bias = torch.zeros(s, start + s, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
-        extra = {"output_hidden_states": list(layers)} if layers else {}
-        out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True,
-                         attention_mask=bias[None, None].to(self.device),
-                         position_ids=torch.tensor([[start + d for d in depth]], device=self.device),
-                         logits_to_keep=s, **extra, **{self._cache_arg: self.cache})
-        self.length += s
-        self.ids += list(ids)
-        feats = (torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers
-                 else None)
-        return out.logits[0], feats
+        return self._run(list(ids), s, tuple(layers), {
+            "attention_mask": bias[None, None].to(self.device),
+            "position_ids": torch.tensor([[start + d for d in depth]], device=self.device)})
 
     @torch.inference_mode()
     def keep_rows(self, start: int, rows: list[int]) -> None:
         """After :meth:`forward_tree` at ``start``: keep that call's rows ``rows`` (increasing,
         call-relative), moved to positions start, start + 1, ...; drop the rest."""
-        moved = [start + r for r in rows]
-        if moved != list(range(start, start + len(rows))):
-            index = torch.tensor(moved, device=self.device)
-            for layer in self.cache.layers:
-                for name in ("keys", "values"):
-                    t = getattr(layer, name)
-                    t[:, :, start:start + len(rows)] = t.index_select(2, index)
-        self.ids[start:start + len(rows)] = [self.ids[m] for m in moved]
-        self.rollback(start + len(rows))
+        keep_tree_rows(self, [getattr(layer, name) for layer in self.cache.layers
+                              for name in ("keys", "values")], start, rows)
 
     @property
     def cache_bytes(self) -> int:

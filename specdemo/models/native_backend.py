@@ -49,6 +49,7 @@ speculative output equals plain output of the same backend bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -64,7 +65,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import ModelLoadError
-from ..core.kv import RotaryTables, StaticCacheKV
+from ..core.kv import RotaryTables, StaticCacheKV, keep_tree_rows
 from ..core.machine import cpu_flags
 
 log = logging.getLogger(__name__)
@@ -491,7 +492,9 @@ class NativeKV(StaticCacheKV):
 
     # ------------------------------------------------------------------ internals
 
-    def _run(self, ids: list[int], keep: int, layers: tuple[int, ...]):
+    def _run(self, ids: list[int], keep: int, layers: tuple[int, ...],
+             tree: tuple[list[int], list[int], int] | None = None):
+        """One C forward after the cached tokens; ``tree`` as :func:`_tree_mode`."""
         m = self.nmodel
         s, start = len(ids), self.length
         self._grow(start + s)
@@ -503,9 +506,10 @@ class NativeKV(StaticCacheKV):
             cos, sin = m.rope(self.capacity)
             m.lib.nf_set_cache(m.handle, self.k_cache.data_ptr(), self.v_cache.data_ptr(),
                                cos.data_ptr(), sin.data_ptr(), self.capacity)
-            status = m.lib.nf_forward(m.handle, tokens.data_ptr(), s, start, keep,
-                                      logits.data_ptr(), want.data_ptr() if layers else None,
-                                      len(layers), feats.data_ptr() if layers else None)
+            with _tree_mode(m.lib, m.handle, tree):
+                status = m.lib.nf_forward(m.handle, tokens.data_ptr(), s, start, keep,
+                                          logits.data_ptr(), want.data_ptr() if layers else None,
+                                          len(layers), feats.data_ptr() if layers else None)
         if status == -2:
             raise ValueError(f"a token id outside 0..{m.vocab - 1}: {ids}")
         if status != 0:
@@ -513,51 +517,36 @@ class NativeKV(StaticCacheKV):
         self.length += s
         self.ids += ids
         return logits, feats
-
 
     def forward_tree(self, ids: list[int], depth: list[int], anc: list[int],
                      layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``core.kv.KVModel.forward_tree`` in C (tree attention: ``nf_set_tree``)."""
-        m = self.nmodel
         s, start = len(ids), self.length
         if not (s == len(depth) == len(anc)) or not 1 <= s <= 64:
             raise ValueError("forward_tree: ids, depth and anc must have the same length 1..64")
-        self._grow(start + s)
-        tokens = torch.tensor(ids, dtype=torch.int32)
-        pos = torch.tensor([start + d for d in depth], dtype=torch.int32)
-        mask = torch.tensor([a - (1 << 64) if a >= 1 << 63 else a for a in anc], dtype=torch.int64)
-        want = torch.tensor(layers, dtype=torch.int32)
-        logits = torch.empty(s, m.vocab)
-        feats = torch.empty(s, len(layers) * m.hidden) if layers else None
-        with m.lock:
-            cos, sin = m.rope(self.capacity)
-            m.lib.nf_set_cache(m.handle, self.k_cache.data_ptr(), self.v_cache.data_ptr(),
-                               cos.data_ptr(), sin.data_ptr(), self.capacity)
-            m.lib.nf_set_tree(m.handle, pos.data_ptr(), mask.data_ptr(), start)
-            try:
-                status = m.lib.nf_forward(m.handle, tokens.data_ptr(), s, start, s,
-                                          logits.data_ptr(), want.data_ptr() if layers else None,
-                                          len(layers), feats.data_ptr() if layers else None)
-            finally:
-                m.lib.nf_set_tree(m.handle, None, None, 0)
-        if status == -2:
-            raise ValueError(f"a token id outside 0..{m.vocab - 1}: {ids}")
-        if status != 0:
-            raise MemoryError("the native forward could not allocate its buffers")
-        self.length += s
-        self.ids += ids
-        return logits, feats
+        return self._run(list(ids), s, tuple(layers), ([start + d for d in depth], anc, start))
 
     def keep_rows(self, start: int, rows: list[int]) -> None:
         """``core.kv.KVModel.keep_rows``: the kept rows' keys and values moved into place."""
-        moved = [start + r for r in rows]
-        n = len(rows)
-        if moved != list(range(start, start + n)):
-            index = torch.tensor(moved)
-            for cache in (self.k_cache, self.v_cache):
-                cache[:, :, start:start + n] = cache.index_select(2, index)
-        self.ids[start:start + n] = [self.ids[i] for i in moved]
-        self.rollback(start + n)
+        keep_tree_rows(self, [self.k_cache, self.v_cache], start, rows)
+
+
+@contextlib.contextmanager
+def _tree_mode(lib, handle, tree: tuple[list[int], list[int], int] | None):
+    """Within the block the C model computes draft-tree rows (``nf_set_tree``): ``tree`` is
+    (per row its rotary position, per row the bitmask of the cache rows from ``first`` on it
+    attends to, ``first``); None: the ordinary causal forward. Call with the model's lock."""
+    if tree is None:
+        yield
+        return
+    pos = torch.tensor(tree[0], dtype=torch.int32)
+    anc = torch.tensor([a - (1 << 64) if a >= 1 << 63 else a for a in tree[1]],
+                       dtype=torch.int64)  # uint64 bit patterns in an int64 tensor
+    lib.nf_set_tree(handle, pos.data_ptr(), anc.data_ptr(), tree[2])
+    try:
+        yield
+    finally:
+        lib.nf_set_tree(handle, None, None, 0)
 
 
 class NativeBatch:
@@ -969,16 +958,9 @@ class NativeEagleHead:
             cos, sin = w.rope(self.capacity)
             w.lib.nf_set_cache(w.handle, self.k_cache.data_ptr(), self.v_cache.data_ptr(),
                                cos.data_ptr(), sin.data_ptr(), self.capacity)
-            if tree is not None:
-                pos = torch.tensor(tree[0], dtype=torch.int32)
-                anc = torch.tensor(tree[1], dtype=torch.int64)
-                w.lib.nf_set_tree(w.handle, pos.data_ptr(), anc.data_ptr(), tree[2])
-            try:
+            with _tree_mode(w.lib, w.handle, tree):
                 status = w.lib.nf_head_forward(w.handle, x.data_ptr(), tokens.data_ptr(), n,
                                                start, keep, logits.data_ptr(), out.data_ptr())
-            finally:
-                if tree is not None:
-                    w.lib.nf_set_tree(w.handle, None, None, 0)
         if status == -2:
             raise ValueError(f"a token id outside 0..{w.embed.shape[0] - 1}: {ids}")
         if status != 0:
