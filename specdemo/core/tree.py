@@ -172,13 +172,6 @@ class DraftTree:
     source: str | None = None
     _children: dict[int, dict[int, int]] | None = field(default=None, repr=False)
 
-    def depths(self) -> list[int]:
-        """Per node, its depth (1 for a child of the root)."""
-        out: list[int] = []
-        for p in self.parents:
-            out.append(1 if p < 0 else out[p] + 1)
-        return out
-
     def rows(self) -> tuple[list[int], list[int]]:
         """The verification forward's rows, the root (row 0) then the nodes (row i + 1):
         (depth per row, ancestor bitmask per row: bit j set when row j is the row itself or
@@ -245,7 +238,6 @@ class TreeOrChain:
         self.probe = probe
         self.max_probe = max_probe
         self.rates: dict[bool, float | None] = {True: None, False: None}
-        self.rounds = 0
         self._since = 0  # learned rounds since the slower kind was last tried
         self._wait = probe
 
@@ -268,7 +260,6 @@ class TreeOrChain:
 
     def record(self, tree: bool, tokens: int, seconds: float) -> None:
         """One learned round: ``tokens`` emitted in ``seconds`` of drafting and verifying."""
-        self.rounds += 1
         leader = self._leader()
         rate = tokens / max(seconds, 1e-9)
         old = self.rates[tree]
