@@ -19,7 +19,7 @@ import torch
 
 from specdemo.models import ggml_backend as gb
 from specdemo.models import native_backend as nb
-from tiny import CharTokenizer, LoadedStandIn, tiny_llama
+from tiny import CharTokenizer, LoadedStandIn, bf16_valued, tiny_llama
 
 try:
     nb.library()
@@ -32,14 +32,6 @@ needs_library = pytest.mark.skipif(NO_LIBRARY is not None, reason=f"{NO_LIBRARY}
 
 
 _Loaded = LoadedStandIn  # what the backends read of a models.LoadedModel
-
-
-def _bf16_valued(model):
-    """``model`` with every float32 weight replaced by its BF16 rounding (still float32)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    return model
 
 
 def _hf(model, ids, layers=()):
@@ -56,7 +48,7 @@ IDS = [5, 9, 1, 22, 7, 3, 30, 12, 4, 4, 18, 2, 27]
 @pytest.fixture(scope="module")
 def tiny():
     """A 3-layer random Llama, hidden 64, head_dim 16, with BF16-valued weights."""
-    return _bf16_valued(tiny_llama(seed=3, layers=3, hidden=64))
+    return bf16_valued(tiny_llama(seed=3, layers=3, hidden=64))
 
 
 def test_repack_layout_known_values():
@@ -304,7 +296,7 @@ def test_the_cache_grows_past_its_first_capacity(tiny, monkeypatch):
 def test_head_dim_not_a_multiple_of_16_and_a_vocabulary_padded_to_whole_blocks():
     """head_dim 8 takes the scalar attention path; a 30-token vocabulary pads the output head
     to 32 rows, of which only 30 are returned."""
-    model = _bf16_valued(tiny_llama(seed=5, vocab_size=30, layers=2, hidden=32))
+    model = bf16_valued(tiny_llama(seed=5, vocab_size=30, layers=2, hidden=32))
     kv = nb.NativeKV(nb.NativeModel(model, kernel="fma"))
     ids = [5, 9, 1, 22, 7, 3, 29, 12]
     ours = kv.forward(ids, logits_to_keep=8)
@@ -458,7 +450,7 @@ def test_training_features_captured_on_native_match_transformers(tmp_path, monke
     prompt lengths as the float32 capture, and features and final hidden states equal it within
     the fma kernel's float32 summation order (BF16-valued weights), for answers of two lengths."""
     from specdemo.services.training import data
-    model = _bf16_valued(tiny_llama(seed=5, layers=3, hidden=64))
+    model = bf16_valued(tiny_llama(seed=5, layers=3, hidden=64))
     loaded = _Loaded(model)
     answers = [{"ids": IDS, "n_prompt": 4}, {"ids": IDS[:7] + [11, 13], "n_prompt": 3}]
     layers = (1, 2, 3)

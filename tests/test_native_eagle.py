@@ -19,7 +19,7 @@ from specdemo.core.engine import generate
 from specdemo.core.policy import FixedDraftLength
 from specdemo.core.sampling import SamplingParams
 from specdemo.models import native_backend as nb
-from tiny import CharTokenizer, tiny_eagle, tiny_llama
+from tiny import CharTokenizer, bf16_valued, tiny_eagle, tiny_llama
 
 try:
     nb.library()
@@ -33,20 +33,13 @@ needs_library = pytest.mark.skipif(NO_LIBRARY is not None, reason=f"{NO_LIBRARY}
 IDS = [3, 5, 7, 1, 2, 9, 30, 12]
 
 
-def _bf16_valued(module):
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    return module
-
-
 @pytest.fixture(scope="module")
 def target():
-    return _bf16_valued(tiny_llama(seed=3, layers=3, hidden=64))
+    return bf16_valued(tiny_llama(seed=3, layers=3, hidden=64))
 
 
 def _head(target, seed=1, draft_vocab=20, norm_before_residual=False, norm_output=False):
-    head = _bf16_valued(tiny_eagle(target, draft_vocab, seed=seed))
+    head = bf16_valued(tiny_eagle(target, draft_vocab, seed=seed))
     head.layers[0].norm_before_residual = head.norm_before_residual = norm_before_residual
     head.norm_output = norm_output
     return head

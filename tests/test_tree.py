@@ -16,7 +16,7 @@ from specdemo.core.sampling import SamplingParams
 from specdemo.core.tree import (DraftTree, TreeShape, build_shape, chain_shape, parse_shape,
                                 verify_tree_greedy)
 from specdemo.models import native_backend as nb
-from tiny import CharTokenizer, tiny_eagle, tiny_llama
+from tiny import CharTokenizer, bf16_valued, tiny_eagle, tiny_llama
 
 try:
     nb.library()
@@ -29,16 +29,9 @@ PROMPT = CharTokenizer().encode("speculative decoding, made visible")
 SHAPE = parse_shape("0;1;2;0.0;0.1;1.0;0.0.0;0.0.1;0.0.0.0")
 
 
-def _bf16_valued(module):
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    return module
-
-
 @pytest.fixture(scope="module")
 def target():
-    return _bf16_valued(tiny_llama(seed=3, layers=3, hidden=64))
+    return bf16_valued(tiny_llama(seed=3, layers=3, hidden=64))
 
 
 def test_shapes_are_checked_and_built_from_counts():
@@ -108,7 +101,7 @@ def test_tree_forward_equals_each_branch_fed_causally_and_keeps_the_accepted_row
 @pytest.mark.parametrize("stepper", ["torch", pytest.param("native", marks=needs_library)])
 def test_a_tree_holds_the_chain_the_head_would_draft(target, stepper):
     """The rank-0 branch of a tree is the head's greedy chain, node for node."""
-    head = _bf16_valued(tiny_eagle(target, 20, seed=1))
+    head = bf16_valued(tiny_eagle(target, 20, seed=1))
     kv = KVModel(target)
     _, feats = kv.forward_features(PROMPT, 1, head.feature_layers)
 
@@ -135,7 +128,7 @@ def test_greedy_decoding_with_trees_equals_plain(target, backend, policy, stack)
     nm = nb.NativeModel(target, kernel="fma") if backend == "native" else None
     factory = (lambda: nb.NativeKV(nm)) if nm else (lambda: KVModel(target))  # noqa: E731
     plain = generate(factory(), PROMPT, CharTokenizer(), max_new_tokens=40)
-    head = _bf16_valued(tiny_eagle(target, 20, seed=1))
+    head = bf16_valued(tiny_eagle(target, 20, seed=1))
     stepper = nb.NativeEagleHead(head, kernel="fma") if nm else None
     drafter = Eagle3Drafter(head, 32, stepper=stepper)
     if stack:
