@@ -5,6 +5,9 @@ among the calibration anchors until the node budget is used.
     python tree_eval.py RANKS.json   (this session's: ranks.json.gz; chat has calib rows only)
 """
 import gzip, json, sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout's specdemo
+from specdemo.core.tree import build_shape
 from collections import Counter
 res = json.load((gzip.open if sys.argv[1].endswith(".gz") else open)(sys.argv[1], "rt"))
 
@@ -35,13 +38,7 @@ def build(seqs_list, budget, depth=4, maxrank=8):
                 for j in range(min(len(rk), depth)):
                     if rk[j] >= maxrank: break
                     c[tuple(rk[:j + 1])] += 1
-    tree = set()
-    cands = sorted(c.items(), key=lambda kv: -kv[1])
-    for node, _ in cands:
-        if len(tree) >= budget: break
-        if len(node) == 1 or node[:-1] in tree:
-            tree.add(node)
-    return tree
+    return set(build_shape(dict(c), budget).paths)  # the product's own greedy choice
 
 chain = lambda k: {tuple([0] * j) for j in range(1, k + 1)}
 tasks = list(res)
