@@ -352,9 +352,8 @@ def decode(
                           confidence=confidence[:len(drafts)] if confidence else None,
                           n_proposed=len(proposal.ids) if proposal else 0)
             drafter.feedback(n_accepted)
-            if shape_choice is not None and drafts and source != "lookup" and (
-                    proposal is None or proposal.source != "ngram"):
-                shape_choice.record(False, n_accepted + 1, t2 - t0)
+            if shape_choice is not None and drafts and proposal.source != "ngram":
+                shape_choice.record(False, n_accepted + 1, t2 - t0)  # a learned chain round
         event = emit(drafts[:n_accepted] + [next_token], [True] * n_accepted + [False])
         # Drafts after a stop point (EOS, stop string, length) count neither way.
         stats.record_round(len(drafts), n_accepted, len(event.token_ids),
