@@ -76,9 +76,16 @@ def register(sub) -> None:
     p.add_argument("--max-steps", type=_count("--max-steps"), default=None, help="stop training after N steps")
     p.add_argument("--answers", type=Path, default=None,
                    help="train on this answers.jsonl (data.py's format) instead of generating")
+    p.add_argument("--answers-dir", type=Path, default=None, metavar="DIR",
+                   help="answer shards kept in git (e.g. assets/train/answers): the target's answers "
+                        "there are used and only the missing ones generated; what is generated is "
+                        "packed into a new shard there (services/training/shards.py)")
     p.add_argument("--draft-vocab", type=_count("--draft-vocab"), default=8192, help="EAGLE-3: draft vocabulary size")
     p.add_argument("--ttt-steps", type=_count("--ttt-steps"), default=3,
                    help="EAGLE-3: training-time-test depth (unrolled draft steps)")
+    p.add_argument("--feature-noise", type=float, default=0.0,
+                   help="EAGLE-3: Gaussian noise added to the input features during training, as a "
+                        "fraction of each feature vector's RMS (0 = none)")
     p.add_argument("--block-size", type=int, default=8,
                    help="DFlash: block size B (one forward drafts B - 1 tokens)")
     p.add_argument("--draft-layers", type=int, default=2, help="DFlash: the drafter's layers")
@@ -215,7 +222,7 @@ def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
         if saved:
             return train.Recipe(**{**saved, "feature_layers": tuple(saved["feature_layers"])})
         return train.Recipe(draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps,
-                            feature_layers=eagle3_default_layers(num_layers(target.model)), **common)
+                            feature_noise=args.feature_noise, feature_layers=eagle3_default_layers(num_layers(target.model)), **common)
     if saved:
         saved.pop("feature_layers", None)
         return dflash_train.DFlashRecipe(**{**saved, "target_layer_ids": tuple(saved["target_layer_ids"])})
@@ -295,6 +302,8 @@ def _train(args: argparse.Namespace) -> int:
     timings = {}
     t0 = time.time()
     budget_s = None if args.generate_minutes is None else 60 * args.generate_minutes
+    if args.answers_dir is not None and args.answers is None:
+        _answers_from_shards(args, target, train_rows, out)
     if args.answers is not None:
         import filecmp
         import shutil
@@ -322,6 +331,8 @@ def _train(args: argparse.Namespace) -> int:
         data.generate_answers(target, train_rows, out, recipe.answers_per_prompt, recipe.temperature,
                               recipe.max_new_tokens, batch_size=args.generate_batch, budget_s=budget_s)
     timings["generate_s"] = time.time() - t0
+    if args.answers_dir is not None and args.answers is None:
+        _answers_to_shards(args, target, train_rows, out, recipe)
     device = str(target.device)
     where = {"generate": ("an answers file given with --answers" if args.answers is not None
                           else "llama-server at --generate-endpoint" if args.generate_endpoint
@@ -409,6 +420,51 @@ def _train(args: argparse.Namespace) -> int:
     if len(sizes) > 1 and curve:
         print(write_curve(out, curve, args.kind).read_text())
     return 0
+
+
+def _answers_from_shards(args, target, train_rows: list[dict], out: Path) -> None:
+    """Add the answers of ``--answers-dir``'s shards (this target's, for these prompts) to
+    ``out/answers.jsonl`` unless they are there, so that generation makes only what is missing."""
+    from .decode_cli import fail
+    from ..services.training import data, shards
+    try:
+        kept, notes = shards.read_all(args.answers_dir, target=args.target)
+    except shards.ShardError as exc:
+        fail(str(exc))
+    for note in notes:
+        print(f"--answers-dir: skipped {note}", file=sys.stderr)
+    rows, mismatched = shards.as_answer_rows(kept, train_rows,
+                                             lambda r: data.chat_ids(target.tokenizer, r["prompt"], r.get("messages")))
+    if mismatched:
+        print(f"--answers-dir: {mismatched} answers skipped: their prompts tokenize to another "
+              "length now (a changed chat template)", file=sys.stderr)
+    path = out / data.ANSWERS
+    done = {(r["prompt_index"], r["answer_index"]) for r in data.load_answers(out)} if path.exists() else set()
+    new = [r for r in rows if (r["prompt_index"], r["answer_index"]) not in done]
+    with data._append(path) as f:
+        for r in new:
+            f.write(json.dumps(r) + "\n")
+    print(f"--answers-dir: {len(rows)} answers of {args.target} in {args.answers_dir} "
+          f"({len(new)} added to {path.name})", file=sys.stderr)
+
+
+def _answers_to_shards(args, target, train_rows: list[dict], out: Path, recipe) -> None:
+    """Pack the answers generated in ``out`` that ``--answers-dir`` lacks into new shards."""
+    from ..services.training import data, shards
+    if not (out / data.ANSWERS).exists():
+        return
+    have, _ = shards.read_all(args.answers_dir, target=args.target)
+    known = {(a["key"], a["answer_index"]) for a in have}
+    fresh = [r for r in data.load_answers(out)
+             if r["prompt_index"] < len(train_rows)
+             and (shards.prompt_key(train_rows[r["prompt_index"]]), r["answer_index"]) not in known]
+    if not fresh:
+        return
+    meta = {"target": args.target, "max_new_tokens": recipe.max_new_tokens,
+            "generated_on": str(target.device)}
+    paths = shards.write_shards(args.answers_dir, fresh, train_rows, meta)
+    print(f"--answers-dir: {len(fresh)} new answers packed into "
+          + ", ".join(p.name for p in paths) + f" in {args.answers_dir}", file=sys.stderr)
 
 
 def _init_folder(folder: Path) -> Path:

@@ -78,4 +78,8 @@ def capture(model: torch.nn.Module, input_ids: torch.Tensor, indices: tuple[int,
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                 output_hidden_states=wanted, logits_to_keep=1)
     hidden = out.hidden_states
+    if len(hidden) <= num_layers(model) or any(hidden[i] is None for i in wanted):
+        # older transformers 5.x leave the final state out of the list form: ask for all of them
+        hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                       output_hidden_states=True, logits_to_keep=1).hidden_states
     return torch.cat([hidden[i] for i in indices], dim=-1), hidden[num_layers(model)]

@@ -55,6 +55,7 @@ class Recipe:
     checkpoint_every_s: float = 180.0
     loss_on_prompt: bool = True  # the target's distribution is a label at prompt positions too
     train_dtype: str = "float32"  # "bfloat16": the forward and backward under autocast (weights stay float32)
+    feature_noise: float = 0.0  # Gaussian noise on the input features, times each vector's RMS
 
 
 @dataclass
@@ -219,6 +220,10 @@ def ttt_loss(head: Eagle3Head, target_head: torch.Tensor, batch, recipe: Recipe)
         (loss tensor, [agreement of step j]).
     """
     features, ids, last, answer, lengths = batch
+    noise = getattr(recipe, "feature_noise", 0.0)
+    if noise and head.training:  # robustness to features from other forwards (int8, BF16)
+        rms = features.pow(2).mean(-1, keepdim=True).sqrt()  # (B, T, 1)
+        features = features + noise * rms * torch.randn_like(features)
     t = features.shape[1]
     anchors = torch.arange(t, device=features.device).unsqueeze(0)  # (1, T)
     hidden = head.ttt_forward(features, ids, recipe.ttt_steps, logits=False)

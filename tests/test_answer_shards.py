@@ -1,0 +1,114 @@
+"""The target's answers kept in git as shards: written and read back exactly, damaged files
+refused in one sentence, answers rebuilt only for prompts of the training split whose chat
+template still gives the same prompt length, and ``train-draft --answers-dir`` generating only
+what the shards lack. The shipped shards belong to training prompts only."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specdemo.models.loading import LoadedModel
+from specdemo.services.training import data, prompt_set, shards
+from tiny import CharTokenizer, tiny_llama
+
+
+def _rows(n):
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
+    return [{"task": "chat", "prompt": f"prompt number {words[i]}", "split": "train"} for i in range(n)]
+
+
+def _answer_rows(rows, tok):
+    out = []
+    for i, r in enumerate(rows):
+        ids = tok.encode(r["prompt"])
+        for a in range(2):
+            out.append({"prompt_index": i, "answer_index": a, "task": "chat", "temperature": 0.7 * a,
+                        "ids": ids + [5 + i, 6 + a, 7], "n_prompt": len(ids)})
+    return out
+
+
+def test_shards_round_trip_exactly(tmp_path, monkeypatch):
+    monkeypatch.setattr(shards, "MAX_ANSWERS_PER_SHARD", 3)
+    tok = CharTokenizer()
+    rows = _rows(4)
+    written = shards.write_shards(tmp_path, _answer_rows(rows, tok), rows, {"target": "t", "max_new_tokens": 8})
+    assert [p.name for p in written] == ["00000.npz", "00001.npz", "00002.npz"]
+    answers, notes = shards.read_all(tmp_path, target="t")
+    assert notes == []
+    back, mismatched = shards.as_answer_rows(answers, rows, lambda r: tok.encode(r["prompt"]))
+    assert mismatched == 0
+    assert back == _answer_rows(rows, tok)
+    # more answers later go to new files after the old ones
+    more = shards.write_shards(tmp_path, _answer_rows(rows, tok)[:1], rows, {"target": "t"})
+    assert more[0].name == "00003.npz"
+    assert shards.summary(tmp_path)["answers"] == 9
+
+
+def test_answers_of_another_target_or_split_or_template_are_left_out(tmp_path):
+    tok = CharTokenizer()
+    rows = _rows(3)
+    shards.write_shards(tmp_path, _answer_rows(rows, tok), rows, {"target": "t"})
+    _, notes = shards.read_all(tmp_path, target="other")
+    assert len(notes) == 1 and "'t', not 'other'" in notes[0]
+    answers, _ = shards.read_all(tmp_path, target="t")
+    back, mismatched = shards.as_answer_rows(answers, rows[1:], lambda r: tok.encode(r["prompt"]))
+    assert sorted({r["prompt_index"] for r in back}) == [0, 1] and len(back) == 4
+    back, mismatched = shards.as_answer_rows(answers, rows, lambda r: tok.encode(r["prompt"] + "!"))
+    assert back == [] and mismatched == 6
+
+
+@pytest.mark.parametrize("damage", [b"not a zip", b""])
+def test_a_damaged_shard_is_one_sentence(tmp_path, damage):
+    (tmp_path / "00000.npz").write_bytes(damage)
+    with pytest.raises(shards.ShardError) as err:
+        shards.read_all(tmp_path)
+    msg = str(err.value)
+    assert msg.startswith("answer shard ") and "damaged" in msg and "\n" not in msg
+
+
+def test_a_shard_with_inconsistent_arrays_is_refused(tmp_path):
+    np.savez_compressed(tmp_path / "00000.npz", keys=np.array(["a" * 16], dtype="<U16"),
+                        answer_index=np.array([0], dtype=np.int16), temperature=np.zeros(1, np.float32),
+                        n_prompt=np.array([3], np.int32), lengths=np.array([5], np.int32),
+                        tokens=np.zeros(4, np.uint16), meta=np.array("{}"))
+    with pytest.raises(shards.ShardError, match="inconsistent lengths"):
+        shards.read_all(tmp_path)
+
+
+def test_generation_resumes_from_shards_and_packs_only_what_is_new(tmp_path, monkeypatch):
+    """What ``train-draft --answers-dir`` does: answers in the shards go to answers.jsonl first,
+    generation skips them, and only the new ones are packed into a new shard."""
+    from types import SimpleNamespace
+    from specdemo.interfaces import train_cli
+    model = tiny_llama(seed=3, layers=2)
+    target = LoadedModel("tiny-llama", model, CharTokenizer(), torch.device("cpu"), torch.float32, 0.0, "test")
+    rows = _rows(6)
+    shard_dir, out1, out2 = tmp_path / "answers", tmp_path / "run1", tmp_path / "run2"
+    args = SimpleNamespace(answers_dir=shard_dir, target="tiny-llama")
+    recipe = SimpleNamespace(max_new_tokens=6)
+    out1.mkdir()
+    data.generate_answers(target, rows[:4], out1, answers_per_prompt=1, max_new_tokens=6, batch_size=4)
+    train_cli._answers_to_shards(args, target, rows, out1, recipe)
+    assert shards.summary(shard_dir)["answers"] == 4
+    out2.mkdir()
+    train_cli._answers_from_shards(args, target, rows, out2)
+    first = data.load_answers(out2)
+    assert sorted(r["prompt_index"] for r in first) == [0, 1, 2, 3]
+    assert {json.dumps(r["ids"]) for r in first} == {json.dumps(r["ids"]) for r in data.load_answers(out1)}
+    data.generate_answers(target, rows, out2, answers_per_prompt=1, max_new_tokens=6, batch_size=4)
+    assert len(data.load_answers(out2)) == 6  # two generated, four kept
+    train_cli._answers_to_shards(args, target, rows, out2, recipe)
+    assert shards.summary(shard_dir)["answers"] == 6
+    assert len(shards.shard_paths(shard_dir)) == 2
+
+
+def test_shipped_shards_answer_training_prompts_only():
+    """Every shipped answer belongs to a prompt of the training split: none to a held-out one
+    (its figures would mean nothing) and none to a prompt no longer in the set."""
+    rows = prompt_set.load()
+    split_of = {shards.prompt_key(r): r.get("split", "train") for r in rows}
+    answers, notes = shards.read_all(shards.SHARDS_DIR, target="builtin:smollm2-135m")
+    assert notes == [] and answers
+    assert {split_of.get(a["key"], "missing") for a in answers} == {"train"}
