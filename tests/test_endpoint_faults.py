@@ -191,17 +191,21 @@ def test_other_engines_are_told_apart_by_the_streams_model_field(servers):
 
 # --- 3. a stream value of the wrong type ---------------------------------------------------------
 
-@pytest.mark.parametrize("bad, field, says", [
-    (chunk(5), "choices[0].delta.content", "a number (5) for choices[0].delta.content, where a "
-                                            "string belongs"),
-    (chunk("x", timings={"draft_n": "7", "predicted_n": 1}), "timings.draft_n",
-     "a string ('7') for timings.draft_n, where a whole number of 0 or more belongs"),
-    (chunk("x", usage={"completion_tokens": "3"}), "usage.completion_tokens",
-     "a string ('3') for usage.completion_tokens, where a whole number of 0 or more belongs"),
-    ({"choices": {"0": 1}}, "choices", "an object ({\"0\": 1}) for choices, where a list belongs"),
-    (chunk("x", model=7), "model", "a number (7) for model, where a string belongs"),
+@pytest.mark.parametrize("bad, says", [
+    pytest.param(chunk(5), "a number (5) for choices[0].delta.content, where a string belongs",
+                 id="content-number"),
+    pytest.param(chunk("x", timings={"draft_n": "7", "predicted_n": 1}),
+                 "a string ('7') for timings.draft_n, where a whole number of 0 or more belongs",
+                 id="draft_n-string"),
+    pytest.param(chunk("x", usage={"completion_tokens": "3"}),
+                 "a string ('3') for usage.completion_tokens, where a whole number of 0 or more "
+                 "belongs", id="usage-string"),
+    pytest.param({"choices": {"0": 1}}, "an object ({\"0\": 1}) for choices, where a list belongs",
+                 id="choices-object"),
+    pytest.param(chunk("x", model=7), "a number (7) for model, where a string belongs",
+                 id="model-number"),
 ])
-def test_a_field_of_the_wrong_type_is_the_lanes_error_in_one_sentence(servers, bad, field, says):
+def test_a_field_of_the_wrong_type_is_the_lanes_error_in_one_sentence(servers, bad, says):
     spec = servers([chunk("ok"), bad] + finish())
     snap = race(servers(WORDS + finish()), spec)
     view = snap.panes[SPECULATIVE]
@@ -261,3 +265,18 @@ def test_https_to_a_plain_http_server_is_named_a_tls_mismatch(servers):
                               "did not answer in TLS (")
     assert message.endswith("); if it serves plain HTTP, use http://")
     assert "is the server running" not in message
+
+
+def test_race_api_answers_a_bad_field_in_the_lanes_sentence(servers):
+    """``/race`` (the function behind it): the pane's error is the sentence, not Python's
+    TypeError, and the verdicts are not given."""
+    from specdemo.interfaces import ui
+    spec = servers([chunk("ok"), chunk(5)] + finish())
+    result = ui.race_api("hi", max_new_tokens=8, plain_endpoint=servers(WORDS + finish()).url,
+                         spec_endpoint=spec.url)
+    assert result["speculative"]["status"] == "error"
+    assert result["speculative"]["error"] == (f"the server at {spec.url} sent a number (5) for "
+                                              "choices[0].delta.content, where a string belongs")
+    assert result["speculative"]["text"] == "ok"
+    assert result["identical"] is None and result["speedup"] is None
+    assert result["speedup_note"] == "not compared: the speculative run did not finish"
