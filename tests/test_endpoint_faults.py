@@ -183,6 +183,10 @@ def test_other_engines_are_told_apart_by_the_streams_model_field(servers):
                 servers(b, owned_by="vllm", model_id="llama-1b"))
     assert snap.not_compared == ("the lanes ran different models: plain qwen-0.5b, "
                                  "speculative llama-1b")
+    # Two engines name models their own way (a GGUF file, a hub id): not compared by name.
+    mixed = race(servers(a, owned_by="vllm", model_id="qwen-0.5b"),
+                 servers(b, model_path="/m/qwen-0.5b-q4.gguf"))
+    assert mixed.not_compared is None and mixed.identical is True
     from specdemo.interfaces.ui_format import verdict_html
     html = verdict_html(snap, 0.0)
     assert "Speedup: not compared (the lanes ran different models" in html

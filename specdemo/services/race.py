@@ -196,12 +196,14 @@ class RaceSnapshot:
 
 
 def different_models(plain: DecodeStats | None, speculative: DecodeStats | None) -> str | None:
-    """``the lanes ran different models: plain A, speculative B`` when both lanes' servers say
-    what they serve (``stats.served_model``) and it differs, else None: a speedup or an output
-    comparison across two models measures the models, not speculative decoding."""
+    """``the lanes ran different models: plain A, speculative B`` when both lanes' servers are
+    of one engine, say what they serve (``stats.served_model``) and it differs, else None: a
+    speedup or an output comparison across two models measures the models, not speculative
+    decoding. Engines name models differently (llama-server a GGUF file, vLLM a hub id), so
+    names from two engines are not compared."""
     a = plain.served_model if plain is not None else None
     b = speculative.served_model if speculative is not None else None
-    if not a or not b or a == b:
+    if not a or not b or a == b or plain.engine != speculative.engine:
         return None
     return f"the lanes ran different models: plain {a}, speculative {b}"
 
