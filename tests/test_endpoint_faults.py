@@ -43,6 +43,7 @@ class FakeServer:
 
     def __init__(self, chunks, model_path=None, owned_by="llamacpp", model_id="m", cut=False):
         self.chunks, self.model_path, self.cut = chunks, model_path, cut
+        self.completion_tokens = [1, 2]
         self.models = {"object": "list", "data": [{"id": model_id, "object": "model",
                                                    "owned_by": owned_by}]}
         server = self
@@ -71,6 +72,9 @@ class FakeServer:
 
             def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path == "/completion":  # llama-server's own endpoint (training answers)
+                    self._json(200, {"tokens": server.completion_tokens})
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -284,3 +288,18 @@ def test_race_api_answers_a_bad_field_in_the_lanes_sentence(servers):
     assert result["speculative"]["text"] == "ok"
     assert result["identical"] is None and result["speedup"] is None
     assert result["speedup_note"] == "not compared: the speculative run did not finish"
+
+
+def test_training_answers_with_bad_token_ids_are_one_sentence(servers, tmp_path):
+    """train-draft --generate-endpoint reads llama-server's /completion token ids: one that is
+    not a token id is refused in one sentence naming the server, not written to the answers."""
+    from specdemo.services.training import data
+    from tiny import CharTokenizer
+    server = servers([])
+    server.completion_tokens = [5, "6"]
+    with pytest.raises(RuntimeError) as caught:
+        data.generate_answers_endpoint(server.url, CharTokenizer(), [{"prompt": "abc"}], tmp_path,
+                                       answers_per_prompt=1, retries=0, timeout_s=5)
+    assert str(caught.value) == (f"the server at {server.url} sent '6' among the token ids of "
+                                 "/completion's tokens, where whole numbers of 0 or more belong")
+    assert (tmp_path / data.ANSWERS).read_text() == ""

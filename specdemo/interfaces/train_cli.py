@@ -304,10 +304,13 @@ def _train(args: argparse.Namespace) -> int:
                 print(f"--answers differs from the copy in {out}: using the new file")
             shutil.copyfile(args.answers, kept_answers)
     elif args.generate_endpoint:
-        data.generate_answers_endpoint(args.generate_endpoint, target.tokenizer, train_rows, out,
-                                       recipe.answers_per_prompt, recipe.temperature, recipe.max_new_tokens,
-                                       set(target.eos_token_ids), concurrency=args.generate_batch,
-                                       budget_s=budget_s)
+        try:
+            data.generate_answers_endpoint(args.generate_endpoint, target.tokenizer, train_rows,
+                                           out, recipe.answers_per_prompt, recipe.temperature,
+                                           recipe.max_new_tokens, set(target.eos_token_ids),
+                                           concurrency=args.generate_batch, budget_s=budget_s)
+        except RuntimeError as exc:  # the answers written so far are kept for --resume
+            fail(f"--generate-endpoint: {exc}")
     elif _generate_backend(args, target) != "transformers":
         from ..models.native_backend import BACKENDS as NATIVE
         from ..models.native_backend import NativeError
