@@ -169,7 +169,7 @@ NGRM = ("error: argument --draft: draft 'ngrm' is not a known name, a local file
      "Hugging Face id like org/name"),
     (["compare", "--prompt", "hi", "--dtype", "float8"],
      "error: argument --dtype: invalid choice: 'float8' (choose from auto, float32, bfloat16, "
-     "float16)"),
+     "float16) (did you mean float32?)"),
 ])
 def test_a_refusal_is_one_sentence_and_where_the_help_is(capsys, monkeypatch, offline_empty_cache,
                                                          argv, first):
@@ -347,3 +347,19 @@ def test_flag_checks_import_no_torch_whatever_their_order(argv):
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert done.stdout.split() == ["2", "False", "False"], done.stderr
+
+
+@pytest.mark.parametrize("argv, meant", [
+    (["run", "--prompt", "hi", "--backend", "nativ"], "native"),
+    (["compare", "--prompt", "hi", "--dtype", "bfloat61"], "bfloat16"),
+    (["compar", "--prompt", "hi"], "compare"),
+])
+def test_a_choice_typo_gets_did_you_mean_like_the_other_flags(capsys, argv, meant):
+    err = cli_error(capsys, *argv).splitlines()
+    assert err[0].startswith("error: argument ") and "invalid choice" in err[0]
+    assert err[0].endswith(f" (did you mean {meant}?)") and len(err) == 2
+
+
+def test_a_choice_far_from_every_name_gets_no_guess(capsys):
+    err = cli_error(capsys, "run", "--prompt", "hi", "--backend", "zzz")
+    assert "did you mean" not in err and "invalid choice: 'zzz'" in err

@@ -264,3 +264,63 @@ def test_bfloat16_training_on_a_cpu_without_bf16_instructions_is_flagged(monkeyp
     monkeypatch.setattr(train_cli.platform, "machine", lambda: "AMD64")
     monkeypatch.setattr(machine, "cpu_flags", lambda: "AMD64")
     assert train_cli.slow_bf16_note("cpu", "bfloat16") is None
+
+
+@pytest.mark.parametrize("theirs, kind", [("eagle3", "dflash"), ("dflash", "eagle3")])
+def test_an_out_holding_another_drafters_run_is_refused_and_left_alone(tmp_path, capsys,
+                                                                       no_target_load, theirs, kind):
+    """``--out D`` where D holds the run of the other drafter kind (its recipe.json): refused
+    in one sentence before any work, with or without --resume, and nothing in D changes (its
+    recipe.json was overwritten, then its feature shards reused with the wrong shapes)."""
+    from dataclasses import asdict
+    from specdemo.services.training import dflash_train, train
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    out = tmp_path / "D"
+    out.mkdir()
+    recipe = (train.Recipe(feature_layers=(1, 2, 3)) if theirs == "eagle3"
+              else dflash_train.DFlashRecipe(target_layer_ids=(1, 2)))
+    (out / "recipe.json").write_text(json.dumps(asdict(recipe)))
+    (out / "features-00000.safetensors").write_bytes(b"shard")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    words = {"eagle3": "an EAGLE-3 head", "dflash": "a DFlash drafter"}
+    for resume in ([], ["--resume"]):
+        with pytest.raises(SystemExit) as exited:
+            main(["train-draft", "--target", "builtin:smollm2-135m", "--kind", kind, "--out",
+                  str(out), "--prompts", str(prompts), *resume])
+        assert exited.value.code == 2
+        assert capsys.readouterr().err == (
+            f"error: --out {out} holds the run of {words[theirs]} (its recipe.json), this run "
+            f"trains {words[kind]}: give another --out, or --kind {theirs} to continue that one\n")
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_an_out_holding_the_same_kinds_run_passes_the_early_checks(tmp_path):
+    """The same kind keeps today's meaning: --resume continues it (the checks let it through)."""
+    from dataclasses import asdict
+    from specdemo.interfaces.cli import build_parser
+    from specdemo.interfaces.train_cli import check_inputs, out_kind
+    from specdemo.services.training import train
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    out = tmp_path / "D"
+    out.mkdir()
+    (out / "recipe.json").write_text(json.dumps(asdict(train.Recipe(feature_layers=(1, 2)))))
+    args = build_parser().parse_args(["train-draft", "--out", str(out), "--prompts", str(prompts),
+                                      "--resume"])
+    assert out_kind(out) == "eagle3"
+    assert [row["prompt"] for row in check_inputs(args)] == ["hi"]
+
+
+def test_a_damaged_recipe_in_out_is_refused(tmp_path, capsys, no_target_load):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    out = tmp_path / "D"
+    out.mkdir()
+    (out / "recipe.json").write_text("{not json")
+    status, _ = _train(tmp_path, prompts, out)
+    assert status == 2
+    assert capsys.readouterr().err == (f"error: --out {out}: its recipe.json is not one "
+                                       "train-draft wrote (damaged or another program's); give "
+                                       "another --out\n")
+    assert (out / "recipe.json").read_text() == "{not json"

@@ -243,3 +243,24 @@ def test_the_command_line_refuses_a_bad_tree_in_one_sentence(capsys, command):
     assert err[0] == ("error: argument --draft-tree: tree path 1.1 needs its parent 1 earlier "
                       "in the list")
     assert err[1:] == [f"(python -m specdemo {command} --help)"]
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("0;-1", "tree path -1 has a negative rank: ranks count the drafter's guesses from 0 (its "
+             "first guess), like 0;1;0.0"),
+    ("0;0.-2", "tree path 0.-2 has a negative rank"),
+    ("", "draft tree '' holds no path: give off, default, or rank paths like 0;1;0.0;0.1;0.0.0"),
+    ("  ", "draft tree '' holds no path"),
+    (";", "a draft tree needs at least one node"),
+])
+def test_a_tree_spec_is_refused_in_the_users_notation(capsys, spec, says):
+    """Paths are written 0;1;0.0, so a refusal names them that way (not as Python tuples), and
+    a spec with no path at all is refused rather than run as chains."""
+    from specdemo.interfaces.cli import main
+    with pytest.raises(SystemExit) as caught:
+        main(["run", "--prompt", "hi", "--draft-tree", spec])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"error: argument --draft-tree: {says}")
+    assert "tuple" not in err[0] and ",)" not in err[0]  # no Python notation
+    assert err[1:] == ["(python -m specdemo run --help)"]

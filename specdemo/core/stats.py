@@ -70,6 +70,10 @@ class DecodeStats:
         engine: None for our engine; for a lane served by an OpenAI-compatible server, which
             engine reported these counters (``"llama.cpp"``, ``"vllm"``, ``"sglang"``,
             ``"lmstudio"`` or ``"openai-compatible"``; see :mod:`specdemo.services.endpoints`).
+        served_model: for a server lane, the model the server says it serves (llama-server's
+            ``/props`` model file name, else the stream's ``model`` field, else the
+            ``/v1/models`` id requested); None for our engine. Two lanes whose servers name
+            different models are not compared (``services.race``).
         not_reported: names of the counters above that the engine does not report; each is
             None (never estimated) and is shown as "not reported by this engine". Empty for
             our engine.
@@ -103,6 +107,7 @@ class DecodeStats:
     other_cpu_share: float | None = None
     finish_reason: str | None = None
     engine: str | None = None
+    served_model: str | None = None
     not_reported: list[str] = field(default_factory=list)
     tree: str | None = None
     tree_rounds: int = 0

@@ -80,8 +80,13 @@ def shape_problems(paths) -> str | None:
         return f"a draft tree holds at most {MAX_NODES} nodes, this one has {len(paths)}"
     seen: set[tuple[int, ...]] = set()
     for p in paths:
-        if not p or any((not isinstance(r, int)) or r < 0 for r in p):
-            return f"tree path {p!r} is not a non-empty tuple of ranks >= 0"
+        if not p:
+            return "a draft tree path is empty: write ranks separated by dots, like 0.1"
+        if any(isinstance(r, bool) or not isinstance(r, int) for r in p):
+            return f"tree path {p!r} holds something other than whole-number ranks"
+        if any(r < 0 for r in p):
+            return (f"tree path {_dotted(p)} has a negative rank: ranks count the drafter's "
+                    "guesses from 0 (its first guess), like 0;1;0.0")
         if p in seen:
             return f"tree path {_dotted(p)} appears twice"
         if len(p) > 1 and p[:-1] not in seen:
@@ -148,10 +153,14 @@ def named_shape(value: str | None) -> TreeShape | None:
     """``off``/None -> None, ``default`` -> the shipped shape, else rank paths (parse_shape).
 
     Raises:
-        ValueError: a shape that is not a valid tree (one sentence).
+        ValueError: a shape that is not a valid tree, or a blank one (it would silently mean
+            chains), in one sentence.
     """
-    if value is None or value.strip().lower() in ("", "off", "none", "no"):
+    if value is None or value.strip().lower() in ("off", "none", "no"):
         return None
+    if not value.strip():
+        raise ValueError("draft tree '' holds no path: give off, default, or rank paths like "
+                         "0;1;0.0;0.1;0.0.0")
     if value.strip().lower() == "default":
         return parse_shape(DEFAULT_PATHS, "default")
     return parse_shape(value)

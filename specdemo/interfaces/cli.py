@@ -31,6 +31,18 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         refuse(message, self.prog)
 
+    def _check_value(self, action, value):
+        """argparse's refusal of a value outside a flag's choices (or of an unknown subcommand),
+        plus the one it looks like a typo of: ``--backend nativ`` ... (did you mean native?)."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            from ..checks.inputs import closest_name
+            close = closest_name(str(value), [str(c) for c in action.choices or ()])
+            if not close:
+                raise
+            raise argparse.ArgumentError(action, f"{exc.message} (did you mean {close}?)") from None
+
 
 def refuse(message: str, prog: str = "python -m specdemo"):
     """Print ``error: message`` and the help pointer for ``prog`` on stderr; exit status 2."""

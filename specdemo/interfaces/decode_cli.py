@@ -395,12 +395,26 @@ def compare_endpoints(args, endpoints: dict) -> int:
     return 2 if errors else 0
 
 
+def cut_mark(view) -> str:
+    """The line after a lane's text when the lane did not finish: ``[cut: <why>]`` after what it
+    produced (a failure mid-stream keeps its text), ``[stopped]``, ``[not run: <why>]``;
+    "" for a finished lane."""
+    if view.status == "error":
+        return f"[cut: {view.error}]" if view.text else f"[failed: {view.error}]"
+    if view.status == "stopped":
+        return "[stopped here]"
+    if view.status == "skipped":
+        return f"[not run: {view.error}]"
+    return ""
+
+
 def _print_race(args, snap, endpoints: dict) -> None:
     from ..services.endpoints import format_endpoint_stats
     for name, view in snap.panes.items():
         who = endpoints[name].label if endpoints[name] else (
             f"specdemo, draft {args.draft}" if name == "speculative" else "specdemo")
-        print(f"{name} ({who}):\n" + (view.text if view.status != "error" else "") + "\n")
+        mark = cut_mark(view)
+        print(f"{name} ({who}):\n" + view.text + ("\n" + mark if mark else "") + "\n")
     for name, view in snap.panes.items():
         if view.stats is None:
             print(f"[{name}] {view.status}: {view.error}")
@@ -408,13 +422,16 @@ def _print_race(args, snap, endpoints: dict) -> None:
             print(format_endpoint_stats(name, view.stats))
         else:
             print(format_stats(name, view.stats, args.draft_length if view.stats.drafted else None))
-    speed = "n/a" if snap.speedup is None else f"{snap.speedup:.2f}x"
-    if snap.identical is None:
-        same = "n/a"
+    if snap.not_compared:
+        print(f"speedup: not compared   identical: not compared ({snap.not_compared})")
     else:
-        same = "yes" if snap.identical else (f"no, first divergence at {snap.divergence_unit} "
-                                              f"{snap.first_divergence}")
-    print(f"speedup: {speed}   identical: {same}")
+        speed = "n/a" if snap.speedup is None else f"{snap.speedup:.2f}x"
+        if snap.identical is None:
+            same = "n/a"
+        else:
+            same = "yes" if snap.identical else (f"no, first divergence at "
+                                                  f"{snap.divergence_unit} {snap.first_divergence}")
+        print(f"speedup: {speed}   identical: {same}")
     for warning in snap.warnings:
         print(f"warning: {warning}")
 

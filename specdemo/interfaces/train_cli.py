@@ -313,10 +313,13 @@ def _train(args: argparse.Namespace) -> int:
                 print(f"--answers differs from the copy in {out}: using the new file")
             shutil.copyfile(args.answers, kept_answers)
     elif args.generate_endpoint:
-        data.generate_answers_endpoint(args.generate_endpoint, target.tokenizer, train_rows, out,
-                                       recipe.answers_per_prompt, recipe.temperature, recipe.max_new_tokens,
-                                       set(target.eos_token_ids), concurrency=args.generate_batch,
-                                       budget_s=budget_s)
+        try:
+            data.generate_answers_endpoint(args.generate_endpoint, target.tokenizer, train_rows,
+                                           out, recipe.answers_per_prompt, recipe.temperature,
+                                           recipe.max_new_tokens, set(target.eos_token_ids),
+                                           concurrency=args.generate_batch, budget_s=budget_s)
+        except RuntimeError as exc:  # the answers written so far are kept for --resume
+            fail(f"--generate-endpoint: {exc}")
     elif _generate_backend(args, target) != "transformers":
         from ..models.native_backend import BACKENDS as NATIVE
         from ..models.native_backend import NativeError
@@ -588,13 +591,47 @@ def check_init(args: argparse.Namespace) -> None:
              f"{saved['d2t'].numel():,} ids; give --draft-vocab {saved['d2t'].numel()}")
 
 
+KIND_WORDS = {"eagle3": "an EAGLE-3 head", "dflash": "a DFlash drafter"}
+
+
+def out_kind(out: Path) -> str | None:
+    """Which drafter kind the run saved in ``out`` trains (``eagle3``/``dflash``), from its
+    ``recipe.json`` (a DFlash recipe has ``block_size``, an EAGLE-3 one ``ttt_steps``), else
+    from ``train.json``'s ``kind``; None for a folder without either.
+
+    Raises:
+        SystemExit(2): a recipe.json that cannot be read as one (one sentence).
+    """
+    from .decode_cli import fail
+    recipe = out / "recipe.json"
+    if recipe.is_file():
+        try:
+            saved = json.loads(recipe.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            saved = None
+        if isinstance(saved, dict) and ("block_size" in saved) != ("ttt_steps" in saved):
+            return "dflash" if "block_size" in saved else "eagle3"
+        fail(f"--out {out}: its recipe.json is not one train-draft wrote (damaged or another "
+             "program's); give another --out")
+    info = out / "train.json"
+    if info.is_file():
+        try:
+            kind = json.loads(info.read_text()).get("kind")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            kind = None
+        if kind in KIND_WORDS:
+            return kind
+    return None
+
+
 def check_inputs(args: argparse.Namespace) -> list[dict]:
     """The rows of the prompts file, once ``--out``, ``--prompts`` and ``--init`` are known to be
     usable.
 
     Raises:
-        SystemExit(2), with one sentence naming the file (and line): ``--out`` is a file or a
-            non-empty folder of something else; the prompts file is missing, a folder, not
+        SystemExit(2), with one sentence naming the file (and line): ``--out`` is a file, a
+            non-empty folder of something else, or the run of another drafter kind (its
+            ``recipe.json``: nothing of it is overwritten); the prompts file is missing, a folder, not
             UTF-8 text, has a line that is not a JSON object with a non-empty "prompt", or
             holds no training prompt.
     """
@@ -606,6 +643,11 @@ def check_inputs(args: argparse.Namespace) -> list[dict]:
              "if missing)")
     if out.exists() and any(out.iterdir()) and not args.resume and not (out / "recipe.json").exists():
         fail(f"{out} is not empty; give --resume to continue a run there, or another folder")
+    theirs = out_kind(out)
+    if theirs is not None and theirs != args.kind:
+        fail(f"--out {out} holds the run of {KIND_WORDS[theirs]} (its recipe.json), this run "
+             f"trains {KIND_WORDS[args.kind]}: give another --out, or --kind {theirs} to "
+             f"continue that one")
     path = Path(args.prompts or prompt_set.PROMPTS_FILE)
     if not path.exists():
         fail(f"--prompts {path}: no such file")

@@ -228,14 +228,12 @@ def counters_html(view: PaneView | None, speculative: bool, draft_length: int | 
 
 
 def not_compared(snap: RaceSnapshot | None) -> str | None:
-    """Why a finished race has no speedup (a lane stopped, skipped or failed), else None: for
-    the page's speedup chip and the ``/race`` API's ``speedup_note``."""
+    """Why a finished race has no speedup (a lane stopped, skipped or failed; the lanes'
+    servers serve different models), else None: for the page's speedup chip and the ``/race``
+    API's ``speedup_note`` (``RaceSnapshot.not_compared``)."""
     if snap is None or not snap.done:
         return None
-    cut = [f"the {LANE_LABELS.get(name, name)} run "
-           + ("was stopped" if v.status == STOPPED else "did not finish")
-           for name, v in snap.panes.items() if v.status != DONE]
-    return "; ".join(cut) or None
+    return snap.not_compared
 
 
 def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
@@ -271,6 +269,9 @@ def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
         if plain.status != DONE or spec.status != DONE:
             chips.append('<span class="sd-chip sd-na">lossless check: not compared (a run did '
                          'not finish)</span>')
+        elif snap.identical is None:  # both finished, but not comparable (different models)
+            chips.append(f'<span class="sd-chip sd-na">lossless check: not compared '
+                         f'({html.escape(snap.not_compared or "no verdict")})</span>')
         elif temperature > 0:
             chips.append('<span class="sd-chip sd-na">temperature &gt; 0: both sample from the '
                          'same distribution, so the texts differ by chance, not by error</span>')
@@ -315,8 +316,10 @@ def chat_messages(turns: list[dict], speculative: bool, highlight: bool) -> list
     out = []
     for t in turns:
         out.append({"role": "user", "content": t["user"]})
-        if t["status"] == ERROR:
-            body = f'<div class="sd-error">⚠ {html.escape(t["error"] or "error")}</div>'
+        if t["status"] == ERROR:  # what it produced before it failed, marked as cut
+            body = (tokens_html(t["tokens"], highlight and speculative) if t["tokens"] else "") + (
+                f'<div class="sd-error">⚠ {"cut here: " if t["tokens"] else ""}'
+                f'{html.escape(t["error"] or "error")}</div>')
         elif t["status"] in (WAITING, LOADING, SKIPPED) and not t["tokens"]:
             text = t["error"] if t["status"] == SKIPPED and t["error"] else STATUS_TEXT[t["status"]]
             body = f'<div class="sd-pending">{html.escape(text)}</div>'

@@ -106,7 +106,7 @@ def _settings(temperature, top_p, max_new_tokens, seed, draft_length, names: dic
     seed = _valid(inputs.number, names["seed"], -1 if seed in (None, "") else seed, integer=True)
     from ..core.tree import named_shape
     try:
-        tree = named_shape(draft_tree)
+        tree = named_shape(None if draft_tree == "" else draft_tree)  # "": not given (the API's rule)
     except ValueError as exc:
         raise refusal(f"{names.get('draft_tree', 'draft tree')}: {exc}") from None
     return DecodeSettings(

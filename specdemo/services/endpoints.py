@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
+from ..checks import inputs
+from ..checks.inputs import checked
 from ..core.stats import DecodeStats
 
 if TYPE_CHECKING:  # torch loads with the engine: only when a lane runs, not for --help
@@ -62,6 +64,86 @@ NOT_REPORTED_TEXT = "not reported by this engine"
 
 class EndpointError(ValueError):
     """A lane's server cannot be used or failed; the message is one sentence for the user."""
+
+
+class BadField(EndpointError):
+    """A value of the wrong type (or out of range) in a server's answer.
+
+    The message names the field and says what came and what belongs there, e.g. ``a string
+    ('7') for timings.draft_n, where a whole number of 0 or more belongs``; the stream puts the
+    server in front of it (``the server at URL sent ...``).
+    """
+
+    def __init__(self, field: str, value, kind: str) -> None:
+        self.field, self.value, self.kind = field, value, kind
+        super().__init__(f"{_type_word(value)} ({_short(value)}) for {field}, where {kind} belongs")
+
+
+def _type_word(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list)) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _text(value, field: str, optional: bool = True) -> str | None:
+    """A string field (None allowed when ``optional``)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise BadField(field, value, "a string")
+    return value
+
+
+def _count(value, field: str) -> int:
+    """A whole number >= 0 (JSON may write it as 5.0)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not value.is_integer()) or value < 0):
+        raise BadField(field, value, "a whole number of 0 or more")
+    return int(value)
+
+
+def _seconds_from_ms(value, field: str) -> float:
+    """Milliseconds (a finite number >= 0) as seconds."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < 0):
+        raise BadField(field, value, "a number of milliseconds of 0 or more")
+    return float(value) / 1000.0
+
+
+def _object(value, field: str, optional: bool = True) -> dict | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, dict):
+        raise BadField(field, value, "an object")
+    return value
+
+
+def check_timeout(value) -> float:
+    """The endpoint timeout in seconds: a finite number above 0.
+
+    Raises:
+        EndpointError: anything else (0 would fail every connection as "refused", NaN inside the
+            HTTP library).
+    """
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value <= 0):
+        raise EndpointError(f"endpoint timeout must be a number of seconds above 0, got {value!r}")
+    return float(value)
 
 
 # --- addresses ------------------------------------------------------------------------------
@@ -150,11 +232,14 @@ class Endpoint:
     timeout_s: float = 60.0
     allow_remote: bool = False
     engine: str | None = field(default=None, init=False)  # found by :meth:`detect`
+    listed_model: str | None = field(default=None, init=False)  # /v1/models' id, by detect
+    served_file: str | None = field(default=None, init=False)  # llama-server's /props, by detect
 
     def __post_init__(self) -> None:
         self.url = base_url(self.url, self.allow_remote)
         if self.api not in APIS:
             raise EndpointError(f"endpoint API {self.api!r} is not one of {', '.join(APIS)}")
+        self.timeout_s = check_timeout(self.timeout_s)
         api_key(self.key_env)  # a named variable that is not set is refused up front
 
     @property
@@ -171,10 +256,13 @@ class Endpoint:
                             headers=self.headers(), trust_env=False)
 
     def detect(self, client) -> None:
-        """Ask ``/v1/models`` which engine serves and which model (when none was named).
+        """Ask ``/v1/models`` which engine serves and which model (when none was named), and
+        llama-server's ``/props`` which model file it has loaded (``served_file``: its name
+        ignores the model name a request gives).
 
         Raises:
-            EndpointError: no connection, an HTTP error, or an answer that is not OpenAI's.
+            EndpointError: no connection, an HTTP error, or an answer that is not OpenAI's (a
+                field of the wrong type is named).
         """
         if self.engine is not None and self.model:
             return
@@ -183,13 +271,50 @@ class Endpoint:
         if not isinstance(models, list):
             raise EndpointError(f"{shown_url(self.url)}/v1/models did not answer like an "
                                 f"OpenAI-compatible server (no 'data' list)")
-        owners = {str(m.get("owned_by", "")).lower() for m in models if isinstance(m, dict)}
-        self.engine = engine_name(owners)
-        if not self.model:
-            if not models or not isinstance(models[0], dict) or "id" not in models[0]:
-                raise EndpointError(f"the server at {shown_url(self.url)} lists no model; name "
-                                    f"one with --endpoint-model")
-            self.model = str(models[0]["id"])
+        with answer_of(self.url):
+            owners, ids = set(), []
+            for i, entry in enumerate(models):
+                entry = _object(entry, f"/v1/models data[{i}]", optional=False)
+                owners.add((_text(entry.get("owned_by"), f"/v1/models data[{i}].owned_by")
+                            or "").lower())
+                ids.append(_text(entry.get("id"), f"/v1/models data[{i}].id"))
+            self.engine = engine_name(owners)
+            if not self.model:
+                if not ids or ids[0] is None:
+                    raise EndpointError(f"the server at {shown_url(self.url)} lists no model; "
+                                        f"name one with --endpoint-model")
+                self.model = ids[0]
+            self.listed_model = self.model
+            if self.engine == "llama.cpp":
+                self.served_file = _props_model(client, self.url)
+
+
+def _props_model(client, url: str) -> str | None:
+    """The file name of the model llama-server has loaded (``/props``' ``model_path``), or None
+    when it does not say (an older server, a proxy in front of it)."""
+    try:
+        props = _get_json(client, url + "/props", url)
+    except EndpointError:
+        return None
+    if not isinstance(props, dict):
+        return None
+    path = _text(props.get("model_path"), "/props model_path")
+    return re.split(r"[\\/]", path)[-1] if path else None
+
+
+class answer_of:
+    """``with answer_of(url):`` turns a :class:`BadField` raised inside into one sentence that
+    names the server: ``the server at URL sent a string ('7') for timings.draft_n, where ...``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if isinstance(exc, BadField):
+            raise EndpointError(f"the server at {shown_url(self.url)} sent {exc}") from None
 
 
 def engine_name(owners: set[str]) -> str:
@@ -205,9 +330,30 @@ def engine_name(owners: set[str]) -> str:
     return "openai-compatible"
 
 
+def _tls_error(exc: BaseException):
+    """The ``ssl.SSLError`` under an httpx error, or None."""
+    import ssl
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ssl.SSLError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
 def _describe_http(exc: Exception, url: str, during: str = "") -> str:
+    import ssl
+
     import httpx
     where = shown_url(url)
+    tls = _tls_error(exc)
+    if tls is not None:
+        if isinstance(tls, ssl.SSLCertVerificationError):
+            return (f"the server at {where} answered https:// with a TLS certificate this machine "
+                    f"does not trust ({getattr(tls, 'verify_message', None) or tls.reason})")
+        return (f"could not make a TLS (https://) connection to {where}: the server did not "
+                f"answer in TLS ({tls.reason or type(tls).__name__}); if it serves plain HTTP, "
+                f"use http://")
     if isinstance(exc, httpx.ConnectError):
         return f"could not connect to {where}: connection refused or host unreachable (is the server running?)"
     if isinstance(exc, httpx.TimeoutException):
@@ -297,13 +443,16 @@ def llama_cpp_stats(timings: dict) -> dict:
     ``draft_n`` / ``draft_n_accepted`` are sent only when the slot drafted
     (``server_slot_stats::to_json``), so their absence means 0 drafted. llama-server does not
     report its verification forwards or per-position counts per request.
+
+    Raises:
+        BadField: a value that is not a count (``prompt_ms``: not milliseconds).
     """
-    out: dict = {"drafted": int(timings.get("draft_n", 0)),
-                 "accepted": int(timings.get("draft_n_accepted", 0))}
+    out: dict = {"drafted": _count(timings.get("draft_n", 0), "timings.draft_n"),
+                 "accepted": _count(timings.get("draft_n_accepted", 0), "timings.draft_n_accepted")}
     if "prompt_ms" in timings:
-        out["prefill_s"] = float(timings["prompt_ms"]) / 1000.0
+        out["prefill_s"] = _seconds_from_ms(timings["prompt_ms"], "timings.prompt_ms")
     if "prompt_n" in timings:
-        out["prompt_tokens"] = int(timings["prompt_n"])
+        out["prompt_tokens"] = _count(timings["prompt_n"], "timings.prompt_n")
     return out
 
 
@@ -311,25 +460,35 @@ def sglang_stats(meta_info: dict) -> dict:
     """DecodeStats fields from SGLang's ``meta_info``: ``spec_verify_ct`` = verification forwards
     (our ``target_forwards`` and ``rounds``). SGLang reports no drafted/accepted counts; its
     ``spec_accept_length`` (= completion tokens / verify count) matches our
-    ``mean_acceptance_length`` computed from those forwards."""
+    ``mean_acceptance_length`` computed from those forwards.
+
+    Raises:
+        BadField: a value that is not a count.
+    """
     out: dict = {}
     if "spec_verify_ct" in meta_info:
-        out["target_forwards"] = out["rounds"] = int(meta_info["spec_verify_ct"])
+        out["target_forwards"] = out["rounds"] = _count(meta_info["spec_verify_ct"],
+                                                        "meta_info.spec_verify_ct")
     if "prompt_tokens" in meta_info:
-        out["prompt_tokens"] = int(meta_info["prompt_tokens"])
+        out["prompt_tokens"] = _count(meta_info["prompt_tokens"], "meta_info.prompt_tokens")
     return out
 
 
 def lmstudio_stats(stats: dict) -> dict:
-    """DecodeStats fields from LM Studio's ``stats``: total / accepted draft tokens."""
+    """DecodeStats fields from LM Studio's ``stats``: total / accepted draft tokens.
+
+    Raises:
+        BadField: a value that is not a count.
+    """
+    def count(name: str) -> int:
+        return _count(stats[name], f"stats.{name}")
     out: dict = {}
     if "total_draft_tokens_count" in stats:
-        out["drafted"] = int(stats["total_draft_tokens_count"])
+        out["drafted"] = count("total_draft_tokens_count")
     elif "accepted_draft_tokens_count" in stats and "rejected_draft_tokens_count" in stats:
-        out["drafted"] = (int(stats["accepted_draft_tokens_count"])
-                          + int(stats["rejected_draft_tokens_count"]))
+        out["drafted"] = count("accepted_draft_tokens_count") + count("rejected_draft_tokens_count")
     if "accepted_draft_tokens_count" in stats:
-        out["accepted"] = int(stats["accepted_draft_tokens_count"])
+        out["accepted"] = count("accepted_draft_tokens_count")
     return out
 
 
@@ -357,6 +516,8 @@ def vllm_counters(text: str) -> dict:
         try:
             value = float(m.group(3))
         except ValueError:
+            continue
+        if not math.isfinite(value):  # NaN / +Inf are valid samples, not counts
             continue
         if name.endswith("_per_pos"):
             pos = _POSITION.search(m.group(2) or "")
@@ -414,32 +575,99 @@ def apply_reported(stats: DecodeStats, reported: dict) -> DecodeStats:
 
 # --- the stream ---------------------------------------------------------------------------------
 
-def _chunk_text(chunk: dict) -> str:
+def _choice(chunk: dict) -> dict | None:
+    """The first choice of a chunk (None for a chunk without one, e.g. the usage chunk).
+
+    Raises:
+        BadField: ``choices`` is not a list, or its first entry not an object.
+    """
     choices = chunk.get("choices")
-    if not isinstance(choices, list) or not choices:
+    if choices is None:
+        return None
+    if not isinstance(choices, list):
+        raise BadField("choices", choices, "a list")
+    return _object(choices[0], "choices[0]", optional=False) if choices else None
+
+
+def _chunk_text(chunk: dict) -> str:
+    """The text a chunk adds (``delta.content`` on chat, ``text`` on completions).
+
+    Raises:
+        BadField: either is not a string (or null).
+    """
+    choice = _choice(chunk)
+    if choice is None:
         return ""
-    choice = choices[0] if isinstance(choices[0], dict) else {}
     if "delta" in choice:
-        delta = choice.get("delta") or {}
-        return delta.get("content") or ""
-    return choice.get("text") or ""
+        delta = _object(choice.get("delta"), "choices[0].delta") or {}
+        return _text(delta.get("content"), "choices[0].delta.content") or ""
+    return _text(choice.get("text"), "choices[0].text") or ""
 
 
 def _finish(chunk: dict) -> str | None:
-    for choice in chunk.get("choices") or ():
-        if isinstance(choice, dict) and choice.get("finish_reason"):
-            return choice["finish_reason"]
-    return None
+    choice = _choice(chunk)
+    return _text(choice.get("finish_reason"), "choices[0].finish_reason") if choice else None
 
 
 def _find(chunk: dict, key: str):
-    """``chunk[key]`` at the top level or in the first choice (engines differ)."""
-    if isinstance(chunk.get(key), dict):
-        return chunk[key]
-    for choice in chunk.get("choices") or ():
-        if isinstance(choice, dict) and isinstance(choice.get(key), dict):
-            return choice[key]
+    """``chunk[key]`` at the top level or in the first choice (engines differ); None when
+    absent.
+
+    Raises:
+        BadField: present but not an object.
+    """
+    if chunk.get(key) is not None:
+        return _object(chunk[key], key)
+    choice = _choice(chunk)
+    if choice is not None and choice.get(key) is not None:
+        return _object(choice[key], f"choices[0].{key}")
     return None
+
+
+@dataclass
+class ChunkParts:
+    """What one streamed chunk says, each field checked for its type.
+
+    Attributes:
+        text: the text it adds (``""`` for none).
+        ids: token ids it carries (llama-server's ``__verbose.tokens``), else [].
+        finish: ``finish_reason`` of the first choice, or None.
+        usage: ``{"completion_tokens", "prompt_tokens"}`` present in ``usage``, else None.
+        reported: DecodeStats fields from the engine's own counters (``*_stats``).
+        predicted_n: llama-server's ``timings.predicted_n`` (tokens so far), else None.
+        model: the chunk's ``model`` field, else None.
+    """
+
+    text: str
+    ids: list[int]
+    finish: str | None
+    usage: dict | None
+    reported: dict
+    predicted_n: int | None
+    model: str | None
+
+    @classmethod
+    def read(cls, chunk: dict) -> "ChunkParts":
+        """Raises: BadField naming the first field of the wrong type."""
+        reported: dict = {}
+        timings = _object(chunk.get("timings"), "timings")
+        predicted_n = None
+        if timings is not None:
+            reported.update(llama_cpp_stats(timings))
+            if timings.get("predicted_n") is not None:
+                predicted_n = _count(timings["predicted_n"], "timings.predicted_n")
+        for key, mapper in (("meta_info", sglang_stats), ("stats", lmstudio_stats)):
+            found = _find(chunk, key)
+            if found:
+                reported.update(mapper(found))
+        raw_usage = _object(chunk.get("usage"), "usage")
+        usage = None
+        if raw_usage:
+            usage = {name: _count(raw_usage[name], f"usage.{name}")
+                     for name in ("completion_tokens", "prompt_tokens")
+                     if raw_usage.get(name) is not None}
+        return cls(_chunk_text(chunk), _chunk_ids(chunk), _finish(chunk), usage, reported,
+                   predicted_n, _text(chunk.get("model"), "model"))
 
 
 def stream_events(endpoint: Endpoint, messages: list[dict], settings,
@@ -452,9 +680,14 @@ def stream_events(endpoint: Endpoint, messages: list[dict], settings,
         messages: ``[{"role", "content"}, ...]`` (system prompt included when there is one).
         settings: :class:`specdemo.services.pipeline.DecodeSettings` (draft length is the server's).
         cancel: set it to stop reading; the last event then has finish_reason ``cancelled``.
+    Every field read from the stream is checked (:class:`ChunkParts`). ``stats.served_model``
+    is what the server says it serves: llama-server's ``/props`` model file, else the stream's
+    ``model`` field, else the ``/v1/models`` id requested.
+
     Raises:
-        EndpointError: one sentence: no connection, a timeout, an HTTP error, an answer that is not
-            OpenAI's, or a server that closed the stream before its end.
+        EndpointError: one sentence: no connection, a timeout, a TLS mismatch, an HTTP error, an
+            answer that is not OpenAI's (a field of the wrong type is named), or a server that
+            closed the stream before its end.
     """
     import httpx
 
@@ -465,8 +698,9 @@ def stream_events(endpoint: Endpoint, messages: list[dict], settings,
         before = _vllm_metrics(client, endpoint) if endpoint.engine == "vllm" else None
         path = "/v1/chat/completions" if endpoint.api == "chat" else "/v1/completions"
         stats = DecodeStats(engine=endpoint.engine)
+        stats.served_model = endpoint.served_file or endpoint.listed_model
         ids: list[int] = []
-        chunks, usage, reported, finish = 0, None, {}, None
+        chunks, usage, reported, finish, model = 0, None, {}, None, None
         start = time.perf_counter()
         ended = False
         try:
@@ -500,31 +734,27 @@ def stream_events(endpoint: Endpoint, messages: list[dict], settings,
                         raise EndpointError(f"the server at {shown_url(endpoint.url)} sent a "
                                             f"chunk without 'choices': it is not an "
                                             f"OpenAI-compatible stream")
-                    finish = _finish(chunk) or finish
-                    usage = chunk.get("usage") or usage
-                    new_ids = _chunk_ids(chunk)
-                    timings = chunk.get("timings")
-                    if isinstance(timings, dict):
-                        reported.update(llama_cpp_stats(timings))
-                    for key, mapper in (("meta_info", sglang_stats), ("stats", lmstudio_stats)):
-                        found = _find(chunk, key)
-                        if found:
-                            reported.update(mapper(found))
-                    text = _chunk_text(chunk)
-                    if not text and not new_ids:
+                    with answer_of(endpoint.url):  # a field of the wrong type: one sentence
+                        part = ChunkParts.read(chunk)
+                    finish = part.finish or finish
+                    usage = part.usage or usage
+                    reported.update(part.reported)
+                    model = model or part.model  # the first chunk's name
+                    stats.served_model = endpoint.served_file or model or endpoint.listed_model
+                    if not part.text and not part.ids:
                         continue
                     now = time.perf_counter() - start
                     chunks += 1
-                    ids += new_ids
+                    ids += part.ids
                     if stats.ttft_s is None:
                         stats.ttft_s = now
                     stats.elapsed_s = now
-                    if isinstance(timings, dict) and "predicted_n" in timings:
-                        stats.new_tokens = int(timings["predicted_n"])
+                    if part.predicted_n is not None:
+                        stats.new_tokens = part.predicted_n
                     else:
                         stats.new_tokens = len(ids) or chunks
                     apply_reported(stats, reported)  # live: llama-server sends timings per chunk
-                    yield DecodeEvent(new_ids, [False] * len(new_ids), text, stats.copy())
+                    yield DecodeEvent(part.ids, [False] * len(part.ids), part.text, stats.copy())
                 else:
                     ended = True
         except httpx.HTTPError as exc:
@@ -538,8 +768,8 @@ def stream_events(endpoint: Endpoint, messages: list[dict], settings,
         if before is not None:
             reported.update(vllm_stats(before, _vllm_metrics(client, endpoint)))
     if usage:
-        stats.new_tokens = int(usage.get("completion_tokens", stats.new_tokens))
-        stats.prompt_tokens = int(usage.get("prompt_tokens", 0))
+        stats.new_tokens = usage.get("completion_tokens", stats.new_tokens)
+        stats.prompt_tokens = usage.get("prompt_tokens", 0)
     apply_reported(stats, reported)
     stats.finish_reason = {"stop": "stop", "length": "length"}.get(finish, finish)
     yield DecodeEvent([], [], "", stats.copy(), done=True)
@@ -547,11 +777,18 @@ def stream_events(endpoint: Endpoint, messages: list[dict], settings,
 
 def _chunk_ids(chunk: dict) -> list[int]:
     """Token ids in a chunk when the server sends them (llama-server: ``__verbose.tokens`` on
-    ``/v1/completions`` with ``verbose``); else []."""
-    verbose = chunk.get("__verbose")
-    if isinstance(verbose, dict) and isinstance(verbose.get("tokens"), list):
-        return [int(t) for t in verbose["tokens"]]
-    return []
+    ``/v1/completions`` with ``verbose``); else [].
+
+    Raises:
+        BadField: ``__verbose`` not an object, ``tokens`` not a list of token ids.
+    """
+    verbose = _object(chunk.get("__verbose"), "__verbose")
+    if verbose is None or verbose.get("tokens") is None:
+        return []
+    tokens = verbose["tokens"]
+    if not isinstance(tokens, list):
+        raise BadField("__verbose.tokens", tokens, "a list of token ids")
+    return [_count(t, f"__verbose.tokens[{i}]") for i, t in enumerate(tokens)]
 
 
 def _vllm_metrics(client, endpoint: Endpoint) -> dict:
@@ -625,8 +862,10 @@ def add_endpoint_flags(parser, lanes: bool = True) -> None:
                        help="chat: /v1/chat/completions (the server's chat template); "
                             "completions: /v1/completions (raw text; llama-server then returns "
                             "token ids)")
-    group.add_argument("--endpoint-timeout", default=60.0, type=float, metavar="S",
-                       help="seconds to wait for a connection or a chunk (default %(default)s)")
+    group.add_argument("--endpoint-timeout", default=60.0, metavar="S",
+                       type=checked(inputs.number, "endpoint timeout (seconds)", above=0),
+                       help="seconds to wait for a connection or a chunk, above 0 (default "
+                            "%(default)s)")
     group.add_argument("--allow-remote-endpoint", action="store_true",
                        help="allow an endpoint that is not on this machine (the prompt leaves it)")
 

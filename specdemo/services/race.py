@@ -158,11 +158,17 @@ class RaceSnapshot:
         phase: the lane running now, ``replay``, or ``done``.
         clock_s: during a replay, the replay clock in measured seconds; else None.
         speedup: tokens_per_s(speculative) / tokens_per_s(plain), once both have tokens; None
-            during a replay (the values there are partial) and when a lane ended without
+            during a replay (the values there are partial), when a lane ended without
             finishing (stopped, skipped, failed: a finished run against a cut one is no
-            comparison).
-        first_divergence: index of the first differing token once both lanes finished, else None.
-        identical: True/False once both lanes finished with tokens, else None.
+            comparison) and when the lanes' servers serve different models.
+        first_divergence: index of the first differing token once both lanes finished (status
+            done), else None.
+        identical: True/False once both lanes finished (status done) with tokens, else None: a
+            run that failed or was stopped is cut, and a cut output says nothing about
+            losslessness; None too for lanes on different models.
+        not_compared: once both lanes ended, why there is no speedup or identity verdict (``the
+            speculative run did not finish``, ``was stopped``, ``the lanes ran different
+            models: ...``; ``; ``-joined), else None.
         warnings: sentences on why the speedup may not hold (``pipeline.race_warnings``: other
             processes used much of the CPU during a finished lane), else empty; a replay
             carries the recorded race's.
@@ -182,10 +188,24 @@ class RaceSnapshot:
     warnings: tuple[str, ...] = ()
     divergence_unit: str = "token"
     lossless_note: str | None = None
+    not_compared: str | None = None
 
     @property
     def done(self) -> bool:
         return self.phase == "done"
+
+
+def different_models(plain: DecodeStats | None, speculative: DecodeStats | None) -> str | None:
+    """``the lanes ran different models: plain A, speculative B`` when both lanes' servers are
+    of one engine, say what they serve (``stats.served_model``) and it differs, else None: a
+    speedup or an output comparison across two models measures the models, not speculative
+    decoding. Engines name models differently (llama-server a GGUF file, vLLM a hub id), so
+    names from two engines are not compared."""
+    a = plain.served_model if plain is not None else None
+    b = speculative.served_model if speculative is not None else None
+    if not a or not b or a == b or plain.engine != speculative.engine:
+        return None
+    return f"the lanes ran different models: plain {a}, speculative {b}"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -455,21 +475,29 @@ class Race:
         plain, spec = views.get(PLAIN), views.get(SPECULATIVE)
         gain = divergence = identical = None
         unit = "token"
-        if plain and spec and plain.stats and spec.stats:
+        last = {n: r.steps[-1].stats if r.steps else None for n, r in self.records.items()}
+        models = different_models(last.get(PLAIN), last.get(SPECULATIVE))
+        if plain and spec and plain.stats and spec.stats and models is None:
             cut = plain.finished and spec.finished and not plain.status == spec.status == DONE
             if phase != "replay" and not cut:
                 gain = speedup(plain.stats, spec.stats)
-            if plain.finished and spec.finished:
+            if plain.status == spec.status == DONE:  # a cut output is no evidence either way
                 divergence, unit = output_divergence(plain.token_ids, spec.token_ids,
                                                      plain.text, spec.text)
                 identical = divergence is None
+        reasons = []
+        if plain and spec and plain.finished and spec.finished:
+            reasons = [f"the {v.name} run " + ("was stopped" if v.status == STOPPED
+                                               else "did not finish")
+                       for v in views.values() if v.status != DONE]
+            reasons += [models] if models else []
         if phase == "replay":  # the recorded race's warnings, not those of the steps shown so far
-            last = {n: r.steps[-1].stats if r.steps else None for n, r in self.records.items()}
             warnings = race_warnings(last.get(PLAIN), last.get(SPECULATIVE))
         else:
             warnings = race_warnings(plain.stats if plain else None, spec.stats if spec else None)
         return RaceSnapshot(views, phase, clock_s, gain, divergence, identical, tuple(warnings),
-                            divergence_unit=unit, lossless_note=self.lossless_note)
+                            divergence_unit=unit, lossless_note=self.lossless_note,
+                            not_compared="; ".join(reasons) or None)
 
     def snapshot(self) -> RaceSnapshot:
         """Both panes as recorded so far."""
@@ -706,4 +734,4 @@ def snapshot_dict(snap: RaceSnapshot) -> dict:
     return {**{name: pane_dict(view) for name, view in snap.panes.items()},
             "speedup": snap.speedup, "identical": snap.identical,
             "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
-            "warnings": list(snap.warnings)}
+            "not_compared": snap.not_compared, "warnings": list(snap.warnings)}

@@ -223,7 +223,8 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
     apart), then left out of the file (a later ``--resume`` asks for it again).
 
     Raises:
-        RuntimeError: the server did not answer or answered without token ids.
+        RuntimeError: the server answered an HTTP error, without token ids, or with token ids
+            that are not whole numbers of 0 or more (one sentence).
     """
     import concurrent.futures as cf
 
@@ -252,9 +253,20 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
                 if attempt == retries:
                     return None  # left out now; --resume asks for it again
                 time.sleep(min(60.0, 5.0 * 2 ** attempt))
-        answer = reply.json().get("tokens")
+            except httpx.HTTPStatusError as exc:
+                raise RuntimeError(f"{base}/completion answered HTTP {exc.response.status_code} "
+                                   "(is it llama-server?)") from None
+        try:
+            reply_json = reply.json()
+        except ValueError:
+            reply_json = None
+        answer = reply_json.get("tokens") if isinstance(reply_json, dict) else None
         if not isinstance(answer, list):
             raise RuntimeError(f"{base}/completion answered without token ids (is it llama-server?)")
+        bad = next((t for t in answer if isinstance(t, bool) or not isinstance(t, int) or t < 0), None)
+        if bad is not None:
+            raise RuntimeError(f"the server at {base} sent {bad!r} among the token ids of "
+                               "/completion's tokens, where whole numbers of 0 or more belong")
         cut = next((n + 1 for n, t in enumerate(answer) if t in eos_token_ids), len(answer))
         return {"prompt_index": i, "answer_index": a, "task": rows[i].get("task", "chat"), "temperature": temp,
                 "ids": ids + answer[:cut], "n_prompt": len(ids), "source": "llama-server"}
