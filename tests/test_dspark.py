@@ -288,3 +288,19 @@ def test_a_bad_min_survival_setting_is_refused(target, tmp_path, monkeypatch):
     _refused(folder, target, "SPECDEMO_DSPARK_MIN_SURVIVAL must be a number from 0 to 1, got 'lots'")
     monkeypatch.setenv("SPECDEMO_DSPARK_MIN_SURVIVAL", "0.5")
     assert load_learned(str(folder), loaded(target)).min_survival == 0.5
+
+
+def test_compare_races_a_dspark_folder_and_stays_identical(tmp_path, capsys):
+    from specdemo.interfaces import cli
+    from test_learned_presets import save_target
+    model = tiny_llama(seed=11, vocab_size=64, layers=2)
+    save_target(model, tmp_path / "target")
+    folder = dspark.save_dspark(tiny_dspark(model, seed=2), tmp_path / "draft")
+    code = cli.main(["compare", "--target", str(tmp_path / "target"), "--draft", str(folder),
+                     "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "8",
+                     "--prompt", "w1 w2 w3 w1 w2", "--json"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and result["identical"] is True
+    spec = result["speculative"]
+    assert spec["drafted_by"] == {str(folder): spec["drafted"]} and spec["drafted"] > 0
+    assert len(spec["per_position_acceptance"]) == len(spec["position_drafted"]) >= 1
