@@ -343,7 +343,7 @@ def test_dspark_block_logits_and_confidence_equal_speculators(tmp_path, dflash_t
     if conf is None:
         assert loaded.model.confidence_head is None and confidence == []
     else:
-        torch.testing.assert_close(torch.tensor(confidence), conf[first:].sigmoid(), atol=1e-5,
+        torch.testing.assert_close(torch.stack(confidence), conf[first:].sigmoid(), atol=1e-5,
                                    rtol=0)
 
 

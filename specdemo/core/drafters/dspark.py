@@ -444,10 +444,11 @@ class DSparkDrafter(DFlashDrafter):
     One backbone forward per proposal (DFlash's, with its context cache and rollback), then the
     Markov chain left to right. Each position's distribution is the target's sampling
     parameters applied to its biased logits (one-hot at the argmax when greedy): the q of
-    verification. With a confidence head, drafting stops before the first position whose prefix
-    survival falls below ``min_survival`` (at least one token is drafted), and the proposal's
-    ``confidence`` holds each drafted position's ``c_j``; a ``keep_going`` callback (the draft-
-    length policy's, ``stops_early``) may stop it sooner.
+    verification. With a confidence head the proposal ends before the first position whose
+    prefix survival falls below ``min_survival`` (at least one token is proposed; the chain's
+    ids and ``c_j`` reach the host in one transfer, so the cut is made there), and its
+    ``confidence`` holds each proposed position's ``c_j``; a ``keep_going`` callback (the draft-
+    length policy's, ``stops_early``) may stop the chain sooner.
 
     Args:
         model: a :class:`DSparkModel`.
@@ -490,15 +491,30 @@ class DSparkDrafter(DFlashDrafter):
             def pick(logits):
                 return sampler.draw(fit_vocab(logits, self.vocab_size))
         more = None
-        if keep_going is not None:
-            def more(confidence):
-                return keep_going(confidence if self.dspark.confidence_head is not None
-                                  else [float(c) for c in sampler.confidence])
+        if keep_going is not None and self.dspark.confidence_head is None:
+            def more(_):
+                return keep_going([float(c) for c in sampler.confidence])
+        elif keep_going is not None:
+            more = keep_going
         _, confidence = self._chain(context, k, pick, more)
-        proposal = sampler.proposal(self.name)
-        if self.dspark.confidence_head is not None:
-            proposal.confidence = confidence[:len(proposal.ids)]
+        if confidence:  # the head's estimates replace the drafts' own probabilities
+            sampler.confidence[:len(confidence)] = confidence
+        proposal = sampler.proposal(self.name)  # ids and confidences: one transfer
+        n = self._surviving(proposal.confidence) if confidence else len(proposal.ids)
+        if n < len(proposal.ids):
+            proposal = Proposal(proposal.ids[:n], proposal.probs[:n], proposal.source,
+                                proposal.confidence[:n])
         return proposal
+
+    def _surviving(self, confidence: list[float]) -> int:
+        """How many leading drafts keep the prefix survival ``prod c_j`` at ``min_survival`` or
+        above (at least one)."""
+        survive = 1.0
+        for j, c in enumerate(confidence):
+            survive *= c
+            if j > 0 and survive < self.min_survival:
+                return j
+        return len(confidence)
 
     @torch.inference_mode()
     def _chain(self, context: list[int], k: int, pick, keep_going=None):
@@ -507,33 +523,34 @@ class DSparkDrafter(DFlashDrafter):
         Args:
             pick: ``pick((Vd,) float32 logits) -> (1,) long tensor``, the target id drawn there
                 (it becomes the next position's previous token).
-            keep_going: None, or ``keep_going(confidence so far) -> bool`` asked after each token.
+            keep_going: None, or ``keep_going(confidence so far: list[float]) -> bool`` asked
+                after each token (then each ``c_j`` is read on the host as it is made).
         Returns:
             (list of the (Vd,) float32 biased logits of each drafted position, list of their
-            ``c_j``: empty without a confidence head).
+            ``c_j`` as () float32 tensors on the drafter's device: empty without a confidence
+            head).
         """
         m = self.dspark
         hidden = self._block_hidden(context)[self._first:self._first + k]  # (n, H)
         head = m.lm_head if m.lm_head is not None else self._head
         base = head(hidden.to(head.weight.dtype))  # (n, Vd)
         prev = torch.tensor([context[-1]], device=hidden.device)
-        state, survive, rows, confidence = None, 1.0, [], []
+        state, rows, confidence, said = None, [], [], []
         for j in range(hidden.shape[0]):
             emb = m.markov_head.markov_w1(prev)[0] if m.markov_head is not None else None
-            if m.confidence_head is not None:
-                c = float(torch.sigmoid(m.confidence_logit(hidden[j], emb).float()))
-                if j > 0 and survive * c < self.min_survival:
-                    break
-                survive *= c
-                confidence.append(c)
             logits = base[j]
             if m.markov_head is not None:
                 bias, state = m.markov_head.bias(emb, hidden[j], state)
                 logits = logits + bias.to(logits.dtype)
             rows.append(logits.float())
+            if m.confidence_head is not None:
+                confidence.append(torch.sigmoid(m.confidence_logit(hidden[j], emb).float()))
             prev = pick(rows[-1]).view(1)
-            if keep_going is not None and not keep_going(confidence):
-                break
+            if keep_going is not None:
+                if confidence:
+                    said.append(float(confidence[-1]))
+                if not keep_going(said):
+                    break
         return rows, confidence
 
     @property
