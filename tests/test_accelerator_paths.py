@@ -16,6 +16,7 @@ import torch
 
 from specdemo.core import clock
 from specdemo.core.drafters.dflash import DFlashDrafter
+from specdemo.core.drafters.dspark import DSparkDrafter
 from specdemo.core.drafters.draft_model import ModelDrafter, early_exit_view
 from specdemo.core.drafters.eagle import Eagle3Drafter
 from specdemo.models.learned import load_learned, target_dtype
@@ -26,10 +27,11 @@ from specdemo.core.kv import KVModel
 from specdemo.models.loading import LoadedModel
 from specdemo.core.policy import FixedDraftLength
 from specdemo.core.sampling import Generators, SamplingParams, generator_for
-from tiny import (CharTokenizer, tiny_dflash, tiny_eagle, tiny_gemma4, tiny_gemma4_assistant,
-                  tiny_llama, tiny_mtp_target)
+from tiny import (CharTokenizer, tiny_dflash, tiny_dspark, tiny_eagle, tiny_gemma4,
+                  tiny_gemma4_assistant, tiny_llama, tiny_mtp_target)
 
 PROMPT = CharTokenizer().encode("speculative decoding, made visible")
+DRAFTERS = ["ngram", "early-exit:1", "eagle3", "dflash", "dspark", "gemma4-assistant", "mtp"]
 CUDA = torch.cuda.is_available()
 
 
@@ -44,6 +46,7 @@ def _drafters(device="cpu", dtype=torch.float32):
     llama = tiny_llama(seed=1, layers=3).to(device, dtype)
     eagle = tiny_eagle(llama, draft_vocab=20, scale=4.0).to(device, dtype)
     dflash = tiny_dflash(llama, block_size=4).to(device, dtype)
+    dspark = tiny_dspark(llama, block_size=4, feature_layers=(1, 3)).to(device, dtype)
     gemma = tiny_gemma4(seed=1).to(device, dtype)
     assistant = tiny_gemma4_assistant(gemma, seed=3).to(device, dtype)
     glm, mtp = tiny_mtp_target(seed=2)
@@ -54,6 +57,7 @@ def _drafters(device="cpu", dtype=torch.float32):
         "early-exit:1": (llama, lambda: ModelDrafter(early, 32, name="early-exit:1", shares_weights=True)),
         "eagle3": (llama, lambda: Eagle3Drafter(eagle, 32)),
         "dflash": (llama, lambda: DFlashDrafter(dflash, llama, 32)),
+        "dspark": (llama, lambda: DSparkDrafter(dspark, llama, 32)),
         "gemma4-assistant": (gemma, lambda: Gemma4AssistantDrafter(assistant, gemma, 32)),
         "mtp": (glm, lambda: NativeMtpDrafter(mtp, glm, 32)),
     }
@@ -135,7 +139,7 @@ def test_generators_make_one_seeded_generator_per_device(monkeypatch):
     assert gens.on("mps").device == torch.device("mps")
 
 
-@pytest.mark.parametrize("name", ["ngram", "early-exit:1", "eagle3", "dflash", "gemma4-assistant", "mtp"])
+@pytest.mark.parametrize("name", DRAFTERS)
 def test_every_random_draw_uses_a_generator_on_the_sampled_tensors_device(monkeypatch, name):
     """Every ``torch.multinomial`` / ``torch.rand`` of a seeded decode (drafters and verification)
     gets a generator whose device is that of the tensor it samples; the engine hands drafters
@@ -200,7 +204,7 @@ class Transfers:
             monkeypatch.setattr(torch.Tensor, method, wrapper)
 
 
-@pytest.mark.parametrize("name", ["ngram", "early-exit:1", "eagle3", "dflash", "gemma4-assistant", "mtp"])
+@pytest.mark.parametrize("name", DRAFTERS)
 def test_greedy_rounds_move_only_argmaxes_in_one_transfer_each(monkeypatch, name):
     """Per verification round: one ``.tolist()`` of the target's k+1 argmaxes, and one of the
     drafter's ids (none for prompt lookup); no full-vocabulary row, no per-token ``int``/``float``.
@@ -316,7 +320,7 @@ def test_the_page_and_the_json_say_when_layers_are_offloaded(tmp_path, monkeypat
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("name", ["ngram", "early-exit:1", "eagle3", "dflash", "gemma4-assistant", "mtp"])
+@pytest.mark.parametrize("name", DRAFTERS)
 def test_cuda_greedy_speculative_equals_plain_in_float32(name):
     target, make = _drafters("cuda")[name]
     plain = generate(KVModel(target), PROMPT, CharTokenizer(), max_new_tokens=24)
@@ -326,7 +330,7 @@ def test_cuda_greedy_speculative_equals_plain_in_float32(name):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("name", ["ngram", "early-exit:1", "eagle3", "dflash", "gemma4-assistant", "mtp"])
+@pytest.mark.parametrize("name", DRAFTERS)
 def test_cuda_seeded_sampling_with_each_drafter(name):
     target, make = _drafters("cuda")[name]
     params = SamplingParams(temperature=0.8, top_k=20, seed=5)

@@ -2,7 +2,7 @@
 refused with one sentence naming the file and the fault (never a traceback, never a verdict about
 tokenizers), and a folder that loads but can never draft (non-finite weights, repeated or
 negative layer ids, a negative d2t) is refused at load time. EAGLE-3 in both layouts, DFlash in
-both layouts, Gemma 4 assistants."""
+both layouts, DSpark (speculators' layout), Gemma 4 assistants."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import re
 import pytest
 import torch
 
-from specdemo.core.drafters import dflash, eagle_io
+from specdemo.core.drafters import dflash, dspark, eagle_io
 from specdemo.checks.compat import learned_verdict
 from specdemo.models.learned import DrafterRefused, load_learned
 from specdemo.models.loading import LoadedModel
 from test_dflash import _zlab_folder
-from tiny import CharTokenizer, tiny_dflash, tiny_eagle, tiny_gemma4, tiny_gemma4_assistant, tiny_llama
+from tiny import (CharTokenizer, tiny_dflash, tiny_dspark, tiny_eagle, tiny_gemma4,
+                  tiny_gemma4_assistant, tiny_llama)
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +63,11 @@ def _builders(target):
     return {"eagle3-speculators": lambda f: _eagle(target, f),
             "eagle3-safeailab": lambda f: _eagle(target, f, "safeailab"),
             "dflash-transformers": lambda f: _dflash(target, f),
-            "dflash-z-lab": lambda f: _dflash(target, f, "z-lab")}
+            "dflash-z-lab": lambda f: _dflash(target, f, "z-lab"),
+            "dspark": lambda f: dspark.save_dspark(tiny_dspark(target, seed=4), f)}
 
 
-KINDS = ["eagle3-speculators", "eagle3-safeailab", "dflash-transformers", "dflash-z-lab"]
+KINDS = ["eagle3-speculators", "eagle3-safeailab", "dflash-transformers", "dflash-z-lab", "dspark"]
 
 
 def _weights(folder):

@@ -132,8 +132,8 @@ def offline_empty_cache(tmp_path, monkeypatch):
 
 FORMS = ("valid forms: none, ngram, self, early-exit:<layers>, builtin:<name> (gemma3-270m, "
          "smollm2-135m), a local model folder, a .gguf file or a Hugging Face id like org/name; "
-         "a learned drafter (builtin:smollm2-135m-eagle3, an EAGLE-3/DFlash folder or hub id, "
-         "mtp), and a learned drafter with +ngram")
+         "a learned drafter (builtin:smollm2-135m-eagle3, an EAGLE-3/DFlash/DSpark folder or hub "
+         "id, mtp), and a learned drafter with +ngram")
 NGRM = ("error: argument --draft: draft 'ngrm' is not a known name, a local file or folder, or a "
         f"model in the local Hugging Face cache (did you mean ngram?); {FORMS}")
 

@@ -3,8 +3,8 @@ reference writes its folder with its own ``save_pretrained`` (tiny random weight
 loader reads it, and the same inputs give the same logits (to ~1e-5). Every option a reference
 reads either changes our forward exactly as it does, or the folder is refused naming the option.
 
-Oracles: vLLM's ``speculators`` 0.9.0 (``Eagle3DraftModel``) and z-lab's ``dflash`` 0.1.0
-(``DFlashDraftModel``), installed with ``pip install --no-deps -r requirements-oracles.txt``;
+Oracles: vLLM's ``speculators`` 0.9.0 (``Eagle3DraftModel``, ``DSparkDraftModel``) and z-lab's
+``dflash`` 0.1.0 (``DFlashDraftModel``), installed with ``pip install --no-deps -r requirements-oracles.txt``;
 the tests skip, saying so, when they are not installed.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from oracles import speculators_eagle3, zlab_dflash
-from specdemo.core.drafters import eagle_io
+from oracles import speculators_dspark, speculators_eagle3, zlab_dflash
+from specdemo.core.drafters import dspark, eagle_io
 from specdemo.core.drafters.eagle import Eagle3Drafter
 from specdemo.models.learned import DrafterRefused, load_learned
 from specdemo.core.kv import KVModel
@@ -237,6 +237,139 @@ def test_dflash_options_we_do_not_run_are_refused_naming_them(tmp_path, dflash_t
                          torch.float32, 0.0, "test")
     with pytest.raises(DrafterRefused, match=re.escape(words)):
         load_learned(str(tmp_path / "d"), target)
+
+
+# --- DSpark: speculators' DSparkDraftModel ---------------------------------------------------------
+
+def _speculators_dspark(folder: Path, target, draft_vocab: int = 40, **options):
+    """A tiny speculators DSparkDraftModel (2 layers, hidden 32, vocabulary 40, block 5, mask
+    token 39, Markov rank 6, target hidden states 1 and 4) with random weights, saved by
+    speculators into ``folder``; returns the model with the target's embeddings and head in the
+    places speculators reloads them from the verifier."""
+    from transformers import Qwen3Config
+    core = speculators_dspark()
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.dspark import DSparkSpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    layer = Qwen3Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                        max_position_embeddings=512, rope_theta=10000.0)
+    layer._attn_implementation = "eager"  # dense masks on the CPU
+    config = DSparkSpeculatorConfig(
+        transformer_layer_config=layer, draft_vocab_size=draft_vocab, block_size=5,
+        aux_hidden_state_layer_ids=[1, 4], mask_token_id=39,
+        speculators_config=SpeculatorsConfig(
+            algorithm="dspark", default_proposal_method="greedy",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=5)],
+            verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"])),
+        **{"markov_rank": 6, **options})
+    model = core.DSparkDraftModel(config).eval()
+    _randomise(model)
+    if draft_vocab < 40:  # the draft vocabulary: even ids, then odd ones
+        ids = torch.tensor(sorted([*range(0, 40, 2), *range(1, 40, 2)][:draft_vocab]))
+        t2d = torch.zeros(40, dtype=torch.bool)
+        t2d[ids] = True
+        model.load_vocab_mappings(t2d, ids - torch.arange(draft_vocab))
+    model.save_pretrained(folder)
+    with torch.no_grad():  # what load_verifier_weights reads from the verifier
+        model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+        head = target.lm_head.weight if draft_vocab == 40 else model.lm_head.weight
+        model.lm_head.weight.copy_(head)
+        model.verifier_lm_head.weight.copy_(head)
+        model.verifier_norm.weight.fill_(1.0)
+    return model
+
+
+def _dspark_reference(model, monkeypatch, features, ids, anchor):
+    """speculators' training forward over ``ids`` with one anchor block at position ``anchor``
+    (the draft tokens after it teacher-forced): the block's Markov-biased logits (B, Vd) and
+    confidence logits (B,) or None, caught where the forward hands them to its loss."""
+    core = speculators_dspark()
+    seen = {}
+
+    def catch(logits, targets, confidence_logits, *args, **kwargs):
+        seen["logits"], seen["confidence"] = logits[0], confidence_logits
+        return torch.zeros(()), {}
+
+    monkeypatch.setattr(core, "compute_metrics", catch)
+    t = ids.shape[1]
+    loss_mask = torch.zeros(1, t)
+    loss_mask[0, anchor] = 1  # the only anchor speculators can choose
+    with torch.no_grad():
+        model(hidden_states=features, input_ids=ids, loss_mask=loss_mask,
+              verifier_last_hidden_states=torch.zeros(1, t, 32),
+              document_ids=torch.zeros(1, t, dtype=torch.long), max_anchors=1)
+    confidence = seen["confidence"]
+    return seen["logits"], None if confidence is None else confidence[0]
+
+
+DSPARK_OPTIONS = {"plain": {}, "gated": {"markov_head_type": "gated"},
+                  "rnn": {"markov_head_type": "rnn"},
+                  "sample_from_anchor false": {"sample_from_anchor": False},
+                  "confidence without markov": {"confidence_head_with_markov": False},
+                  "no confidence head": {"enable_confidence_head": False},
+                  "no markov head": {"markov_rank": 0, "confidence_head_with_markov": False},
+                  "draft vocabulary": {"draft_vocab": 24}}
+
+
+@pytest.mark.parametrize("option", list(DSPARK_OPTIONS))
+def test_dspark_block_logits_and_confidence_equal_speculators(tmp_path, dflash_target, monkeypatch,
+                                                              option):
+    """Tensor layout: speculators 0.9.0's DSpark ``save_pretrained`` (``fc``, ``hidden_norm``,
+    ``layers.*``, ``norm``, ``markov_head.markov_w1/w2`` [+ ``gate_proj`` / ``joint_proj``],
+    ``confidence_head.proj``, with a draft vocabulary ``lm_head``, ``d2t``, ``t2d``). Our
+    drafter's chain, fed its own drafts, against speculators' forward teacher-forced with the
+    same tokens: logits and confidences to 1e-5 in float32."""
+    reference = _speculators_dspark(tmp_path / "d", dflash_target, **DSPARK_OPTIONS[option])
+    target = LoadedModel("tiny", dflash_target, CharTokenizer(40), torch.device("cpu"),
+                         torch.float32, 0.0, "test")
+    loaded = load_learned(str(tmp_path / "d"), target)
+    assert loaded.info["layout"] == "speculators"
+    drafter = loaded.new_drafter(dflash_target, 40, "dspark")
+    drafter.min_survival = 0.0
+    context = [3, 17, 5, 29, 11, 8, 21, 30, 2]
+    _, feats = KVModel(dflash_target).forward_features(context[:-1], 1, drafter.feature_layers)
+    drafter.observe(feats)
+    ids = drafter._ids.tolist() if drafter._ids is not None else list(range(40))
+    rows, confidence = drafter._chain(context, 5, lambda l: torch.tensor([ids[int(l.argmax())]]))
+    drafts = [ids[int(r.argmax())] for r in rows]
+    first = 0 if reference.config.sample_from_anchor else 1
+    tokens = torch.tensor([context + drafts + [0] * first])  # the anchor's block fits inside
+    features = torch.cat([feats, torch.zeros(tokens.shape[1] - feats.shape[0], feats.shape[1])])
+    logits, conf = _dspark_reference(reference, monkeypatch, features[None], tokens,
+                                     len(context) - 1)
+    assert len(rows) == 5 - first
+    torch.testing.assert_close(torch.stack(rows), logits[first:], atol=1e-5, rtol=1e-5)
+    if conf is None:
+        assert loaded.model.confidence_head is None and confidence == []
+    else:
+        torch.testing.assert_close(torch.stack(confidence), conf[first:].sigmoid(), atol=1e-5,
+                                   rtol=0)
+
+
+def test_save_dspark_writes_what_speculators_reads(tmp_path, dflash_target):
+    """A DSpark folder we save (the layout train-draft writes) loads into speculators'
+    DSparkDraftModel with every option as we set it and no missing or unexpected tensors."""
+    from safetensors.torch import load_file
+    core = speculators_dspark()
+    from speculators.models.dspark import DSparkSpeculatorConfig
+    _speculators_dspark(tmp_path / "ref", dflash_target, draft_vocab=24, markov_head_type="rnn",
+                        sample_from_anchor=False)
+    model, _ = dspark.load_dspark(tmp_path / "ref")
+    dspark.save_dspark(model, tmp_path / "ours")
+    config = DSparkSpeculatorConfig.from_pretrained(tmp_path / "ours")
+    assert (config.markov_head_type, config.sample_from_anchor, config.markov_rank,
+            config.draft_vocab_size, config.aux_hidden_state_layer_ids) == ("rnn", False, 6, 24, [1, 4])
+    config.transformer_layer_config._attn_implementation = "eager"
+    theirs = core.DSparkDraftModel(config)
+    saved = load_file(str(tmp_path / "ours" / "model.safetensors"))
+    result = theirs.load_state_dict(saved, strict=False)
+    optional = set(theirs._keys_to_ignore_on_load_missing)
+    assert [k for k in result.missing_keys if k not in optional] == []
+    assert result.unexpected_keys == []
+    mine = load_file(str(tmp_path / "ref" / "model.safetensors"))
+    assert sorted(saved) == sorted(mine)
+    assert all(torch.equal(saved[k], mine[k]) for k in saved)
 
 
 # --- shipped files carry no machine paths -------------------------------------------------------

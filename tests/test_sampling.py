@@ -10,8 +10,8 @@ from specdemo.core.engine import generate
 from specdemo.core.kv import KVModel
 from specdemo.core.policy import FixedDraftLength
 from specdemo.core.sampling import SamplingParams, next_token_probs, probs_from_logits, verify
-from tiny import (CharTokenizer, tiny_dflash, tiny_eagle, tiny_gemma4, tiny_gemma4_assistant,
-                  tiny_llama, tiny_mtp_target)
+from tiny import (CharTokenizer, tiny_dflash, tiny_dspark, tiny_eagle, tiny_gemma4,
+                  tiny_gemma4_assistant, tiny_llama, tiny_mtp_target)
 
 V = 8
 ALPHA = 1e-3  # a correct sampler fails this by chance once in a thousand; seeds are fixed
@@ -167,11 +167,16 @@ def drafter_factory(kind: str, target):
     if kind == "dflash":
         model = tiny_dflash(target, layer_ids=(0,), block_size=3, seed=14)
         return lambda: DFlashDrafter(model, target, V)
+    if kind == "dspark":  # q: the Markov-biased distribution, position by position
+        from specdemo.core.drafters.dspark import DSparkDrafter
+        model = tiny_dspark(target, feature_layers=(1,), block_size=3, seed=14)
+        return lambda: DSparkDrafter(model, target, V, min_survival=0.0)
     raise ValueError(kind)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["plain", "model-draft", "no-probabilities", "eagle3", "dflash"])
+@pytest.mark.parametrize("kind", ["plain", "model-draft", "no-probabilities", "eagle3", "dflash",
+                                  "dspark"])
 def test_sampled_tokens_follow_the_target(target, marginals, kind):
     counts = sampled_counts(target, drafter_factory(kind, target), n=2500)
     for position in range(2):

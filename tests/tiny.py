@@ -86,6 +86,40 @@ def tiny_dflash(target, layer_ids=None, block_size: int = 5, seed: int = 0, mask
     return MuseGlimmerAssistantModel(config).eval()
 
 
+def tiny_dspark(target, feature_layers=None, block_size: int = 5, seed: int = 0,
+                mask_token_id: int | None = None, layers: int = 2, draft_vocab: int | None = None,
+                **options):
+    """A random DSpark drafter (speculators layout, :class:`specdemo.core.drafters.dspark.
+    DSparkModel`) for ``target`` (a tiny Llama): its hidden size, the given target hidden states
+    (default: 1 and L), the last id as the mask token, Markov rank 8, a confidence head; a draft
+    vocabulary of the even ids first when ``draft_vocab`` is given. ``options``: further config
+    keys (markov_head_type, sample_from_anchor, ...)."""
+    from specdemo.core.drafters.dspark import DSparkModel, new_config
+    cfg = target.config
+    n, h = cfg.num_hidden_layers, cfg.hidden_size
+    layer = {"hidden_size": h, "intermediate_size": 2 * h, "num_hidden_layers": layers,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": h // 4,
+             "vocab_size": cfg.vocab_size, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    config = new_config(layer, feature_layers or (1, n), block_size,
+                        cfg.vocab_size - 1 if mask_token_id is None else mask_token_id,
+                        draft_vocab_size=draft_vocab, markov_rank=8)
+    config.update(options)
+    torch.manual_seed(seed)
+    model = DSparkModel(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and "bias" not in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.3 if "markov" in name or "confidence" in name else 0.1)
+        if model.d2t is not None:
+            order = [*range(0, cfg.vocab_size, 2), *range(1, cfg.vocab_size, 2)]
+            ids = torch.tensor(sorted(order[:draft_vocab]))
+            model.d2t.copy_(ids - torch.arange(draft_vocab))
+    return model
+
+
 def tiny_gemma4(seed: int = 0, vocab_size: int = 32, hidden: int = 32):
     """A random float32 Gemma 4 text model: 4 layers (sliding, full, sliding, full), the last two
     sharing the keys/values of the first two (as Gemma 4 E2B does), per-layer embeddings on."""

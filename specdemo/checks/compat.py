@@ -352,7 +352,8 @@ def register(sub) -> None:
                         help="HF id, local dir, .gguf file or builtin:<name>")
     parser.add_argument("--draft", required=True, type=inputs.checked(inputs.draft, "draft"),
                         help="a model like --target, ngram / self / early-exit:N / mtp, or a "
-                             "learned drafter folder or hub id (EAGLE-3, DFlash, Gemma 4 assistant)")
+                             "learned drafter folder or hub id (EAGLE-3, DFlash, DSpark, Gemma 4 "
+                             "assistant)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow code from the model repositories to run (off by default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

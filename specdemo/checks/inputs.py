@@ -145,7 +145,7 @@ def _model_forms() -> str:
 def _drafter_forms() -> str:
     """The learned-drafter forms a draft spec may also take (no torch imported)."""
     shipped = ", ".join(f"builtin:{n}" for n in BUILTIN_DRAFTERS)
-    return (f"a learned drafter ({shipped}, an EAGLE-3/DFlash folder or hub id, mtp), and a "
+    return (f"a learned drafter ({shipped}, an EAGLE-3/DFlash/DSpark folder or hub id, mtp), and a "
             "learned drafter with +ngram")
 
 

@@ -43,8 +43,8 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
                              f"{DEFAULT_TARGET})")
     parser.add_argument("--draft", default=None, type=checked(inputs.draft, "draft"),
                         help="none, ngram, self, early-exit:<layers>, mtp (the target's own MTP "
-                             "layers), a learned drafter (EAGLE-3, DFlash or Gemma 4 assistant "
-                             "folder or hub id, builtin:smollm2-135m-eagle3, <learned>+ngram), or a "
+                             "layers), a learned drafter (EAGLE-3, DFlash, DSpark or Gemma 4 "
+                             "assistant folder or hub id, builtin:smollm2-135m-eagle3, <learned>+ngram), or a "
                              f"model like --target (default {draft_default})")
     parser.set_defaults(draft_default=draft_default)
     parser.add_argument("--max-new-tokens", default=128,

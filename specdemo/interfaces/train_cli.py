@@ -41,12 +41,15 @@ def _generate_backend(args, target) -> str:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train-draft", help="train an EAGLE-3 or DFlash drafter for a target on this machine")
+    p = sub.add_parser("train-draft",
+                       help="train an EAGLE-3, DFlash or DSpark drafter for a target on this machine")
     p.add_argument("--target", default="builtin:smollm2-135m",
                    help="the target the drafter is trained for: builtin:NAME, a local folder or a "
                         "hub id (default: builtin:smollm2-135m)")
     p.add_argument("--out", required=True, type=Path, help="output folder (resumable)")
-    p.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash"])
+    p.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash", "dspark"],
+                   help="eagle3 (default), dflash, or dspark (DFlash's block drafter with a Markov "
+                        "head and a confidence head, reading the target layers EAGLE-3 reads)")
     p.add_argument("--prompts", type=Path, default=None,
                    help="JSONL of {task, prompt[, split]} (default: the shipped prompt set)")
     p.add_argument("--max-prompts", type=_count("--max-prompts"), default=None, help="use only the first N training prompts")
@@ -87,11 +90,14 @@ def register(sub) -> None:
                    help="EAGLE-3: Gaussian noise added to the input features during training, as a "
                         "fraction of each feature vector's RMS (0 = none)")
     p.add_argument("--block-size", type=int, default=8,
-                   help="DFlash: block size B (one forward drafts B - 1 tokens)")
-    p.add_argument("--draft-layers", type=int, default=2, help="DFlash: the drafter's layers")
+                   help="DFlash/DSpark: block size B (one forward drafts B - 1 tokens; DSpark B)")
+    p.add_argument("--draft-layers", type=int, default=2, help="DFlash/DSpark: the drafter's layers")
     p.add_argument("--target-layers", type=int, default=4,
                    help="DFlash: how many evenly spaced target layers it reads")
-    p.add_argument("--anchors", type=int, default=16, help="DFlash: blocks per sequence per step")
+    p.add_argument("--anchors", type=int, default=16,
+                   help="DFlash/DSpark: blocks per sequence per step")
+    p.add_argument("--markov-rank", type=_count("--markov-rank"), default=256,
+                   help="DSpark: rank of the Markov head (speculators' default 256)")
     p.add_argument("--data-sizes", default=None,
                    help="comma-separated fractions of the answers (e.g. 0.25,0.5,1.0): train and "
                         "report at each, write data_size_curve.{json,md,png}")
@@ -202,7 +208,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
     """The recipe of this run (the saved one on --resume)."""
     from ..core.drafters.features import eagle3_default_layers, num_layers
-    from ..services.training import dflash_train, train
+    from ..services.training import dflash_train, dspark_train, train
     saved = json.loads(recipe_file.read_text()) if args.resume and recipe_file.exists() else None
     if saved:
         saved.pop("temperature_note", None)
@@ -225,7 +231,14 @@ def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
                             feature_noise=args.feature_noise, feature_layers=eagle3_default_layers(num_layers(target.model)), **common)
     if saved:
         saved.pop("feature_layers", None)
-        return dflash_train.DFlashRecipe(**{**saved, "target_layer_ids": tuple(saved["target_layer_ids"])})
+        kind = dspark_train.DSparkRecipe if args.kind == "dspark" else dflash_train.DFlashRecipe
+        return kind(**{**saved, "target_layer_ids": tuple(saved["target_layer_ids"])})
+    if args.kind == "dspark":
+        return dspark_train.DSparkRecipe(
+            block_size=args.block_size, draft_layers=args.draft_layers,
+            anchors_per_sequence=args.anchors, markov_rank=args.markov_rank,
+            target_layer_ids=dspark_train.default_target_layers_dspark(num_layers(target.model)),
+            **common)
     return dflash_train.DFlashRecipe(
         block_size=args.block_size, draft_layers=args.draft_layers, anchors_per_sequence=args.anchors,
         target_layer_ids=dflash_train.default_target_layers(num_layers(target.model), args.target_layers),
@@ -277,7 +290,7 @@ def _fractions(text: str | None) -> list[float]:
 def _train(args: argparse.Namespace) -> int:
     from .decode_cli import fail
     from ..models.loading import ModelLoadError, load_model
-    from ..services.training import data, dflash_train, train
+    from ..services.training import data, dflash_train, dspark_train, train
     temperature = _temperatures(args.temperatures)  # refused before any work
     rows = check_inputs(args)  # before any work: nothing loaded, nothing written
     out = args.out
@@ -373,7 +386,7 @@ def _train(args: argparse.Namespace) -> int:
     import torch
     # memory-mapped: 1.2M answer tokens of EAGLE-3 features are ~8 GB; batches read what they use
     all_items = [x for s in shards for x in torch.load(s, weights_only=False, mmap=True)]
-    if args.kind == "dflash" and recipe.mask_token_id < 0:
+    if args.kind in ("dflash", "dspark") and recipe.mask_token_id < 0:
         recipe.mask_token_id = dflash_train.pick_mask_token(
             train.token_counts(all_items, target.vocab_size), target.eos_token_ids)
     recipe_file.write_text(_recipe_json(recipe))
@@ -384,13 +397,18 @@ def _train(args: argparse.Namespace) -> int:
         picked = sorted(data.shuffled(range(len(all_items)), recipe.seed)[:n])
         items = [all_items[i] for i in picked]
         subset = [answers[i] for i in picked]
-        drafter = (train.new_head(target, recipe, train.token_counts(items, target.vocab_size))
-                   if args.kind == "eagle3" else dflash_train.new_drafter(target, recipe))
+        if args.kind == "eagle3":
+            drafter = train.new_head(target, recipe, train.token_counts(items, target.vocab_size))
+        elif args.kind == "dspark":
+            drafter = dspark_train.new_drafter(target, recipe, verifier=_hub_id(target))
+        else:
+            drafter = dflash_train.new_drafter(target, recipe)
         if args.init is not None:
             problem = warm_start(drafter, args.init, keep_vocab=args.keep_draft_vocab)
             if problem:
                 fail(problem)
-        trainer = train.train if args.kind == "eagle3" else dflash_train.train
+        trainer = {"eagle3": train.train, "dflash": dflash_train.train,
+                   "dspark": dspark_train.train}[args.kind]
         t0 = time.time()
         try:
             state = trainer(drafter, target, items, recipe, folder, resume=args.resume,
@@ -403,8 +421,7 @@ def _train(args: argparse.Namespace) -> int:
         timings["train_s"] = time.time() - t0
         info = save(args.kind, drafter, folder, recipe, target, subset, timings, state, started,
                     where)
-        print(f"saved the {'EAGLE-3 head' if args.kind == 'eagle3' else 'DFlash drafter'} in "
-              f"{folder} ({'speculators layout' if args.kind == 'eagle3' else 'transformers layout; z-lab layout in zlab/'})")
+        print(f"saved the {KIND_NAMES[args.kind]} in {folder} ({SAVED_LAYOUTS[args.kind]})")
         if args.report_prompts:
             t0 = time.time()
             path, results = report(args.kind, folder, target, drafter, rows, args.report_prompts,
@@ -581,11 +598,11 @@ def check_init(args: argparse.Namespace) -> None:
     saved, problem = _read_init(folder)
     if problem:
         fail(problem)
-    theirs = "eagle3" if "d2t" in saved else "dflash"
+    theirs = ("dspark" if any(k.startswith(("markov_head.", "confidence_head.")) for k in saved)
+              else "eagle3" if "d2t" in saved else "dflash")
     if theirs != args.kind:
-        fail(f"--init {folder}: it holds {'an EAGLE-3 head' if theirs == 'eagle3' else 'a DFlash drafter'}, "
-             f"this run trains {'an EAGLE-3 head' if args.kind == 'eagle3' else 'a DFlash drafter'}: "
-             f"give --kind {theirs}")
+        fail(f"--init {folder}: it holds {_a(KIND_NAMES[theirs])}, this run trains "
+             f"{_a(KIND_NAMES[args.kind])}: give --kind {theirs}")
     if keep and saved["d2t"].numel() != args.draft_vocab:
         fail(f"--init {folder} --keep-draft-vocab: its draft vocabulary has "
              f"{saved['d2t'].numel():,} ids; give --draft-vocab {saved['d2t'].numel()}")
@@ -689,12 +706,31 @@ def save(kind: str, drafter, out: Path, recipe, target, answers, timings, state,
     }
     if kind == "eagle3":
         eagle_io.save_head(drafter, out, dtype=torch_bf16(), speculative_tokens=recipe.ttt_steps + 1)
+    elif kind == "dspark":
+        from ..services.training import dspark_train
+        dspark_train.save(drafter, out, dtype=torch_bf16(), verifier=_hub_id(target))
     else:
         from ..models.learned import BUILTIN_ALIASES
         hub_id = BUILTIN_ALIASES.get(target.spec, (target.spec,))[0]  # not builtin: or a path
         dflash_train.save(drafter, out, target, dtype=torch_bf16(), verifier=hub_id)
     (out / "train.json").write_text(json.dumps(info, indent=1))
     return info
+
+
+KIND_NAMES = {"eagle3": "EAGLE-3 head", "dflash": "DFlash drafter", "dspark": "DSpark drafter"}
+SAVED_LAYOUTS = {"eagle3": "speculators layout", "dflash": "transformers layout; z-lab layout in zlab/",
+                 "dspark": "speculators layout"}
+
+
+def _a(name: str) -> str:
+    return ("an " if name[0] in "AEIOU" else "a ") + name
+
+
+def _hub_id(target) -> str:
+    """The target's name recorded as a saved drafter's verifier: its hub id, never builtin: or a
+    path on this machine."""
+    from ..models.learned import verifier_name
+    return verifier_name(target)
 
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -750,6 +786,11 @@ def report(kind: str, out: Path, target, drafter, rows: list[dict], n: int, info
     picked = heldout_prompts(rows, n)
     if kind == "eagle3":
         learned = LoadedEagle3(str(out), drafter, {"layout": "speculators", "missing": []})
+    elif kind == "dspark":
+        from ..core.drafters.dspark import LoadedDSpark, min_survival_setting
+        learned = LoadedDSpark(str(out), drafter.float().eval(),
+                               {"layout": "speculators", "config": drafter.config},
+                               min_survival=min_survival_setting())
     else:
         learned = LoadedDFlash(str(out), drafter.float().eval(),
                                {"layout": "transformers", "config": drafter.config.to_dict()})

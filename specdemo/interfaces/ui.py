@@ -142,8 +142,8 @@ def _cannot_check(spec: str, exc: Exception, learned: bool = False) -> str:
     return f"cannot check {'it' if learned else 'its tokenizer'} ({exc})"
 
 
-KIND_LABELS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "gemma4-assistant": "Gemma 4 assistant",
-               "mtp": "MTP"}
+KIND_LABELS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark",
+               "gemma4-assistant": "Gemma 4 assistant", "mtp": "MTP"}
 
 
 def load_models(preset_name, draft):

@@ -23,7 +23,7 @@ import torch
 from .. import PACKAGE_DIR
 from . import loading as models
 from ..core.errors import DrafterRefused, ModelLoadError  # noqa: F401  (DrafterRefused: callers look here)
-from ..core.drafters import dflash, eagle_io, folders, mtp
+from ..core.drafters import dflash, dspark, eagle_io, folders, mtp
 from ..core.drafters.eagle import Eagle3Drafter, Eagle3Head
 from ..core.drafters.features import index_problems, num_layers
 from ..core.drafters.vocab import map_problems
@@ -210,10 +210,12 @@ def verifier_name(target) -> str:
     return name
 
 #: family -> config detector, for families other than EAGLE-3
-DETECTORS: dict[str, Callable[[dict], bool]] = {dflash.FAMILY: dflash.detect,
+DETECTORS: dict[str, Callable[[dict], bool]] = {dspark.FAMILY: dspark.detect,
+                                                dflash.FAMILY: dflash.detect,
                                                 mtp.ASSISTANT: mtp.detect_assistant}
 #: family -> loader(spec, folder, target, dtype) -> loaded drafter, for families other than EAGLE-3
-LOADERS: dict[str, Callable] = {dflash.FAMILY: dflash.load_checked,
+LOADERS: dict[str, Callable] = {dspark.FAMILY: dspark.load_checked,
+                                dflash.FAMILY: dflash.load_checked,
                                 mtp.ASSISTANT: mtp.load_assistant_checked}
 
 
@@ -255,8 +257,8 @@ def _load_learned(spec: str, target, dtype: torch.dtype):
     except folders.DrafterFolderError as exc:
         raise DrafterRefused(spec, target.spec, [str(exc)]) from None
     if found is None:
-        raise ModelLoadError(f"{spec} is not a learned drafter folder (no EAGLE-3, DFlash or MTP "
-                             "config.json)")
+        raise ModelLoadError(f"{spec} is not a learned drafter folder (no EAGLE-3, DFlash, DSpark "
+                             "or MTP config.json)")
     folder, family = found
     try:
         if family != "eagle3":

@@ -11,7 +11,7 @@ File format (every key is required unless marked optional)::
     target = "Qwen/Qwen2.5-7B-Instruct"   # anything --target accepts
     draft = "Qwen/Qwen2.5-0.5B-Instruct"  # a model, a learned drafter, ngram / self / early-exit:<layers> / mtp
     draft_kind = "model"               # optional: model (default for model specs), eagle3, dflash,
-                                       # gemma4-assistant or mtp (learned drafters read the target's
+                                       # dspark, gemma4-assistant or mtp (learned drafters read the target's
                                        # hidden states and are checked against its weights)
     draft_length = 5                   # 1..64, or "auto"
     dtype = "bfloat16"                 # auto, float32, bfloat16, float16
@@ -49,7 +49,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "int4")
 MAX_DRAFT_LENGTH = 64
 #: what a model-like draft spec is: an independent draft model or a learned drafter family
-DRAFT_KINDS = ("model", "eagle3", "dflash", "gemma4-assistant", "mtp")
+DRAFT_KINDS = ("model", "eagle3", "dflash", "dspark", "gemma4-assistant", "mtp")
 
 # Bytes per parameter of the weights as loaded; 4-bit is nf4 plus one fp32 scale per 64 weights,
 # 8-bit is LLM.int8 (one byte; its per-row scales are negligible); int4/int8: specdemo/models/quantize.py.
@@ -108,7 +108,8 @@ class Preset:
 
     @property
     def draft_is_learned(self) -> bool:
-        """True for drafters that read the target's hidden states (EAGLE-3, DFlash, MTP)."""
+        """True for drafters that read the target's hidden states (EAGLE-3, DFlash, DSpark,
+        MTP)."""
         return self.draft_kind not in ("", "model")
 
     def weight_bytes(self, quantization: str | None = None, device: str | None = None) -> int:

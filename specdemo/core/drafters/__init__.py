@@ -5,7 +5,8 @@
 * ``draft_model`` - an independent draft model with its own KV cache; ``self`` and
   ``early-exit:N`` views of the target.
 * ``eagle`` - EAGLE-3 heads reading target hidden states (``eagle_io`` loads/saves their folders).
-* ``dflash``, ``mtp`` - block-diffusion drafters and multi-token-prediction heads.
+* ``dflash``, ``dspark``, ``mtp`` - block-diffusion drafters (DSpark: with a sequential and a
+  confidence head) and multi-token-prediction heads.
 * shared: ``base`` (the protocol), ``vocab`` (draft vocabulary maps), ``features`` (which target
   hidden states a drafter reads), ``learned`` (loading a learned-drafter folder or hub id).
 """

@@ -280,10 +280,25 @@ class DFlashDrafter:
     def observe(self, features: torch.Tensor) -> None:
         self._pending.append(features)
 
+    def _noise(self, block: torch.Tensor) -> torch.Tensor:
+        """(1, B, H) input embeddings of the block's ids (1, B)."""
+        return noise_embeddings(self._embed, block) * self._embed_scale
+
     @torch.inference_mode()
     def _block_logits(self, context: list[int], k: int) -> torch.Tensor:
         """One assistant forward over the new context features and the block; (min(k, B - 1), V)
         logits (the head runs on the positions that will be proposed only)."""
+        hidden = self._block_hidden(context)[1:1 + k]  # (min(k, B - 1), H)
+        logits = self._head(hidden.to(self._head.weight.dtype)).float() * self._scale
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return fit_vocab(logits, self.vocab_size)
+
+    @torch.inference_mode()
+    def _block_hidden(self, context: list[int]) -> torch.Tensor:
+        """One assistant forward over the new context features and the block ``[context[-1],
+        mask, ..., mask]`` at positions ``len(context) - 1 ..``; (B, H) the block's final-normed
+        hidden states. The cache keeps the context's keys/values and drops the block's."""
         if not self._pending:
             raise RuntimeError("DFlash drafter: no new target features since the last round")
         feats = torch.cat(self._pending).unsqueeze(0)  # (1, n, F)
@@ -298,17 +313,12 @@ class DFlashDrafter:
         positions = torch.arange(start, len(context) - 1 + self.block_size, device=device)[None]
         dtype = self.model.encoder.fc.weight.dtype
         self._cache.set_previous_accepted_tokens(n)
-        noise = noise_embeddings(self._embed, block) * self._embed_scale
-        out = self.model(noise_embeds=noise.to(dtype),
+        out = self.model(noise_embeds=self._noise(block).to(dtype),
                          context_hidden_states=feats.to(dtype), position_ids=positions,
                          cache=self._cache)
         self._cache.crop(-self.block_size)  # keep the context, drop the block
         self._n_ctx = start + n
-        hidden = out.last_hidden_state[0, 1:1 + k]  # (min(k, B - 1), H)
-        logits = self._head(hidden.to(self._head.weight.dtype)).float() * self._scale
-        if self._softcap:
-            logits = torch.tanh(logits / self._softcap) * self._softcap
-        return fit_vocab(logits, self.vocab_size)
+        return out.last_hidden_state[0]
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:

@@ -2,8 +2,8 @@
 short, of the wrong kind or hold values of the wrong type are refused with one sentence naming the
 file and what is wrong with it, before any module is built (so no traceback reaches a user).
 
-Every family's loader (EAGLE-3, DFlash, Gemma 4 assistants) and ``check`` for draft-model folders
-read through here.
+Every family's loader (EAGLE-3, DFlash, DSpark, Gemma 4 assistants) and ``check`` for draft-model
+folders read through here.
 """
 
 from __future__ import annotations

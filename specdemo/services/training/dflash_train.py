@@ -136,28 +136,36 @@ def _anchors(item: dict, recipe: DFlashRecipe, gen: torch.Generator) -> list[int
     return sorted(int(valid[i]) for i in pick)
 
 
-def collate(items: list[dict], recipe: DFlashRecipe, gen: torch.Generator) -> dict:
+def collate(items: list[dict], recipe: DFlashRecipe, gen: torch.Generator, shift: int = 0) -> dict:
     """One batch of blocks.
 
+    Args:
+        shift: 0 for DFlash (block slots 1..B-1 draft the tokens at anchor + 1..B-1); 1 for a
+            drafter that samples from the anchor (DSpark's ``sample_from_anchor``: slots 0..B-1
+            draft the tokens at anchor + 1..B).
     Returns:
         {"features" (S, T, F), "noise_ids" (S, M*B), "position_ids" (S, T + M*B),
-        "mask" (S, 1, M*B, T + M*B) additive float, "label_pos" (S, M, B-1) index into
-        ``last``, "valid" (S, M, B-1) bool, "last" (S, T, H)}; S sequences padded to T, M
-        anchors (blocks) each, B = ``block_size``.
+        "mask" (S, 1, M*B, T + M*B) additive float, "label_pos" (S, M, B-1+shift) index into
+        ``last`` (the position whose next-token distribution labels the slot), "prev_ids" (S, M,
+        B-1+shift) the token at that position (the one before the drafted one), "valid" (S, M,
+        B-1+shift) bool, "last" (S, T, H)}; S sequences padded to T, M anchors (blocks) each,
+        B = ``block_size``.
     """
     b = recipe.block_size
     anchors = [_anchors(x, recipe, gen) for x in items]
     s, t, m = len(items), max(len(x["ids"]) for x in items), max(1, max(len(a) for a in anchors))
+    steps = torch.arange(1 - shift, b)  # the block slots that draft
     feats = torch.zeros(s, t, items[0]["features"].shape[1])
     last = torch.zeros(s, t, items[0]["last"].shape[1])
     noise = torch.full((s, m, b), recipe.mask_token_id, dtype=torch.long)
     pos = torch.zeros(s, m, b, dtype=torch.long)
     allowed = torch.zeros(s, m * b, t + m * b, dtype=torch.bool)
-    label_pos = torch.zeros(s, m, b - 1, dtype=torch.long)
-    valid = torch.zeros(s, m, b - 1, dtype=torch.bool)
-    steps = torch.arange(1, b)
+    label_pos = torch.zeros(s, m, len(steps), dtype=torch.long)
+    prev_ids = torch.zeros(s, m, len(steps), dtype=torch.long)
+    valid = torch.zeros(s, m, len(steps), dtype=torch.bool)
     for i, (x, anc) in enumerate(zip(items, anchors)):
         n = len(x["ids"])
+        ids = torch.as_tensor(x["ids"], dtype=torch.long)
         feats[i, :n] = x["features"].float()
         last[i, :n] = x["last"].float()
         for j in range(m):
@@ -169,12 +177,14 @@ def collate(items: list[dict], recipe: DFlashRecipe, gen: torch.Generator) -> di
             noise[i, j, 0] = int(x["ids"][a])
             pos[i, j] = a + torch.arange(b)
             allowed[i, rows, :a] = True  # the context before the anchor
-            label_pos[i, j] = (a + steps - 1).clamp(max=n - 1)
-            valid[i, j] = a + steps - 1 <= n - 1
+            label_pos[i, j] = (a + steps - 1 + shift).clamp(max=n - 1)
+            prev_ids[i, j] = ids[label_pos[i, j]]
+            valid[i, j] = a + steps - 1 + shift <= n - 1
     mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
     position_ids = torch.cat([torch.arange(t).expand(s, t), pos.view(s, m * b)], dim=1)
     return {"features": feats, "noise_ids": noise.view(s, m * b), "position_ids": position_ids,
-            "mask": mask.unsqueeze(1), "label_pos": label_pos, "valid": valid, "last": last}
+            "mask": mask.unsqueeze(1), "label_pos": label_pos, "prev_ids": prev_ids,
+            "valid": valid, "last": last}
 
 
 def block_loss(model, embeddings: torch.nn.Module, head_weight: torch.Tensor, batch: dict,
