@@ -9,7 +9,8 @@
   ``/h[o]me/NAME``, ``/t[m]p/...``, ``/U[s]ers/NAME``): commands are written relative to the
   checkout, tests write under pytest's ``tmp_path``.
 - docs/ holds pages (``*.md``), the README's picture and one results folder, fewer than 40
-  files and under 2 MB in all; the README is at most 150 lines.
+  files and under 2 MB in all, and every result in it is cited by a page (or the code); the
+  README is at most 150 lines.
 
 Files are those ``git ls-files`` lists; a file that is not UTF-8 text (images, archives, weights)
 is not read.
@@ -104,6 +105,15 @@ def test_docs_are_pages_and_one_small_results_folder():
     size = sum((ROOT / p).stat().st_size for p in docs if (ROOT / p).exists())
     assert len(docs) < DOCS_MAX_FILES, f"docs/ has {len(docs)} tracked files (fewer than {DOCS_MAX_FILES})"
     assert size < DOCS_MAX_BYTES, f"docs/ holds {size:,} bytes (under {DOCS_MAX_BYTES:,})"
+
+
+def test_every_result_is_cited():
+    """A file in docs/results/ that no page (and no code) names is clutter: delete it or cite it."""
+    files = tracked_files()
+    citing = [p for p in files if p.endswith(".md") or (p.startswith("specdemo/") and p.endswith(".py"))]
+    text = "\n".join(t for t in map(text_of, citing) if t)
+    uncited = [p for p in files if p.startswith("docs/results/") and Path(p).name not in text]
+    assert uncited == [], f"results no page cites: {uncited}"
 
 
 def test_the_readme_is_short():
