@@ -70,7 +70,8 @@ def test_local_links_of_a_page(tmp_path):
     page.write_text("[a](../README.md) ![b](race.png) [c](https://example.org/x.md) [d](#top) "
                     "[e](reference.md#the-app) [f](results/ \"title\")")
     root = tmp_path.resolve()
-    assert local_links(page.resolve(), root) == ["README.md", "docs/race.png", "docs/reference.md", "docs/results"]
+    assert local_links(page.resolve(), root) == ["README.md", "docs/race.png", "docs/reference.md",
+                                                 "docs/results"]
 
 
 def test_anchors_follow_githubs_rule(tmp_path):

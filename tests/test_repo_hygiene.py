@@ -73,8 +73,8 @@ def offences(pattern: re.Pattern, files: list[str]) -> list[str]:
 
 
 def test_the_patterns_catch_what_they_should_and_nothing_else():
-    said = ["the third " + "w" + "ave-3 s" + "ession", "Sess" + "ion 14", "docs/bench-learned/s" + "ession17/x",
-            "S" + "ITTINGS", "ocean w" + "aves"]
+    said = ["the third " + "w" + "ave-3 s" + "ession", "Sess" + "ion 14",
+            "docs/bench-learned/s" + "ession17/x", "S" + "ITTINGS", "ocean w" + "aves"]
     assert [bool(WORDS.search(s)) for s in said] == [True] * len(said)
     fine = ["request.session_hash", "get_session()", "start_new_session=True", "microwave",
             "build_wave2", "obsession", "waveform"]
