@@ -3,8 +3,8 @@
  * streaming the weights from memory (the default) against computing alone (SMALL=1: every
  * matmul reads the same first weights, which stay in cache). HUGE=1 asks for huge pages.
  *
- *   cc -O3 -march=native -fopenmp [-DNF_PF_MIN=0] -o /tmp/mm scripts/native_mm_bench.c -lm -lpthread
- *   OMP_WAIT_POLICY=ACTIVE /tmp/mm [threads=2] [repeats=20]
+ *   cc -O3 -march=native -fopenmp [-DNF_PF_MIN=0] -o mm-bench scripts/native_mm_bench.c -lm -lpthread
+ *   OMP_WAIT_POLICY=ACTIVE ./mm-bench [threads=2] [repeats=20]
  *
  * Prints per n the median and best milliseconds, the ratio of medians to n = 1 and the weight
  * bytes per second. INT8=1 times int8 weights with per-row scales (the native-int8 backend's

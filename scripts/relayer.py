@@ -1,6 +1,6 @@
 """Move specdemo's modules into their layer folders and rewrite every import of them.
 
-Layers, bottom to top (DESIGN.md "Layers (wave 3)"; enforced by ``.importlinter`` and
+Layers, bottom to top (docs/design.md, "Layers"; enforced by ``.importlinter`` and
 ``tests/test_layers.py``): ``specdemo/core/`` (decode loop, KV cache, sampling and verification,
 statistics, draft-length policies, the drafter protocol and families), ``specdemo/models/``
 (loading by spec, built-ins, quantisation, the CPU fast path, hardware facts, learned-drafter
@@ -128,7 +128,7 @@ MAPPING: dict[str, str] = {
     "specdemo.ui_format": "specdemo.interfaces.ui_format",
     "specdemo.ui_race": "specdemo.interfaces.ui_race",
     "specdemo.ui_state": "specdemo.interfaces.ui_state",
-    # Modules the other wave-3 branches add (as committed on them at 15:10 on 2026-12-01),
+    # Modules that branches developed beside the move add (as committed at 15:10 on 2026-12-01),
     # placed by their imports; an entry for a module that does not exist is ignored.
     "specdemo.drafters.folders": "specdemo.core.drafters.folders",  # faults
     "specdemo.ggml_backend": "specdemo.models.ggml_backend",  # speed

@@ -1,5 +1,5 @@
 """``run`` and ``compare`` take ``--preset`` as ``bench`` does (a new user could not reproduce the
-app's default pairing from the command line: a fresh-clone trial, sixteenth session)."""
+app's default pairing from the command line: found in a fresh-clone trial)."""
 
 import argparse
 

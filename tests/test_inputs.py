@@ -84,9 +84,9 @@ def test_the_page_refuses_with_the_same_words():
 
 
 @pytest.mark.parametrize("flag", ["--target", "--draft"])
-def test_check_refuses_a_missing_path_at_once_with_runs_words(capsys, monkeypatch, flag):
-    """A user's report: ``check --draft /tmp/nonexistent`` took 8 s and ended with exit status 1
-    and other words than ``run``'s immediate refusal."""
+def test_check_refuses_a_missing_path_at_once_with_runs_words(capsys, monkeypatch, tmp_path, flag):
+    """A user's report: ``check --draft`` with a path that does not exist took 8 s and ended with
+    exit status 1 and other words than ``run``'s immediate refusal."""
     import specdemo.models.loading as models
 
     def no_load(*args, **kwargs):
@@ -95,7 +95,7 @@ def test_check_refuses_a_missing_path_at_once_with_runs_words(capsys, monkeypatc
         monkeypatch.setattr(models, name, no_load)
     other = "--draft" if flag == "--target" else "--target"
     spec = {"--target": "builtin:smollm2-135m", "--draft": "ngram"}[other]
-    missing = "/tmp/specdemo-no-such-model-anywhere"
+    missing = str(tmp_path / "specdemo-no-such-model-anywhere")
     checked = cli_error(capsys, "check", flag, missing, other, spec)
     field = flag.removeprefix("--")
     assert f"argument {flag}: {field} '{missing}': no such file or folder; valid forms: " in checked

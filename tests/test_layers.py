@@ -1,5 +1,5 @@
 """The package's structure, checked: no import circle among its modules, and the layers of
-DESIGN.md ("Layers (wave 3)") enforced by import-linter's contract in ``.importlinter``."""
+docs/design.md ("Layers") enforced by import-linter's contract in ``.importlinter``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The drafter-training prompt set (wave 3): its size and tasks, the held-out split, the wave-2 rows
+"""The drafter-training prompt set: its size and tasks, the held-out split, the first 617 rows
 kept as they were, conversations, and answers at several temperatures."""
 
 import json

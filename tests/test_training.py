@@ -193,7 +193,7 @@ def test_init_starts_from_an_earlier_runs_head_and_refuses_what_does_not_fit(tar
 
 
 def test_capture_after_more_answers_keeps_full_shards_and_redoes_the_short_last_one(target, tmp_path):
-    """Answers are appended across sessions: a capture of the longer list keeps the shards that
+    """Answers are appended across runs: a capture of the longer list keeps the shards that
     already hold their 16 answers and captures the last shard of the shorter list again (it held
     4), so every answer has its features, in order."""
     out = tmp_path / "run"

@@ -27,7 +27,7 @@ the measured forward and drafting times. Measured on the shipped EAGLE-3 head, h
 k = 8: tokens drafted at confidence 0.1-0.2 were accepted 15% of the time, at 0.9-1.0 98%. Yet
 on a 2-core Xeon, where a wider forward costs ~0.1-0.2 of a step a token, it did not beat the
 running averages (within noise, some tasks slower), so it is off unless asked for
-(``SPECDEMO_DRAFT_CONFIDENCE=1``; docs/learned-drafters.md, sixteenth session).
+(``SPECDEMO_DRAFT_CONFIDENCE=1``; docs/learned-drafters.md, "Weighing drafts by confidence").
 
 A drafter that stacks sources (prompt lookup over a learned drafter, :class:`CombinedDrafter`)
 has its rounds counted per source: a_j and t_draft are kept for each (``source=``), the forward
@@ -185,7 +185,7 @@ class AdaptiveDraftLength:
         the CPU only ever adds time; so a one-token forward is taken to cost no more than the
         cheapest width measured, and no width less than that. A one-token time inflated by a
         disturbance would otherwise make every draft length look free next to it (``auto`` once
-        drafted 16 tokens a round, accepting 1%, for a whole session).
+        drafted 16 tokens a round, accepting 1%, for a whole run of the app).
         """
         floor = min(self.forward_s.values()) if 1 in self.forward_s else None
         t = self._forward_time(n)
@@ -336,8 +336,8 @@ def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3,
     for SmolLM2-135M on 2 cores, 3 tokens took longer than 5), so the adaptive policy uses this
     table instead of a formula. Takes about repeats * max_n forwards; resets ``kv``'s cache.
     Keeps the fastest of the repeats per width: another process taking the CPU only adds time,
-    and one disturbed forward must not make a width look cheap or dear for a whole session
-    (``auto`` once drafted 16 tokens a round for a session after a one-token forward was timed
+    and one disturbed forward must not make a width look cheap or dear for a whole run
+    (``auto`` once drafted 16 tokens a round for a whole run after a one-token forward was timed
     at 1.9 s under load).
 
     Args:
@@ -373,8 +373,8 @@ def confidence_requested() -> bool:
 def make_policy(draft_length: int | str, forward_s: dict[int, float] | None = None) -> DraftLengthPolicy:
     """``"auto"`` -> AdaptiveDraftLength (seeded with ``forward_s``; weighing drafts by the
     drafter's confidence only when the environment sets ``SPECDEMO_DRAFT_CONFIDENCE=1``: on a
-    2-core Xeon it did not beat the running averages, docs/learned-drafters.md, sixteenth
-    session), an int k -> FixedDraftLength(k).
+    2-core Xeon it did not beat the running averages, docs/learned-drafters.md, "Weighing
+    drafts by confidence"), an int k -> FixedDraftLength(k).
 
     Raises:
         ValueError: for anything else or k outside 1..64.

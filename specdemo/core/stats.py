@@ -1,6 +1,6 @@
 """Decode statistics: one dataclass, computed in the engine, formatted elsewhere.
 
-Metric names and definitions follow ``DESIGN.md`` ("Metric names"). Every ratio is guarded: a run
+Metric names and definitions follow ``docs/design.md`` ("Metric names"). Every ratio is guarded: a run
 with nothing to divide by reports ``None`` (JSON ``null``), never NaN and never an exception.
 """
 
@@ -112,7 +112,7 @@ class DecodeStats:
     tree: str | None = None
     tree_rounds: int = 0
 
-    # --- derived metrics (DESIGN.md names) -------------------------------------------------
+    # --- derived metrics (docs/design.md names) -------------------------------------------------
     @property
     def tokens_per_s(self) -> float | None:
         """new_tokens / seconds from request to last token."""

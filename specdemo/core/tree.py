@@ -143,8 +143,8 @@ def build_shape(counts: dict[tuple[int, ...], int], budget: int,
 
 
 # Tuned on the shipped head (builtin:smollm2-135m-eagle3) and the built-in target: calibration
-# prompts of the held-out split, not the evaluation ones (docs/learned-drafters.md, seventeenth
-# session; docs/bench-learned-w3/session17/tree_eval.py).
+# prompts of the held-out split, not the evaluation ones (docs/learned-drafters.md, "Draft
+# trees"; scripts/tree_shape_eval.py).
 DEFAULT_PATHS = ("0;1;2;3;0.0;0.1;0.2;1.0;2.0;0.0.0;0.0.1;0.1.0;1.0.0;0.0.0.0;0.0.0.1;"
                  "0.0.1.0")
 

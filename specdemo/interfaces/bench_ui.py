@@ -132,20 +132,20 @@ def results_table(sweep: bench.Sweep):
     return pd.DataFrame(rows, columns=[table_header(col) for col in TABLE_COLUMNS])
 
 
-REFERENCE_SWEEP = PROJECT_DIR / "docs" / "bench-cpu" / "bench.json"
+REFERENCE_SWEEP = PROJECT_DIR / "docs" / "results" / "bench-ngram-transformers.json"
 _SECONDS_PER_TOKEN: list[float] = []  # measured by this process's last sweep
 
 
 def seconds_per_token() -> tuple[float | None, str]:
     """(seconds per decoded token, where it comes from): this process's last sweep, else the
-    reference sweep in docs/bench-cpu (the built-in model on a 2-core CPU), else (None, "")."""
+    reference sweep in docs/results (the built-in model on a 2-core CPU), else (None, "")."""
     if _SECONDS_PER_TOKEN:
         return _SECONDS_PER_TOKEN[-1], "the last sweep here"
     try:
         import json
         runs = json.loads(REFERENCE_SWEEP.read_text())["runs"]
         tokens = sum(r["new_tokens"] for r in runs)
-        return sum(r["elapsed_s"] for r in runs) / tokens, "docs/bench-cpu (2-core CPU)"
+        return sum(r["elapsed_s"] for r in runs) / tokens, "docs/results (2-core CPU)"
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         return None, ""
 

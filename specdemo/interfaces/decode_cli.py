@@ -1,4 +1,4 @@
-"""``run`` and ``compare`` subcommands (DESIGN.md, "Command line")."""
+"""``run`` and ``compare`` subcommands (docs/design.md, "Command line")."""
 
 from __future__ import annotations
 
@@ -491,7 +491,7 @@ def draft_length_text(policy: int | str, s) -> str:
 
 
 def format_stats(label: str, s, draft_length: int | str | None = None) -> str:
-    """A few lines of human-readable metrics (DESIGN.md names); with ``draft_length`` (the
+    """A few lines of human-readable metrics (docs/design.md names); with ``draft_length`` (the
     policy of a speculative run) also the k it used."""
     lines = [f"[{label}] new_tokens={s.new_tokens} tokens_per_s={_fmt(s.tokens_per_s)} "
              f"decode_tokens_per_s={_fmt(s.decode_tokens_per_s)} ttft_s={_fmt(s.ttft_s, '.3f')} "

@@ -2,7 +2,7 @@
 
 Every number comes from the engine's :class:`specdemo.core.stats.DecodeStats` or from
 :class:`specdemo.services.race.RaceSnapshot`; nothing here computes a metric, it only chooses words,
-units and layout. Counters carry human labels with units; the metric key of DESIGN.md stays in
+units and layout. Counters carry human labels with units; the metric key of docs/design.md stays in
 ``data-metric`` and in the tooltip, and the JSON of the API is untouched.
 """
 
@@ -20,7 +20,7 @@ LANE_LABELS = {PLAIN: "plain", SPECULATIVE: "speculative"}
 CHART_COLORS = {"plain": "#6b7280", "speculative": "#16a34a"}
 
 # Metric key -> (label, tooltip). The label is what people read; the key is what JSON and the
-# CLI call it (DESIGN.md), shown in the tooltip with its meaning.
+# CLI call it (docs/design.md), shown in the tooltip with its meaning.
 LABELS = {
     "new_tokens": ("Tokens", "new_tokens: tokens generated (prompt excluded)"),
     "tokens_per_s": ("Tokens/s", "tokens_per_s: new tokens / seconds from request to last token"),

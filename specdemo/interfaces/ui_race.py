@@ -23,7 +23,8 @@ from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, n
 from .ui_state import (CACHE, LOAD_LOCK, _default_preset_name, _pairing, _presets, engine_imports,
                        model_status)
 
-_CANCELS: dict[str, set[threading.Event]] = {}  # session hash -> Stop events of its runs
+#: gradio's session_hash (one per browser tab) -> Stop events of its runs
+_CANCELS: dict[str, set[threading.Event]] = {}
 _CANCELS_LOCK = threading.Lock()
 
 
@@ -52,7 +53,7 @@ def _session(request: gr.Request | None) -> str:
 
 
 def _session_cancel(request: gr.Request | None) -> threading.Event:
-    """A fresh Stop event for a race or replay of this browser session (Stop sets them all)."""
+    """A fresh Stop event for a race or replay of this browser tab (Stop sets them all)."""
     event = threading.Event()
     with _CANCELS_LOCK:
         _CANCELS.setdefault(_session(request), set()).add(event)
@@ -65,7 +66,7 @@ def _forget_cancel(request: gr.Request | None, event: threading.Event) -> None:
 
 
 def stop(request: gr.Request) -> None:
-    """End the running race and replay of this session; what was produced is kept."""
+    """End the running race and replay of this browser tab; what was produced is kept."""
     with _CANCELS_LOCK:
         for event in _CANCELS.pop(_session(request), set()):
             event.set()
@@ -287,7 +288,7 @@ def clear():
 
 
 def _pane_dict(view: PaneView) -> dict:
-    """DESIGN.md metric names plus text, token_ids, from_draft, status and error."""
+    """docs/design.md metric names plus text, token_ids, from_draft, status and error."""
     return racing.pane_dict(view)
 
 
@@ -325,7 +326,7 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         None, "lossless_note": why greedy outputs may differ in the target's precision or None,
         "draft_length_setting": "auto" or k (the policy; a pane's ``draft_length`` is the k of
         its last round only, ``mean_draft_length`` and ``draft_length_min``/``_max`` cover every
-        round)} with DESIGN.md metric names; when a run was stopped or failed, ``speedup`` is None and
+        round)} with docs/design.md metric names; when a run was stopped or failed, ``speedup`` is None and
         ``speedup_note`` says "not compared" and why (each pane's
         ``other_cpu_share``; ``warnings`` says when other processes used so much of the CPU
         during a run that the speedup is not reliable); a pane that failed has "error"

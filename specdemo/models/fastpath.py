@@ -26,7 +26,7 @@ products in a different summation order, so logits differ in the last bits only.
 The choice is stored per machine and model shape and reused (``SPECDEMO_FASTPATH=recalibrate``
 measures again). A calibration during which other processes used more than
 ``machine.BUSY_SHARE`` of the CPU is not stored (timings of 0.10-1.04 s per pass instead of
-0.016-0.047 s chose the wrong kernels on a shared 2-core machine): that session keeps ``linear``
+0.016-0.047 s chose the wrong kernels on a shared 2-core machine): that process keeps ``linear``
 for every row count, and the next load calibrates again.
 """
 

@@ -698,7 +698,7 @@ def choose_prefetch(nmodel: NativeModel, repeats: int = 12) -> dict:
     ``wide`` (the C default, ``PFQ_MIN``): only blocks of 6+ tokens prefetch; ``all``: every
     block. Which is faster depends on the machine: prefetching at 1-5 tokens measured no gain
     (4-5 tokens: 5% slower) on a 2-core Zen 4 with 40+ GB/s, and 11-25% faster forwards of 1-5
-    tokens on a 2-core Xeon with 21 GB/s (``docs/cpu-backends.md``, fourteenth session). The
+    tokens on a 2-core Xeon with 21 GB/s (``docs/cpu-backends.md``, "Weight prefetch"). The
     measurement alternates both settings forward by forward over :data:`PREFETCH_WIDTHS` tokens
     after 128 cached tokens (``repeats`` each, medians; ~0.5 s for 135M), chooses ``all`` when it
     saves at least :data:`PREFETCH_GAIN`, and is stored per machine, library and model shape in

@@ -41,7 +41,7 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}  # cpu: this threa
 
 @dataclass
 class CostReport:
-    """One ``costs`` run; field names are the JSON keys (metric names as in DESIGN.md)."""
+    """One ``costs`` run; field names are the JSON keys (metric names as in docs/design.md)."""
 
     target: str
     device: str

@@ -139,7 +139,7 @@ def output_divergence(a_ids, b_ids, a_text: str, b_text: str) -> tuple[int | Non
 
 
 def result_dict(result: DecodeResult) -> dict:
-    """Metric names of DESIGN.md plus ``text``, ``token_ids`` and ``from_draft``."""
+    """Metric names of docs/design.md plus ``text``, ``token_ids`` and ``from_draft``."""
     return {**result.stats.as_dict(), "text": result.text, "token_ids": result.token_ids,
             "from_draft": result.from_draft}
 
@@ -177,7 +177,7 @@ def lossless_expectation(dtype, quantization: str | None = None) -> tuple[bool, 
     return True, None
 
 
-#: why greedy outputs may differ on llama.cpp's kernels (docs/cpu-backends.md, third session)
+#: why greedy outputs may differ on llama.cpp's kernels (docs/cpu-backends.md, "Exactness")
 GGML_REASON = ("llama.cpp computes a token's numbers differently in a one-token and a "
                "multi-token decode (its kernels and summation order change with the batch), so a "
                "near-tie between two tokens can flip and greedy speculative output can leave "

@@ -718,7 +718,7 @@ def endpoint_lane(name: str, endpoint, messages: list[dict]) -> Lane:
 
 
 def pane_dict(view: PaneView) -> dict:
-    """DESIGN.md metric names plus text, token_ids, from_draft, status and error; a server lane
+    """docs/design.md metric names plus text, token_ids, from_draft, status and error; a server lane
     adds ``engine`` and ``not_reported`` (its stats' fields)."""
     from ..core.engine import DecodeResult
     from .pipeline import result_dict

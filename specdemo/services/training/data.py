@@ -293,7 +293,7 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
 
 def load_answers(out_dir: Path) -> list[dict]:
     """The complete lines of ``answers.jsonl``, in the order they were written (generation
-    appends: answers added in a later session come last, so feature shards captured before
+    appends: answers added by a later run come last, so feature shards captured before
     them keep their answers; sorting by prompt would move every later answer)."""
     rows = []
     for line in (out_dir / ANSWERS).read_text().splitlines():

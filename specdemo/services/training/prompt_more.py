@@ -1,11 +1,11 @@
-"""The wave-3 additions to the drafter-training prompt set: ~4,500 prompts from templates, written
-for this project (nothing downloaded).
+"""The additions to the drafter-training prompt set after its first 617 rows: ~4,500 prompts
+from templates, written for this project (nothing downloaded).
 
 Tasks: multi-turn chat (rows carry ``messages``: earlier turns, then the user's last message, which
 is also ``prompt``), code in several languages, arithmetic and word problems, summaries and
 rewrites of a passage given in the prompt, creative writing, and prompts in Chinese (Traditional
 and Simplified), French, Spanish and German. Deterministic for a seed. ``build`` puts
-these after the wave-2 rows, whose order and held-out split stay as they were
+these after the first 617 rows, whose order and held-out split stay as they were
 (``build``); ``python -m specdemo.services.training.prompt_more`` writes them all to ``PROMPTS_FILE``.
 """
 
@@ -204,7 +204,7 @@ def _maths(rng: random.Random, n: int) -> list[str]:
 
 
 def build_more(seed: int = 1) -> dict[str, list]:
-    """{task: [prompt or {"prompt", "messages"}, ...]} for the wave-3 tasks, deterministic."""
+    """{task: [prompt or {"prompt", "messages"}, ...]} for the added tasks, deterministic."""
     rng = random.Random(seed)
     chat = [t.format(t=x) for t in CHAT_Q for x in ALL_TOPICS]
     chat += [t.format(a=a) for t in ["What are good habits for {a}?", "How can I stay motivated when {a}?",
@@ -256,7 +256,8 @@ def build_more(seed: int = 1) -> dict[str, list]:
             "summary": summary, "creative": creative, "chinese": chinese, "other-languages": other}
 
 
-#: Everyday requests in phrasings the topic templates above never use (wave 3, seventh session):
+#: Everyday requests in phrasings the topic templates above never use (added after the first
+#: heads were measured):
 #: a head trained on "What is {t}?"-style templates accepted 2.20 tokens a step on held-out topics
 #: of those templates and 1.54 on the benchmark's chat prompts. None of these repeats a benchmark
 #: chat template ("Give me three tips for ...", "What should I pack for ...", "How do I politely
@@ -318,7 +319,7 @@ def everyday_heldout() -> dict[str, list[str]]:
 
 def build(seed: int = 0) -> list[dict]:
     """Every prompt as {"task", "prompt", "split"[, "messages"]} (split: "train" or "heldout"),
-    deterministic: the wave-2 rows first, unchanged, then the wave-3 rows, then the everyday chat
+    deterministic: the first 617 rows, unchanged, then the added tasks' rows, then the everyday chat
     rows (appended last so that the rows before keep their indices, which answers refer to)."""
     rows = build_wave2(seed)
     seen = {r["prompt"] for r in rows}

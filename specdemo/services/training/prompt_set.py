@@ -1,11 +1,11 @@
 """The drafter-training prompt set, generated from templates (written for this project; nothing
 downloaded). ``python -m specdemo.services.training.prompt_more`` rewrites ``assets/train/prompts.jsonl``
-(``prompt_more.build``: the wave-2 rows of this module, then the wave-3 ones).
+(``prompt_more.build``: the first 617 rows, from this module, then ``prompt_more``'s).
 
-Wave 2: five tasks (chat, code, maths, summaries, creative writing), 617 prompts. Wave 3 adds
-~4,500 more (``prompt_more``: multi-turn chat, code in twelve languages, word problems, rewrites of
-a given passage, creative writing, Chinese in both scripts, French, Spanish, German). A seeded
-tenth of each task is held out for the training report; the wave-2 rows keep their split. None of
+The first rows: five tasks (chat, code, maths, summaries, creative writing), 617 prompts.
+``prompt_more`` adds ~4,500 more (multi-turn chat, code in twelve languages, word problems,
+rewrites of a given passage, creative writing, Chinese in both scripts, French, Spanish, German). A seeded
+tenth of each task is held out for the training report; the first 617 rows keep their split. None of
 them is one of the benchmark prompts under ``assets/prompts/`` (checked when written). A row may
 carry ``messages`` (earlier turns of a conversation); its ``prompt`` is the last user message.
 """
@@ -123,7 +123,8 @@ def _maths(rng: random.Random) -> list[str]:
 
 
 def build_wave2(seed: int = 0) -> list[dict]:
-    """The wave-2 prompt set (617 rows), as it was: its held-out split stays held out."""
+    """The first 617 rows of the prompt set, unchanged since they were written: their held-out
+    split stays held out (``build_wave2`` is the name they were first built under)."""
     rng = random.Random(seed)
     tasks = {
         "chat": [t.format(t=x) for t in CHAT for x in TOPICS[:24]] +
