@@ -87,13 +87,17 @@ def test_the_patterns_catch_what_they_should_and_nothing_else():
     assert [bool(PATHS.search(s)) for s in not_paths] == [False] * len(not_paths)
 
 
+#: data, not prose: the prompt set holds user requests that may use any word or path
+DATA_FILES = ("assets/train/prompts.jsonl", "assets/train/handwritten.jsonl")
+
+
 def test_no_tracked_file_speaks_of_sittings():
-    found = offences(WORDS, tracked_files())
+    found = offences(WORDS, [f for f in tracked_files() if f not in DATA_FILES])
     assert found == [], "say what is true now (history goes to CHANGELOG.md by date):\n" + "\n".join(found)
 
 
 def test_no_tracked_file_names_a_build_machines_paths():
-    found = offences(PATHS, tracked_files())
+    found = offences(PATHS, [f for f in tracked_files() if f not in DATA_FILES])
     assert found == [], "write paths relative to the checkout or under tmp_path:\n" + "\n".join(found)
 
 
