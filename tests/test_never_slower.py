@@ -156,3 +156,81 @@ def test_probes_are_spaced_by_their_expected_loss():
     for _ in range(20):
         flat.update(2, 1.0, 1, 0, 0.0)
     assert flat.probe_wait(1) == 8
+
+
+# -- why a race won or lost (stats.explain): figures from a known cost table -------------------
+
+from specdemo.core.policy import FixedDraftLength  # noqa: E402
+from specdemo.core.stats import explain  # noqa: E402
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_explanation_figures_from_a_known_cost_table(target, answer, wrong, monkeypatch):
+    """Forced k = 4 where each further token costs half a step and drafting 0.1 step a token:
+    verifying costs 1 + 4 * 0.5 = 3 steps, drafting 0.4, so a round must yield 3.4 tokens to
+    break even; the always-right drafter yields 5 (95 tokens in 19 rounds), and where verifying
+    costs one step the same acceptance would give 5 / 1.4. The always-wrong one yields 1 a
+    round (its last rounds draft fewer than 4: fewer tokens are left to generate)."""
+    from specdemo.interfaces.ui_format import explanation_text
+    from specdemo.services.pipeline import Comparison
+    clock = _Clock()
+    monkeypatch.setattr(engine, "time", clock)
+    kv = _TimedKV(target, clock, 0.5)
+    plain = generate(kv, PROMPT, CharTokenizer(), max_new_tokens=N)
+    oracle = _Oracle(answer, clock, draft_s=0.1 * STEP_S,
+                     **({"wrong": lambda position: True} if wrong else {}))
+    spec = generate(kv, PROMPT, CharTokenizer(), drafter=oracle, policy=FixedDraftLength(4),
+                    max_new_tokens=N)
+    e = explain(plain.stats, spec.stats)
+    k = e.mean_draft_length
+    assert k == (4 if not wrong else pytest.approx((4 * 91 + 3 + 2 + 1 + 0) / 95))
+    tokens = 5.0 if not wrong else 1.0
+    assert e.step_s == pytest.approx(STEP_S)
+    assert e.verify_cost_steps == pytest.approx(1 + 0.5 * k)
+    assert e.draft_cost_steps == pytest.approx(0.1 * k)
+    assert e.break_even_mean_acceptance_length == pytest.approx(1 + 0.6 * k)
+    assert e.mean_acceptance_length == pytest.approx(tokens)
+    assert e.modelled_speedup == pytest.approx(tokens / (1 + 0.6 * k))
+    assert e.projected_speedup_free_verification == pytest.approx(tokens / (1 + 0.1 * k))
+    figures = Comparison(plain, spec).as_dict()["explanation"]  # compare --json
+    assert figures["break_even_mean_acceptance_length"] == pytest.approx(1 + 0.6 * k)
+    assert figures["projected_speedup_free_verification"] == pytest.approx(tokens / (1 + 0.1 * k))
+    if not wrong:
+        line = explanation_text(e)
+        assert line == ("Verifying 4 drafts a round cost 3.00 one-token steps here and drafting "
+                        "0.40, so breaking even takes a mean acceptance length of 3.40; this run "
+                        "got 5.00. Projection, not measured: where verifying costs one step (a "
+                        "GPU, Apple silicon), the same acceptance would give 3.57× "
+                        "(5.00 / (1 + 0.40)).")
+
+
+def test_explanation_of_a_race_that_drafted_nothing(target, answer, monkeypatch):
+    """Auto where nothing can pay: the line says so instead of a break-even."""
+    from specdemo.interfaces.ui_format import explanation_text
+    plain, spec = race(target, answer, "learned", 1.2, monkeypatch,
+                       wrong=lambda position: True)
+    spec.drafted = spec.draft_length_sum = 0  # the probe left out: a run without drafts
+    e = explain(plain, spec)
+    assert e.mean_draft_length == 0 and e.mean_acceptance_length == 1.0
+    assert explanation_text(e).startswith("No drafts verified: none was expected to pay here")
+    assert explain(plain, None) is None and explain(type(plain)(), spec) is None
+
+
+def test_the_page_and_race_json_carry_the_explanation_once_both_lanes_finished():
+    """The line sits under the speedup on the page and its figures in ``/race``'s JSON (and in
+    ``compare`` with a server lane), from the same ``stats.explain``; not while racing."""
+    from test_race import SETTINGS, FakeLoaded, lanes
+    from specdemo.interfaces.ui_format import explanation_text, verdict_html
+    from specdemo.services.race import Race, snapshot_dict
+    race = Race(lanes(FakeLoaded(tiny_llama(seed=0, layers=3))), SETTINGS)
+    snaps = list(race.run(min_interval_s=0.0))
+    final = snaps[-1]
+    e = final.explanation
+    plain, spec = final.panes["plain"].stats, final.panes["speculative"].stats
+    assert e == explain(plain, spec) and 0 < e.mean_draft_length <= 4  # self-drafting, k = 4
+    assert all(s.explanation is None for s in snaps[:-1])
+    page = verdict_html(final, 0.0)
+    assert 'class="sd-explain"' in page and "Projection, not measured" in page
+    assert explanation_text(e).split(";")[0] in page
+    assert snapshot_dict(final)["explanation"] == e.as_dict()
+    assert "sd-explain" not in verdict_html(snaps[-2], 0.0)
