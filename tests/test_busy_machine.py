@@ -76,7 +76,7 @@ def test_compare_warns_when_a_run_shared_the_machine(shares, loaded, monkeypatch
     assert main(command) == 0
     text = capsys.readouterr().out.splitlines()
     assert text[-1] == "warning: " + BUSY_PLAIN
-    assert text[-2].startswith("speedup: ")
+    assert text[-3].startswith("speedup: ") and text[-2].startswith("why: ")
     assert any(line.startswith("[plain] ") and line.endswith(" other_cpu_share=0.43")
                for line in text)
     shares += [0.1, 0.2]  # a quiet machine: no warning

@@ -184,34 +184,46 @@ def test_a_drafter_or_target_without_trees_keeps_the_chain_and_says_why(target):
     assert out.stats.tree == "not used: the target's ggml forward has no tree attention"
 
 
-def test_auto_keeps_the_faster_kind_and_tries_the_other_again():
+def test_auto_uses_the_tree_while_it_beats_the_rule_and_tries_it_again():
     from specdemo.core.tree import TreeOrChain
     fixed = TreeOrChain(adaptive=False)
-    fixed.record(True, 1, 10.0)
-    fixed.record(False, 5, 0.1)
-    assert fixed.use_tree()  # asked for: always the tree
+    fixed.record(1, 10.0)
+    assert fixed.use_tree(rival=100.0, bound=1.0)  # asked for: always the tree
     auto = TreeOrChain(adaptive=True, probe=4, max_probe=16)
-    assert auto.use_tree()  # first the tree is measured
-    auto.record(True, 3, 0.10)  # 30 tokens/s
-    assert not auto.use_tree()  # then the chain
-    auto.record(False, 2, 0.04)  # 50 tokens/s: the chain is faster
+    assert not auto.use_tree(rival=50.0, bound=40.0)  # even its best case loses: never tried
+    assert auto.use_tree(rival=50.0, bound=200.0)  # it could pay: first the tree is measured
+    auto.record(3, 0.10)  # 30 tokens/s against the rule's 50
     kinds = []
     for _ in range(40):
-        kind = auto.use_tree()
+        kind = auto.use_tree(rival=50.0, bound=200.0)
         kinds.append(kind)
-        auto.record(kind, 2 if not kind else 3, 0.04 if not kind else 0.10)
+        if kind:
+            auto.record(3, 0.10)
     tried = [i for i, kind in enumerate(kinds) if kind]
-    # the losing tree is tried again after 4, then 8, then 16 (the longest wait) chain rounds
-    assert [b - a - 1 for a, b in zip(tried, tried[1:])] == [8, 16]
-    assert auto.rate() == pytest.approx(50.0)
+    # the losing tree is tried again after 4, then 8, then 16 (the longest wait) declined rounds
+    assert [tried[0]] + [b - a - 1 for a, b in zip(tried, tried[1:])] == [4, 8, 16]
+    assert auto.rate == pytest.approx(30.0)
     for _ in range(12):  # the tree becomes faster (a GPU: a wide forward costs no more)
-        auto.record(True, 3, 0.03)  # 100 tokens/s
-    kinds = []
-    for _ in range(10):
-        kind = auto.use_tree()
-        kinds.append(kind)
-        auto.record(kind, 3 if kind else 2, 0.03 if kind else 0.04)
-    assert kinds.count(True) >= 8  # the chain, now the slower, only re-tried
+        auto.record(3, 0.03)  # 100 tokens/s
+    assert all(auto.use_tree(rival=50.0, bound=200.0) for _ in range(10))
+    assert not auto.use_tree(rival=150.0, bound=140.0)  # a plain step now beats its best case
+
+
+def test_auto_drops_a_tree_whose_wide_forward_costs_more_than_it_can_gain(target):
+    """A tree of N nodes costs a forward N + 1 wide: where that is dear (a CPU), auto does not
+    try it at all; where forwards of any width cost the same (a GPU), it does. Greedy output
+    equals plain either way."""
+    head = tiny_eagle(target, 20, seed=1)
+    plain = generate(KVModel(target), PROMPT, CharTokenizer(), max_new_tokens=24)
+    runs = {}
+    for name, per_token in (("dear", 1.0), ("flat", 0.0)):
+        costs = {n: 1.0 + per_token * (n - 1) for n in range(1, 65)}  # seconds, by width
+        spec = generate(KVModel(target), PROMPT, CharTokenizer(),
+                        drafter=Eagle3Drafter(head, 32), policy=make_policy("auto", costs),
+                        max_new_tokens=24, tree=SHAPE)
+        assert spec.token_ids == plain.token_ids
+        runs[name] = spec.stats.tree_rounds
+    assert runs["dear"] == 0 and runs["flat"] > 0, runs
 
 
 def test_the_page_and_api_take_a_tree_and_show_it():

@@ -88,6 +88,11 @@ def test_race_api_both_panes_finish_and_agree(client):
         (spec["new_tokens"] - 1) / spec["target_forwards"])
     assert result["speedup"] == pytest.approx(spec["tokens_per_s"] / plain["tokens_per_s"])
     assert result["draft"] == "ngram"
+    why = result["explanation"]  # stats.explain: the page's line under the speedup
+    assert why["mean_acceptance_length"] == pytest.approx(spec["mean_acceptance_length"])
+    assert why["step_s"] == pytest.approx(plain["verify_s"] / plain["target_forwards"])
+    assert why["break_even_mean_acceptance_length"] == pytest.approx(
+        why["verify_cost_steps"] + why["draft_cost_steps"])
 
 
 @pytest.mark.slow

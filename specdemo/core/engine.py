@@ -218,7 +218,7 @@ def decode(
             tree = tree.cut(policy.k)  # a fixed draft length k: the tree's depth is at most k
         stats.tree = f"not used: {why_not}" if why_not else tree.describe()
         tree = None if why_not else tree
-    # under auto the tree is kept only while it is faster than the chain here (TreeOrChain)
+    # under auto the tree is kept only while it beats the draft-length rule here (TreeOrChain)
     shape_choice = TreeOrChain(adaptive=hasattr(policy, "forward_time")) if tree else None
 
     def target_forward(ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -263,14 +263,18 @@ def decode(
                    and hasattr(drafter, "lookup"))
         source = "learned" if stacked else None  # the policy's name for this round's source
         proposal, k, draft_tree = None, 0, None
+        # a tree round for the learned drafter? Under auto only where it may beat the chain's
+        # (or a plain step's) expected rate (TreeOrChain)
+        use_tree = shape_choice is not None and room > 0 and shape_choice.use_tree(
+            *_tree_rivals(policy, tree, source))
         try:
             with stop_on(cancel):  # a draft model's first proposal feeds it the whole prompt
                 if stacked and room > 0:
                     found = drafter.lookup(context, min(policy.max_k, room), params, generator)
                     m = policy.limit(len(found.ids), "lookup") if found is not None else 0
                     rival = policy.best("learned")[1]
-                    if shape_choice is not None and shape_choice.use_tree():
-                        rival = shape_choice.rate() or rival
+                    if use_tree:
+                        rival = shape_choice.rate or rival
                     if m > 0 and policy.expected_rate(m, "lookup") >= rival:
                         probs = found.probs[:m] if found.probs is not None else None
                         proposal = drafter.use(Proposal(found.ids[:m], probs, found.source))
@@ -282,8 +286,7 @@ def decode(
                     if drafter.prefers(found, kk):
                         proposal = drafter.use(found)
                         k = len(proposal.ids)
-                if (proposal is None and tree is not None and room > 0
-                        and shape_choice.use_tree()):
+                if proposal is None and use_tree:
                     draft_tree = drafter.propose_tree(context, tree)
                 if proposal is None and draft_tree is None:
                     k = min(policy.choose(source), room) if drafter else 0
@@ -317,7 +320,7 @@ def decode(
             t2 = time.perf_counter()
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
-            shape_choice.record(True, len(rows) + 1, t2 - t0)
+            shape_choice.record(len(rows) + 1, t2 - t0)
             drafter.feedback(len(rows))
             event = emit(accepted + [next_token], [True] * len(rows) + [False])
             stats.record_tree_round(len(draft_tree.ids), tree.depth, len(rows),
@@ -352,8 +355,6 @@ def decode(
                           confidence=confidence[:len(drafts)] if confidence else None,
                           n_proposed=len(proposal.ids) if proposal else 0)
             drafter.feedback(n_accepted)
-            if shape_choice is not None and drafts and proposal.source != "ngram":
-                shape_choice.record(False, n_accepted + 1, t2 - t0)  # a learned chain round
         event = emit(drafts[:n_accepted] + [next_token], [True] * n_accepted + [False])
         # Drafts after a stop point (EOS, stop string, length) count neither way.
         stats.record_round(len(drafts), n_accepted, len(event.token_ids),
@@ -389,6 +390,15 @@ def tree_unusable_reason(drafter, target, params: SamplingParams) -> str | None:
         backend = getattr(target, "backend", None) or type(target).__name__
         return f"the target's {backend} forward has no tree attention"
     return None
+
+
+def _tree_rivals(policy, tree: TreeShape, source: str | None) -> tuple[float | None, float | None]:
+    """(rival, bound) for ``TreeOrChain.use_tree``: under a cost-model policy (``auto``) the
+    best expected tokens per second of its own choice (a chain of k, or a plain step) and the
+    tree's best case; (None, None) under a fixed draft length (the tree, as asked)."""
+    if not hasattr(policy, "tree_rate_bound"):
+        return None, None
+    return policy.best(source)[1], policy.tree_rate_bound(tree.size, tree.depth, source)
 
 
 def _asker(policy, k: int, source: str | None):

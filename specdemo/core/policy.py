@@ -10,9 +10,16 @@ where a_j is a running estimate of P(draft token j accepted | tokens before it w
 t_forward(n) the measured time of a target forward over n tokens, and t_draft the measured time
 per drafted token. k = 0 is a plain step (E = 1, cost = t_forward(1)), so speculation is chosen
 only when it is expected to pay. On a GPU t_forward is nearly flat in n, so long drafts win; on
-a CPU it grows with n (1.3-2.6x for a few tokens), so the rule drafts less or not at all.
-While k = 0 wins, it still probes with the cheapest draft now and then, with a backing-off interval,
-so that it notices when the text becomes predictable again.
+a CPU it grows with n (1.2-2.3x for a few tokens), so the rule drafts less or not at all.
+While k = 0 wins, it still probes with the cheapest draft now and then, so that it notices when the
+text becomes predictable again. A probe is expected to lose time, so probes are spaced so that
+their expected loss stays within ``PROBE_BUDGET`` of the plain steps between them (a probe that
+costs one step more than it gains waits 50 plain steps), and never closer than a wait that doubles
+after each probe that did not bring drafting back (exponential back-off, 8 to 128 rounds).
+
+The same rule serves every drafter: prompt lookup, draft models, learned heads, a stack of
+prompt lookup over a learned drafter (each source apart, below) and draft trees (a tree of N nodes
+costs a forward N + 1 wide: :meth:`AdaptiveDraftLength.tree_rate_bound`, ``core.tree.TreeOrChain``).
 
 When a proposal carries the drafter's confidence in each token (``Proposal.confidence``), the
 acceptance of *this* round's tokens is estimated from it instead of from the running per-position
@@ -38,6 +45,7 @@ lookup before its draft model in the same way).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Protocol
@@ -110,6 +118,11 @@ class Calibration:
         self.acceptance[b] += weight * ((1.0 if accepted else 0.0) - self.acceptance[b])
 
 
+#: the share of a decode's time that probes (drafting while plain steps are expected to win) may
+#: be expected to lose (``AdaptiveDraftLength.probe_wait``)
+PROBE_BUDGET = 0.02
+
+
 class _SourceStats:
     """What the adaptive rule knows of one draft source: per-position acceptance a_j (with the
     number of observations of each), the seconds per drafted token, and acceptance by the
@@ -157,6 +170,7 @@ class AdaptiveDraftLength:
         self._idle_rounds = 0
         self._probe_every = 8
         self._probing = False  # this round's k is a probe: verify it whatever limit() would say
+        self._times: dict[int, float] = {}  # forward_time's answers until the next update
 
     def _source(self, source: str | None) -> _SourceStats:
         if source not in self.sources:
@@ -185,11 +199,13 @@ class AdaptiveDraftLength:
         the CPU only ever adds time; so a one-token forward is taken to cost no more than the
         cheapest width measured, and no width less than that. A one-token time inflated by a
         disturbance would otherwise make every draft length look free next to it (``auto`` once
-        drafted 16 tokens a round, accepting 1%, for a whole run of the app).
+        drafted 16 tokens a round, accepting 1%, for a whole decode).
         """
-        floor = min(self.forward_s.values()) if 1 in self.forward_s else None
-        t = self._forward_time(n)
-        return t if floor is None else (floor if n == 1 else max(t, floor))
+        if n not in self._times:
+            floor = min(self.forward_s.values()) if 1 in self.forward_s else None
+            t = self._forward_time(n)
+            self._times[n] = t if floor is None else (floor if n == 1 else max(t, floor))
+        return self._times[n]
 
     def _forward_time(self, n: int) -> float:
         if n in self.forward_s:
@@ -209,14 +225,32 @@ class AdaptiveDraftLength:
             return t_below + max(slope, 0.5 * self.prior_slope * t1) * (n - below)
         return t_below + (self.forward_s[above] - t_below) * (n - below) / (above - below)
 
-    def expected_rate(self, k: int, source: str | None = None) -> float:
-        """Expected new tokens per second with draft length k from ``source``."""
-        stats = self._source(source)
+    def expected_tokens(self, k: int, source: str | None = None) -> float:
+        """E[new tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j for a k-token draft from ``source``
+        (the bonus or correction token counted)."""
         tokens, survive = 1.0, 1.0
-        for a in stats.acceptance[:k]:
+        for a in self._source(source).acceptance[:k]:
             survive *= a
             tokens += survive
-        return tokens / (self.forward_time(k + 1) + k * stats.draft_token_s)
+        return tokens
+
+    def round_s(self, k: int, source: str | None = None) -> float:
+        """Expected seconds of a round drafting k tokens from ``source`` and verifying them:
+        t_forward(k + 1) + k * t_draft."""
+        return self.forward_time(k + 1) + k * self._source(source).draft_token_s
+
+    def expected_rate(self, k: int, source: str | None = None) -> float:
+        """Expected new tokens per second with draft length k from ``source``."""
+        return self.expected_tokens(k, source) / self.round_s(k, source)
+
+    def tree_rate_bound(self, nodes: int, depth: int, source: str | None = None) -> float:
+        """The most new tokens per second a draft tree of ``nodes`` nodes and ``depth`` levels
+        could give: every level accepted (1 + depth tokens) for a forward nodes + 1 wide and
+        ``depth`` drafting steps. Where even this loses to a plain step (a CPU, where a forward
+        17 wide costs several one-token forwards), the tree is not worth a try
+        (``core.tree.TreeOrChain``)."""
+        draft_s = depth * self._source(source).draft_token_s
+        return (1 + depth) / (self.forward_time(nodes + 1) + draft_s)
 
     def best(self, source: str | None = None) -> tuple[int, float]:
         """The draft length with the best expected rate for ``source`` and that rate (tokens/s),
@@ -233,11 +267,25 @@ class AdaptiveDraftLength:
             self._idle_rounds, self._probe_every = 0, 8
             return k
         self._idle_rounds += 1
-        if self._idle_rounds >= self._probe_every:  # look again, then wait twice as long
+        probe = self.probe_length()
+        if self._idle_rounds >= self.probe_wait(probe, source):  # look again, then wait longer
             self._idle_rounds, self._probe_every = 0, min(self._probe_every * 2, 128)
             self._probing = True
-            return min(range(1, self.max_k + 1), key=lambda k: self.forward_time(k + 1))  # cheapest
+            return probe
         return 0
+
+    def probe_length(self) -> int:
+        """The draft length of a probe: the cheapest forward to verify it (k >= 1)."""
+        return min(range(1, self.max_k + 1), key=lambda k: self.forward_time(k + 1))
+
+    def probe_wait(self, k: int, source: str | None = None) -> int:
+        """Plain rounds between two probes of k tokens from ``source``: the back-off wait (8,
+        doubled after each probe, up to 128; back to 8 after a probe accepted whole), and at least
+        enough that the probe's expected loss against plain steps, round_s(k) -
+        E[tokens | k] * t_forward(1), is at most ``PROBE_BUDGET`` of the plain steps waited."""
+        step_s = self.forward_time(1)
+        loss_s = max(self.round_s(k, source) - self.expected_tokens(k, source) * step_s, 0.0)
+        return max(self._probe_every, math.ceil(loss_s / (PROBE_BUDGET * step_s)))
 
     def limit(self, n_proposed: int, source: str | None = None,
               confidence: list[float] | None = None) -> int:
@@ -315,8 +363,11 @@ class AdaptiveDraftLength:
             n_proposed: draft tokens drafted (>= n_drafted when ``limit`` trimmed the
                 proposal; default n_drafted): what ``draft_s`` paid for.
         """
+        if self._probing and n_drafted and n_accepted == n_drafted:
+            self._probe_every = 8  # a probe accepted whole: the text may have changed, look soon
         self._probing = False
         self.forward_s[n_forward_tokens] = self._avg(self.forward_s.get(n_forward_tokens), forward_s)
+        self._times.clear()
         n_proposed = max(n_drafted, n_proposed or 0)
         stats = self._source(source)
         if n_proposed:

@@ -242,3 +242,74 @@ def speedup(plain: DecodeStats, speculative: DecodeStats) -> float | None:
     if plain.tokens_per_s is None or speculative.tokens_per_s is None:
         return None
     return ratio(speculative.tokens_per_s, plain.tokens_per_s)
+
+
+@dataclass(frozen=True)
+class RaceExplanation:
+    """Why a race's speedup is what it is, from the two lanes' own measurements.
+
+    Costs are in one-token steps: seconds divided by ``step_s``, the plain lane's mean seconds
+    per target forward (one new token each; same target, backend and prompt). A speculative
+    round costs ``verify_cost_steps + draft_cost_steps`` steps and yields
+    ``mean_acceptance_length`` tokens, a plain round one token for one step, so
+
+        speedup ~= mean_acceptance_length / (verify_cost_steps + draft_cost_steps)
+
+    (prefill and per-round bookkeeping left out: ``modelled_speedup`` against the measured
+    ``speedup``). Break-even is a mean acceptance length equal to the round's cost. The
+    projection keeps this run's acceptance and drafting cost and sets verification to one step,
+    as where the target's forward costs the same for k + 1 tokens as for one (memory-bound: a
+    GPU, Apple silicon): ``mean_acceptance_length / (1 + draft_cost_steps)``. It is a
+    projection, not a measurement: there ``auto`` would also choose longer drafts, and drafting
+    may cost a different share of a step (docs/reference.md, "Why a race won or lost").
+
+    Attributes:
+        step_s: seconds of a one-token target forward, the plain lane's mean.
+        mean_draft_length: draft tokens verified per speculative round (0 for a plain step).
+        verify_cost_steps: the speculative lane's target forward (1 + mean_draft_length tokens
+            on average, verification included), in steps.
+        draft_cost_steps: its drafting per round (lookups, draft-model or head steps, the
+            draft-length rule), in steps.
+        break_even_mean_acceptance_length: verify_cost_steps + draft_cost_steps.
+        mean_acceptance_length: new tokens per speculative round, (new_tokens - 1) /
+            target_forwards (1.0 when nothing was drafted).
+        modelled_speedup: mean_acceptance_length / break_even_mean_acceptance_length.
+        projected_speedup_free_verification: mean_acceptance_length / (1 + draft_cost_steps).
+    """
+
+    step_s: float
+    mean_draft_length: float
+    verify_cost_steps: float
+    draft_cost_steps: float
+    break_even_mean_acceptance_length: float
+    mean_acceptance_length: float
+    modelled_speedup: float
+    projected_speedup_free_verification: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def explain(plain: DecodeStats | None, speculative: DecodeStats | None) -> RaceExplanation | None:
+    """The :class:`RaceExplanation` of a race, or None where a lane has no decode forward
+    (one token or fewer) or does not report its times and forwards (a server lane)."""
+    if plain is None or speculative is None:
+        return None
+    counters = (plain.verify_s, plain.target_forwards, speculative.verify_s,
+                speculative.draft_s, speculative.target_forwards, speculative.draft_length_sum)
+    if any(c is None for c in counters) or not plain.target_forwards or plain.verify_s <= 0:
+        return None
+    rounds = speculative.target_forwards
+    if not rounds:
+        return None
+    step_s = plain.verify_s / plain.target_forwards
+    verify = speculative.verify_s / rounds / step_s
+    draft = speculative.draft_s / rounds / step_s
+    if verify + draft <= 0:
+        return None
+    tokens = (speculative.new_tokens - 1) / rounds
+    return RaceExplanation(step_s=step_s, mean_draft_length=speculative.draft_length_sum / rounds,
+                           verify_cost_steps=verify, draft_cost_steps=draft,
+                           break_even_mean_acceptance_length=verify + draft,
+                           mean_acceptance_length=tokens, modelled_speedup=tokens / (verify + draft),
+                           projected_speedup_free_verification=tokens / (1 + draft))

@@ -223,22 +223,29 @@ def verify_tree_greedy(tree: DraftTree, argmax: list[int]) -> tuple[list[int], i
 
 
 class TreeOrChain:
-    """Whether a learned drafter's round verifies the tree or a chain.
+    """Whether a learned drafter's round verifies the tree or goes by the draft-length rule.
 
-    With a fixed draft length the user asked for the tree: always the tree. Under ``auto``
-    the tree is kept only while it is faster here: a tree raises the tokens accepted per target
-    forward, but its forward is wider (16 nodes: 17 rows), and where the target's forward costs
-    grow with its width (a CPU: 29 ms for 5 rows, 92 ms for 17, SmolLM2-135M on a 2-core AVX2
-    EPYC) that can cost more than it gains; on a GPU a forward of 17 rows costs about what one of
-    5 does. So ``auto`` measures both: tokens emitted per second of the learned drafter's tree
-    rounds and chain rounds (drafting and verification), each a running average, takes the
-    faster, and tries the other again after ``probe`` rounds; each try that loses doubles the
-    wait (up to ``max_probe``), so a tree that never pays here costs a few dear rounds, not one
-    in twelve.
+    With a fixed draft length the user asked for the tree: always the tree. Under ``auto`` the
+    tree must pay like any draft: a tree raises the tokens accepted per target forward, but its
+    forward is wider (16 nodes: 17 rows), and where the target's forward cost grows with its
+    width (a CPU: 29 ms for 5 rows, 92 ms for 17, SmolLM2-135M on a 2-core AVX2 EPYC) that can
+    cost more than it gains; on a GPU a forward of 17 rows costs about what one of 5 does. So
+    ``auto`` weighs the tree's tokens per second against its rival, the best expected rate of
+    the draft-length rule (``AdaptiveDraftLength.best``: a chain of k, or a plain step when
+    k = 0 wins):
+
+    * before the tree was measured, it is tried when its best case (every level accepted,
+      ``AdaptiveDraftLength.tree_rate_bound``) could beat the rival; a tree that cannot is not
+      tried at all;
+    * once measured (tokens emitted per second of its rounds' drafting and verification, a
+      running average), it is used while it is at least the rival; after it lost, it is tried
+      again after ``probe`` declined rounds, and each try that loses again doubles the wait (up
+      to ``max_probe``), so a tree that never pays here costs a few dear rounds, not one in
+      twelve.
 
     Args:
         adaptive: False: always the tree.
-        probe: learned rounds before the first re-try of the slower kind.
+        probe: rounds declined before the first re-try of a tree that lost.
         max_probe: the longest wait between two re-tries.
     """
 
@@ -246,40 +253,36 @@ class TreeOrChain:
         self.adaptive = adaptive
         self.probe = probe
         self.max_probe = max_probe
-        self.rates: dict[bool, float | None] = {True: None, False: None}
-        self._since = 0  # learned rounds since the slower kind was last tried
+        self.rate: float | None = None  # tokens per second of the tree rounds (running average)
+        self._rival: float | None = None  # the rival's rate when use_tree was last asked
+        self._since = 0  # rounds the tree was declined since it last lost
         self._wait = probe
 
-    def use_tree(self) -> bool:
-        """This learned round's kind: True for the tree."""
-        if not self.adaptive:
+    def use_tree(self, rival: float | None = None, bound: float | None = None) -> bool:
+        """This learned round's kind: True for the tree.
+
+        Args:
+            rival: under auto, the expected tokens per second of the draft-length rule's choice
+                this round (None: nothing to weigh, the tree).
+            bound: the tree's best case in tokens per second (None: unknown).
+        """
+        if not self.adaptive or rival is None:
             return True
-        tree, chain = self.rates[True], self.rates[False]
-        if tree is None:
-            return True
-        if chain is None:
+        self._rival = rival
+        if bound is not None and bound < rival:
             return False
-        faster = tree >= chain
-        return (not faster) if self._since >= self._wait else faster
+        if self.rate is None or self.rate >= rival:
+            return True
+        self._since += 1
+        return self._since > self._wait
 
-    def rate(self) -> float | None:
-        """The measured tokens per second of the kind :meth:`use_tree` would choose now
-        (None before it has been measured)."""
-        return self.rates[self.use_tree()]
-
-    def record(self, tree: bool, tokens: int, seconds: float) -> None:
-        """One learned round: ``tokens`` emitted in ``seconds`` of drafting and verifying."""
-        leader = self._leader()
+    def record(self, tokens: int, seconds: float) -> None:
+        """One tree round: ``tokens`` emitted in ``seconds`` of drafting and verifying."""
         rate = tokens / max(seconds, 1e-9)
-        old = self.rates[tree]
-        self.rates[tree] = rate if old is None else old + 0.3 * (rate - old)
-        if leader is None or tree == leader:
-            self._since += 1
-            return
-        self._since = 0  # the slower kind was tried: wait longer if it is still the slower
-        self._wait = self.probe if self._leader() == tree else min(2 * self._wait,
-                                                                   self.max_probe)
-
-    def _leader(self) -> bool | None:
-        tree, chain = self.rates[True], self.rates[False]
-        return None if tree is None or chain is None else tree >= chain
+        self.rate = rate if self.rate is None else self.rate + 0.3 * (rate - self.rate)
+        if self._rival is not None and self.rate < self._rival:
+            if self._since > self._wait:  # a re-try that lost again: wait twice as long
+                self._wait = min(2 * self._wait, self.max_probe)
+        else:
+            self._wait = self.probe
+        self._since = 0

@@ -432,6 +432,9 @@ def _print_race(args, snap, endpoints: dict) -> None:
             same = "yes" if snap.identical else (f"no, first divergence at "
                                                   f"{snap.divergence_unit} {snap.first_divergence}")
         print(f"speedup: {speed}   identical: {same}")
+    if snap.explanation is not None:
+        from .ui_format import explanation_text
+        print("why: " + explanation_text(snap.explanation))
     for warning in snap.warnings:
         print(f"warning: {warning}")
 
@@ -463,6 +466,9 @@ def cmd_compare(args) -> int:
     speed = "n/a" if comparison.speedup is None else f"{comparison.speedup:.2f}x"
     same = "yes" if comparison.identical else f"no, first divergence at token {comparison.first_divergence}"
     print(f"speedup: {speed}   identical: {same}")
+    if comparison.explanation is not None:
+        from .ui_format import explanation_text
+        print("why: " + explanation_text(comparison.explanation))
     if notice:
         from ..services.pipeline import on_llama_cpp
         print("lossless expected: no (" + comparison.lossless_note + "; "

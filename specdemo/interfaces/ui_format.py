@@ -236,6 +236,31 @@ def not_compared(snap: RaceSnapshot | None) -> str | None:
     return snap.not_compared
 
 
+def explanation_text(e) -> str:
+    """One sentence on why the race ended as it did, from a ``stats.RaceExplanation``: what
+    verifying and drafting cost here in one-token steps, the mean acceptance length that breaks
+    even and the one this run got, and the projection where verifying costs one step."""
+    if e.mean_draft_length == 0:
+        return (f"No drafts verified: none was expected to pay here, so every round was a "
+                f"plain step, at {e.break_even_mean_acceptance_length:.2f} of the plain run's "
+                f"steps (forward {e.verify_cost_steps:.2f}, deciding {e.draft_cost_steps:.2f}).")
+    drafts = (f"{e.mean_draft_length:.0f} drafts a round" if e.mean_draft_length.is_integer()
+              else f"{e.mean_draft_length:.1f} drafts a round on average")
+    return (f"Verifying {drafts} cost {e.verify_cost_steps:.2f} one-token steps "
+            f"here and drafting {e.draft_cost_steps:.2f}, so breaking even takes a mean "
+            f"acceptance length of {e.break_even_mean_acceptance_length:.2f}; this run got "
+            f"{e.mean_acceptance_length:.2f}. Projection, not measured: where verifying costs "
+            f"one step (a GPU, Apple silicon), the same acceptance would give "
+            f"{e.projected_speedup_free_verification:.2f}× "
+            f"({e.mean_acceptance_length:.2f} / (1 + {e.draft_cost_steps:.2f})).")
+
+
+EXPLANATION_TITLE = ("verify_cost_steps, draft_cost_steps: seconds per speculative round in "
+                     "one-token forwards of the plain run; break_even_mean_acceptance_length = "
+                     "their sum; projected_speedup_free_verification = mean_acceptance_length / "
+                     "(1 + draft_cost_steps) (docs/reference.md)")
+
+
 def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
     """Speedup between the panes, a warning beside it when the machine was busy during a lane or
     a drafter accepted almost nothing (``snap.warnings``), and the lossless badge."""
@@ -293,7 +318,11 @@ def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:
         chips.append(f'<span class="sd-chip">replay at measured pace: {snap.clock_s:.2f} s</span>')
     if not chips:
         chips.append('<span class="sd-chip">racing…</span>')
-    return '<div class="sd-verdict">' + "".join(chips) + "</div>"
+    why = ""
+    if snap.explanation is not None:
+        why = (f'<div class="sd-explain" title="{html.escape(EXPLANATION_TITLE)}">'
+               f'{html.escape(explanation_text(snap.explanation))}</div>')
+    return '<div class="sd-verdict">' + "".join(chips) + why + "</div>"
 
 
 def tokens_html(tokens, highlight: bool) -> str:

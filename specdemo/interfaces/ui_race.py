@@ -322,7 +322,8 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
             ``tree`` and ``tree_rounds`` say whether it was used.
     Returns:
         {"plain": {...}, "speculative": {...}, "speedup": x, "speedup_note": None,
-        "identical": bool, "first_divergence": i, "warnings": [...], "lossless_expected": bool or
+        "explanation": why the speedup is what it is (``stats.RaceExplanation``'s figures, None
+        when a run did not finish), "identical": bool, "first_divergence": i, "warnings": [...], "lossless_expected": bool or
         None, "lossless_note": why greedy outputs may differ in the target's precision or None,
         "draft_length_setting": "auto" or k (the policy; a pane's ``draft_length`` is the k of
         its last round only, ``mean_draft_length`` and ``draft_length_min``/``_max`` cover every
@@ -363,7 +364,9 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     finally:
         _forget_cancel(request, race.cancel)
     return {PLAIN: _pane_dict(snap.panes[PLAIN]), SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE]),
-            "speedup": snap.speedup, "speedup_note": _note(snap), "identical": snap.identical,
+            "speedup": snap.speedup, "speedup_note": _note(snap),
+            "explanation": snap.explanation.as_dict() if snap.explanation else None,
+            "identical": snap.identical,
             "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
             "warnings": list(snap.warnings),
             "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,

@@ -16,7 +16,7 @@ from ..core.engine import DecodeEvent, DecodeResult, collect, decode
 from ..core.machine import busy_warning
 from ..core.policy import AdaptiveDraftLength, make_policy, measure_forward_s
 from ..core.sampling import SamplingParams
-from ..core.stats import DecodeStats, speedup
+from ..core.stats import DecodeStats, RaceExplanation, explain, speedup
 from ..core.tree import TreeShape
 
 
@@ -55,6 +55,10 @@ class Comparison:
     """Plain and speculative decodes of one prompt, run one after the other.
 
     Attributes:
+        explanation: why the speedup is what it is, from both runs' measurements
+            (``stats.explain``: verification and drafting costs in one-token steps, the
+            break-even mean acceptance length, the projection where verification costs one
+            step); None when a run has no decode forward.
         warnings: sentences on why the numbers may not hold, e.g. other processes used more
             than ``machine.BUSY_SHARE`` of the CPU during a run (see :func:`race_warnings`).
         lossless_expected, lossless_note: whether greedy outputs are expected to be identical
@@ -65,12 +69,14 @@ class Comparison:
     plain: DecodeResult
     speculative: DecodeResult
     speedup: float | None = field(init=False)
+    explanation: RaceExplanation | None = field(init=False)
     identical: bool = field(init=False)
     first_divergence: int | None = field(init=False)
     warnings: list[str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.speedup = speedup(self.plain.stats, self.speculative.stats)
+        self.explanation = explain(self.plain.stats, self.speculative.stats)
         self.first_divergence = first_divergence(self.plain.token_ids, self.speculative.token_ids)
         self.identical = self.first_divergence is None
         self.warnings = race_warnings(self.plain.stats, self.speculative.stats)
@@ -80,7 +86,9 @@ class Comparison:
 
     def as_dict(self) -> dict:
         return {"plain": result_dict(self.plain), "speculative": result_dict(self.speculative),
-                "speedup": self.speedup, "identical": self.identical,
+                "speedup": self.speedup,
+                "explanation": self.explanation.as_dict() if self.explanation else None,
+                "identical": self.identical,
                 "first_divergence": self.first_divergence, "warnings": self.warnings,
                 "lossless_expected": self.lossless_expected, "lossless_note": self.lossless_note}
 

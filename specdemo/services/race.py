@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..core.machine import ACTIVE_RACES
 from .startup import GUESS_S, STEPS, prepare_timed
-from ..core.stats import DecodeStats, speedup
+from ..core.stats import DecodeStats, RaceExplanation, explain, speedup
 
 if TYPE_CHECKING:  # torch loads with the pipeline: only when a race runs, not at import
     from .pipeline import DecodeSettings, Pipeline
@@ -177,6 +177,8 @@ class RaceSnapshot:
         lossless_note: once the models are loaded, why greedy outputs may differ in the
             target's precision (``pipeline.lossless_expectation``: bfloat16, float16, quantised
             weights), None in float32 or before the load.
+        explanation: once both lanes finished (and outside a replay's partial steps), why the
+            speedup is what it is (``stats.explain``), else None.
     """
 
     panes: dict[str, PaneView]
@@ -189,6 +191,7 @@ class RaceSnapshot:
     divergence_unit: str = "token"
     lossless_note: str | None = None
     not_compared: str | None = None
+    explanation: RaceExplanation | None = None
 
     @property
     def done(self) -> bool:
@@ -473,7 +476,7 @@ class Race:
     def _snapshot(self, views: dict[str, PaneView], phase: str, clock_s: float | None = None) -> RaceSnapshot:
         from .pipeline import output_divergence, race_warnings
         plain, spec = views.get(PLAIN), views.get(SPECULATIVE)
-        gain = divergence = identical = None
+        gain = divergence = identical = why = None
         unit = "token"
         last = {n: r.steps[-1].stats if r.steps else None for n, r in self.records.items()}
         models = different_models(last.get(PLAIN), last.get(SPECULATIVE))
@@ -481,6 +484,8 @@ class Race:
             cut = plain.finished and spec.finished and not plain.status == spec.status == DONE
             if phase != "replay" and not cut:
                 gain = speedup(plain.stats, spec.stats)
+            if phase == "done" and plain.status == spec.status == DONE:
+                why = explain(plain.stats, spec.stats)
             if plain.status == spec.status == DONE:  # a cut output is no evidence either way
                 divergence, unit = output_divergence(plain.token_ids, spec.token_ids,
                                                      plain.text, spec.text)
@@ -497,7 +502,7 @@ class Race:
             warnings = race_warnings(plain.stats if plain else None, spec.stats if spec else None)
         return RaceSnapshot(views, phase, clock_s, gain, divergence, identical, tuple(warnings),
                             divergence_unit=unit, lossless_note=self.lossless_note,
-                            not_compared="; ".join(reasons) or None)
+                            not_compared="; ".join(reasons) or None, explanation=why)
 
     def snapshot(self) -> RaceSnapshot:
         """Both panes as recorded so far."""
@@ -732,6 +737,8 @@ def pane_dict(view: PaneView) -> dict:
 def snapshot_dict(snap: RaceSnapshot) -> dict:
     """A finished race as the command line's and ``/race``'s JSON."""
     return {**{name: pane_dict(view) for name, view in snap.panes.items()},
-            "speedup": snap.speedup, "identical": snap.identical,
+            "speedup": snap.speedup,
+            "explanation": snap.explanation.as_dict() if snap.explanation else None,
+            "identical": snap.identical,
             "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
             "not_compared": snap.not_compared, "warnings": list(snap.warnings)}

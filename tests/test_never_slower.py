@@ -1,0 +1,236 @@
+"""Draft length ``auto`` never makes speculative decoding slower than plain decoding, for every
+kind of drafter: where verifying costs more than it can gain it drafts nothing (k = 0, a plain
+step, with rare probes), where verifying is cheap it drafts. The target's forwards take time on a
+fake clock (``_TimedKV``), so the figures are the same however busy the machine is: nothing here
+reads a real clock."""
+
+import pytest
+
+from specdemo.core import engine
+from specdemo.core.drafters.base import Proposal
+from specdemo.core.drafters.combined import CombinedDrafter
+from specdemo.core.drafters.draft_model import ModelDrafter
+from specdemo.core.engine import generate
+from specdemo.core.kv import KVModel
+from specdemo.core.policy import PROBE_BUDGET, AdaptiveDraftLength
+from tiny import CharTokenizer, tiny_llama
+
+PROMPT = CharTokenizer().encode("speculative decoding, made visible")
+STEP_S = 0.010  # a one-token forward on the fake clock
+N = 96  # new tokens
+
+
+class _Clock:
+    """A fake ``time`` for the engine: seconds pass only where a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _TimedKV(KVModel):
+    """A target whose forward over n tokens takes STEP_S * (1 + extra * (n - 1)) on ``clock``:
+    ``extra`` is what each further token costs in one-token forwards."""
+
+    def __init__(self, model, clock: _Clock, extra: float) -> None:
+        super().__init__(model)
+        self.clock, self.extra = clock, extra
+
+    def _run(self, ids, keep, layers):
+        self.clock.now += self.seconds(len(ids))
+        return super()._run(ids, keep, layers)
+
+    def seconds(self, n: int) -> float:
+        return STEP_S * (1 + self.extra * (n - 1))
+
+
+class _Oracle:
+    """A learned drafter stand-in that knows the target's greedy answer: it proposes it (or,
+    while ``wrong(position)``, a token the target never picks there), at ``draft_s`` a token."""
+
+    feature_layers = ()
+    extra_memory_bytes = 0
+
+    def __init__(self, answer: list[int], clock: _Clock, draft_s: float = 0.001,
+                 wrong=lambda position: False, name: str = "oracle") -> None:
+        self.answer, self.clock, self.draft_s, self.wrong, self.name = (answer, clock, draft_s,
+                                                                         wrong, name)
+        self.proposed = 0
+
+    def propose(self, context, k, params, generator):
+        self.clock.now += self.draft_s * k
+        start = len(context) - len(PROMPT)
+        ids = [t if not self.wrong(start + i) else (t + 1) % 32
+               for i, t in enumerate(self.answer[start:start + k])]
+        self.proposed += len(ids)
+        return Proposal(ids, source=self.name)
+
+    def feedback(self, n_accepted):
+        pass
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=3, layers=2)
+
+
+@pytest.fixture(scope="module")
+def answer(target):
+    return generate(KVModel(target), PROMPT, CharTokenizer(), max_new_tokens=N).token_ids
+
+
+def drafter_of(kind: str, target, answer, clock, **kw):
+    """A learned drafter (the oracle), prompt lookup stacked over it, or a draft model (the
+    target itself: always right, its drafting free on the fake clock)."""
+    if kind == "learned":
+        return _Oracle(answer, clock, **kw)
+    if kind == "stacked":  # prompt lookup stacked over the learned drafter
+        return CombinedDrafter(_Oracle(answer, clock, **kw), name="oracle+ngram")
+    return ModelDrafter(target, 32, name="self", shares_weights=True)  # a draft model
+
+
+def race(target, answer, kind: str, extra: float, monkeypatch, **kw):
+    """(plain, speculative) results with ``auto`` seeded with the fake forward costs."""
+    clock = _Clock()
+    monkeypatch.setattr(engine, "time", clock)
+    kv = _TimedKV(target, clock, extra)
+    plain = generate(kv, PROMPT, CharTokenizer(), max_new_tokens=N)
+    policy = AdaptiveDraftLength(forward_s={n: kv.seconds(n) for n in range(1, 18)})
+    spec = generate(kv, PROMPT, CharTokenizer(), drafter=drafter_of(kind, target, answer, clock, **kw),
+                    policy=policy, max_new_tokens=N)
+    assert spec.token_ids == plain.token_ids == answer
+    return plain.stats, spec.stats
+
+
+@pytest.mark.parametrize("kind,wrong", [("learned", False), ("learned", True),
+                                        ("stacked", False), ("stacked", True),
+                                        ("draft model", False)])
+def test_no_drafting_where_verification_costs_more_than_it_can_gain(target, answer, kind, wrong,
+                                                                    monkeypatch):
+    """Each further token in a forward costs 1.2 one-token forwards: no draft pays, not even one
+    that is always accepted (k + 1 tokens for 1 + 1.2 k steps). Drafting drops to zero but for
+    probes, and the speculative lane costs at most the probes' budget more than plain, also when
+    every probe is refused (``wrong``: before, probes after 8, 16, 32 and 64 plain steps cost it
+    4% here)."""
+    plain, spec = race(target, answer, kind, 1.2, monkeypatch,
+                       **({"wrong": lambda position: True} if wrong else {}))
+    probes = spec.position_drafted[0] if spec.position_drafted else 0  # rounds that drafted
+    assert probes <= 4, (probes, spec.draft_length_sum)  # back-off: rounds 8+, 16+, 32+, 64+
+    assert spec.draft_length_max <= 1  # a probe is the cheapest draft: one token
+    plain_s = plain.elapsed_s - plain.prefill_s
+    spec_s = spec.elapsed_s - spec.prefill_s
+    assert spec_s <= plain_s * (1 + 2 * PROBE_BUDGET), (spec_s, plain_s)
+
+
+@pytest.mark.parametrize("kind", ["learned", "stacked", "draft model"])
+def test_drafting_where_verification_is_cheap(target, answer, kind, monkeypatch):
+    """A forward over any width costs one step (a GPU): the always-right drafter drafts long."""
+    plain, spec = race(target, answer, kind, 0.0, monkeypatch)
+    assert spec.mean_draft_length > 4 and spec.target_forwards < plain.target_forwards / 4
+    assert spec.elapsed_s - spec.prefill_s < (plain.elapsed_s - plain.prefill_s) / 2
+
+
+def test_drafting_comes_back_when_the_drafter_becomes_right_again(target, answer, monkeypatch):
+    """Wrong for the first 24 tokens, right afterwards; a further token costs 0.3 steps. Auto
+    stops drafting while it is wrong, probes, and drafts again once probes are accepted."""
+    plain, spec = race(target, answer, "learned", 0.3, monkeypatch,
+                       wrong=lambda position: position < 24)
+    per_position = spec.per_position_acceptance
+    assert spec.draft_length_max >= 2 and spec.accepted >= 30, (spec.accepted, per_position)
+    assert spec.elapsed_s - spec.prefill_s < plain.elapsed_s - plain.prefill_s
+
+
+def test_probes_are_spaced_by_their_expected_loss():
+    """A probe that costs a step more than it is expected to gain waits 1 / PROBE_BUDGET plain
+    steps; where a wider forward costs the same as a one-token one, the back-off's 8."""
+    dear = AdaptiveDraftLength(forward_s={1: 1.0, 2: 2.0})
+    for _ in range(20):  # nothing accepted: the expected tokens of a probe fall towards 1
+        dear.update(2, 2.0, 1, 0, 0.0)
+    assert dear.best()[0] == 0
+    loss = dear.round_s(1) - dear.expected_tokens(1) * 1.0
+    assert loss == pytest.approx(1.0, abs=0.05)
+    assert dear.probe_wait(1) == pytest.approx(loss / PROBE_BUDGET, abs=1)
+    flat = AdaptiveDraftLength(forward_s={n: 1.0 for n in range(1, 18)})
+    for _ in range(20):
+        flat.update(2, 1.0, 1, 0, 0.0)
+    assert flat.probe_wait(1) == 8
+
+
+# -- why a race won or lost (stats.explain): figures from a known cost table -------------------
+
+from specdemo.core.policy import FixedDraftLength  # noqa: E402
+from specdemo.core.stats import explain  # noqa: E402
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_explanation_figures_from_a_known_cost_table(target, answer, wrong, monkeypatch):
+    """Forced k = 4 where each further token costs half a step and drafting 0.1 step a token:
+    verifying costs 1 + 4 * 0.5 = 3 steps, drafting 0.4, so a round must yield 3.4 tokens to
+    break even; the always-right drafter yields 5 (95 tokens in 19 rounds), and where verifying
+    costs one step the same acceptance would give 5 / 1.4. The always-wrong one yields 1 a
+    round (its last rounds draft fewer than 4: fewer tokens are left to generate)."""
+    from specdemo.interfaces.ui_format import explanation_text
+    from specdemo.services.pipeline import Comparison
+    clock = _Clock()
+    monkeypatch.setattr(engine, "time", clock)
+    kv = _TimedKV(target, clock, 0.5)
+    plain = generate(kv, PROMPT, CharTokenizer(), max_new_tokens=N)
+    oracle = _Oracle(answer, clock, draft_s=0.1 * STEP_S,
+                     **({"wrong": lambda position: True} if wrong else {}))
+    spec = generate(kv, PROMPT, CharTokenizer(), drafter=oracle, policy=FixedDraftLength(4),
+                    max_new_tokens=N)
+    e = explain(plain.stats, spec.stats)
+    k = e.mean_draft_length
+    assert k == (4 if not wrong else pytest.approx((4 * 91 + 3 + 2 + 1 + 0) / 95))
+    tokens = 5.0 if not wrong else 1.0
+    assert e.step_s == pytest.approx(STEP_S)
+    assert e.verify_cost_steps == pytest.approx(1 + 0.5 * k)
+    assert e.draft_cost_steps == pytest.approx(0.1 * k)
+    assert e.break_even_mean_acceptance_length == pytest.approx(1 + 0.6 * k)
+    assert e.mean_acceptance_length == pytest.approx(tokens)
+    assert e.modelled_speedup == pytest.approx(tokens / (1 + 0.6 * k))
+    assert e.projected_speedup_free_verification == pytest.approx(tokens / (1 + 0.1 * k))
+    figures = Comparison(plain, spec).as_dict()["explanation"]  # compare --json
+    assert figures["break_even_mean_acceptance_length"] == pytest.approx(1 + 0.6 * k)
+    assert figures["projected_speedup_free_verification"] == pytest.approx(tokens / (1 + 0.1 * k))
+    if not wrong:
+        line = explanation_text(e)
+        assert line == ("Verifying 4 drafts a round cost 3.00 one-token steps here and drafting "
+                        "0.40, so breaking even takes a mean acceptance length of 3.40; this run "
+                        "got 5.00. Projection, not measured: where verifying costs one step (a "
+                        "GPU, Apple silicon), the same acceptance would give 3.57× "
+                        "(5.00 / (1 + 0.40)).")
+
+
+def test_explanation_of_a_race_that_drafted_nothing(target, answer, monkeypatch):
+    """Auto where nothing can pay: the line says so instead of a break-even."""
+    from specdemo.interfaces.ui_format import explanation_text
+    plain, spec = race(target, answer, "learned", 1.2, monkeypatch,
+                       wrong=lambda position: True)
+    spec.drafted = spec.draft_length_sum = 0  # the probe left out: a run without drafts
+    e = explain(plain, spec)
+    assert e.mean_draft_length == 0 and e.mean_acceptance_length == 1.0
+    assert explanation_text(e).startswith("No drafts verified: none was expected to pay here")
+    assert explain(plain, None) is None and explain(type(plain)(), spec) is None
+
+
+def test_the_page_and_race_json_carry_the_explanation_once_both_lanes_finished():
+    """The line sits under the speedup on the page and its figures in ``/race``'s JSON (and in
+    ``compare`` with a server lane), from the same ``stats.explain``; not while racing."""
+    from test_race import SETTINGS, FakeLoaded, lanes
+    from specdemo.interfaces.ui_format import explanation_text, verdict_html
+    from specdemo.services.race import Race, snapshot_dict
+    race = Race(lanes(FakeLoaded(tiny_llama(seed=0, layers=3))), SETTINGS)
+    snaps = list(race.run(min_interval_s=0.0))
+    final = snaps[-1]
+    e = final.explanation
+    plain, spec = final.panes["plain"].stats, final.panes["speculative"].stats
+    assert e == explain(plain, spec) and 0 < e.mean_draft_length <= 4  # self-drafting, k = 4
+    assert all(s.explanation is None for s in snaps[:-1])
+    page = verdict_html(final, 0.0)
+    assert 'class="sd-explain"' in page and "Projection, not measured" in page
+    assert explanation_text(e).split(";")[0] in page
+    assert snapshot_dict(final)["explanation"] == e.as_dict()
+    assert "sd-explain" not in verdict_html(snaps[-2], 0.0)
