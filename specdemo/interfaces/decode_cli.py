@@ -133,22 +133,21 @@ def resolve_decode_args(args) -> None:
 def add_backend_flag(parser: argparse.ArgumentParser) -> None:
     """``--backend`` (one of ``core.BACKENDS``): how the target's forward is computed (both lanes
     of a comparison use the same)."""
-    parser.add_argument("--backend", default="transformers",
+    parser.add_argument("--backend", default="auto",
                         choices=BACKENDS,
-                        help="target forward: transformers, ggml (llama.cpp over the GGUF file "
-                             "of a GGUF/built-in target), ggml-bf16 (the same with the GGUF "
-                             "converted to BF16 once by llama-quantize: cheaper verification "
-                             "where quantised kernels are compute-bound), int8 (our forward of a float32 Llama "
-                             "with int8 weights and activations), native (our C forward of a Llama "
-                             "with BF16 weights, compiled once with the system C compiler; "
-                             "docs/cpu-backends.md), native-int8 (the same with int8 weights, "
-                             "one scale a row), native-w8a8 (int8 weights times int8 "
-                             "activations with one scale per 32 values, exact integer sums) or auto (measured on this CPU, stored; "
-                             "transformers elsewhere) (default %(default)s: the reference for "
-                             "losslessness; on the 2-core CPUs measured so far auto decodes "
-                             "5-8x faster: native with AVX512-BF16, verifying 4 drafts for "
-                             "1.2-1.7x a step, native-w8a8 with AVX2 only, 1.7x; ggml takes "
-                             "2.7-3.3x)")
+                        help="target forward: auto (the default, as the app: every backend "
+                             "available for the target is ruled in or out by a short probe on "
+                             "this CPU, the survivors timed, the choice stored; transformers "
+                             "off the CPU), transformers (float32 eager: the reference for "
+                             "losslessness, several times slower on a CPU), ggml (llama.cpp "
+                             "over the GGUF file of a GGUF/built-in target), ggml-bf16 (the "
+                             "same with the GGUF converted to BF16 once by llama-quantize), "
+                             "int8 (our forward of a float32 Llama with int8 weights and "
+                             "activations), native (our C forward of a Llama with BF16 weights, "
+                             "compiled once with the system C compiler; docs/cpu-backends.md), "
+                             "native-int8 (the same with int8 weights, one scale a row) or "
+                             "native-w8a8 (int8 weights times int8 activations with one scale "
+                             "per 32 values, exact integer sums)")
 
 
 def register(sub) -> None:
