@@ -199,7 +199,6 @@ def _load_pipeline(args):
     try:
         target = startup.load_model(args.target, args.device, args.dtype,
                             trust_remote_code=args.trust_remote_code, quantization=args.quantization)
-        target = _with_backend(target, getattr(args, "backend", "auto"))
         draft = None
         from ..models.learned import is_learned, load_learned  # deferred: imports torch
         if is_learned(args.draft):  # EAGLE-3 / DFlash / MTP: checked against the target
@@ -210,19 +209,22 @@ def _load_pipeline(args):
             refuse_incompatible(args.target, args.draft, args.trust_remote_code)
             draft = startup.load_model(args.draft, str(target.device), args.dtype,
                                trust_remote_code=args.trust_remote_code)
+        # auto weighs the backends for this drafter (both lanes then run the one chosen)
+        target = _with_backend(target, getattr(args, "backend", "auto"), args.draft, draft)
         return Pipeline(target, args.draft, draft)
     except ModelLoadError as exc:
         fail(str(exc))
 
 
-def _with_backend(target, backend: str):
-    """The target on ``backend``; exits with the reason when ``ggml`` cannot serve it."""
+def _with_backend(target, backend: str, draft_spec: str = "none", draft=None):
+    """The target on ``backend`` (``auto``: weighed for a race with ``draft_spec``); exits
+    with the reason when ``ggml`` cannot serve it."""
     from ..models.ggml_backend import GgmlError
     from ..services.startup import use_backend
     if not hasattr(target, "backend"):  # not a models.LoadedModel (tests inject stand-ins)
         return target
     try:
-        target, _ = use_backend(target, backend)
+        target, _ = use_backend(target, backend, draft_spec, draft)
     except GgmlError as exc:
         fail(str(exc))
     return target  # the choice and its reason are a start-up note (printed once)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 CONVERT_BYTES_PER_S = 4e6  # GGUF bytes converted per second on a 2-core CPU (see module doc)
 TIMES_FILE = "step-times.json"
 GUESS_S = {"imports": 5.0, "load": 3.0, "warm-up": 3.0, "forward costs": 8.0, "tokenizer": 10.0,
-           "native compile": 3.0}
+           "native compile": 3.0, "backend": 8.0, "background": 1.0}
 MIN_REMEMBER_S = 0.05  # faster than this was a cache hit (a model already in memory): no lesson
 
 
@@ -221,6 +221,26 @@ def printed(stream: TextIO | None = None) -> Iterator[None]:
         yield
 
 
+#: a first check of a built-in draft whose tokenizer is converted from its GGUF (the Gemma 3
+#: tokenizer, 262k tokens: 86 s on a busy 2-core AMD EPYC, 31 s on a less busy one)
+TOKENIZER_CONVERT_GUESS_S = 60.0
+
+
+def tokenizer_step(target: str, draft: str) -> tuple[str, str, float]:
+    """(key, name, guess in seconds) of the step that checks ``draft``'s tokenizer against
+    ``target``'s: a conversion of the draft's tokenizer from its GGUF (once per machine) is a
+    step of its own, so its duration is not remembered as the estimate of a later plain read."""
+    try:
+        converting = models.builtin_tokenizer_conversion_needed(draft)
+    except models.ModelLoadError:
+        converting = False  # the check says why
+    if converting:
+        return (f"tokenizer convert {draft}", f"converting {draft}'s tokenizer from its GGUF "
+                f"(once per machine) to check that it fits {target}", TOKENIZER_CONVERT_GUESS_S)
+    return (f"tokenizer {target} {draft}", f"checking that {draft}'s tokenizer fits {target}",
+            GUESS_S["tokenizer"])
+
+
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", **kwargs):
     """``models.load_model`` with its slow parts as steps: converting a built-in (once), loading.
 
@@ -390,10 +410,62 @@ def _compile_native_once(loaded, backend: str) -> None:
             pass  # auto leaves native out and says why; --backend native raises it again
 
 
-def use_backend(loaded, backend: str = "auto"):
+#: the lane a learned drafter is measured in on each backend ``auto`` times fully: greedy, a fixed
+#: draft length, a short everyday prompt (the acceptance of its head on that backend's features)
+FACTS_PROMPT = "Explain in two sentences why the sky is blue."
+FACTS_NEW_TOKENS = 32
+FACTS_DRAFT_LENGTH = 4
+
+
+def race_lane(loaded, draft_spec: str | None = None, draft=None):
+    """The speculative lane ``auto`` weighs the backends for (``backend_choice.RaceLane``):
+    the drafter's spec, the hidden states its verification reads, and for a learned drafter
+    (whose head steps and features change with the backend) :func:`lane_facts` per backend.
+
+    Args:
+        loaded: the target (a ``models.LoadedModel``).
+        draft_spec: the race's draft (None or ``none``: a plain decode).
+        draft: what was loaded for it (a learned drafter, a draft model), or None.
+    Raises:
+        ValueError: a spec ``make_drafter`` does not know.
+    """
+    from ..models.backend_choice import RaceLane
+    if draft_spec in (None, "", "none"):
+        return RaceLane("none")
+    from ..core.drafters import make_drafter, wants_features  # deferred: imports torch
+    learned = hasattr(draft, "new_drafter")
+    source = draft if draft is None or learned else draft.model
+    layers = wants_features(make_drafter(draft_spec, loaded.model, loaded.vocab_size, source))
+    facts = (lambda backend: lane_facts(loaded, draft_spec, draft, backend)) if learned else None
+    return RaceLane(draft_spec, layers, facts)
+
+
+def lane_facts(loaded, draft_spec: str, draft, backend: str):
+    """The drafter's acceptance and drafting cost on ``backend``: a greedy decode of
+    :data:`FACTS_PROMPT` at draft length :data:`FACTS_DRAFT_LENGTH` (after an untimed short one),
+    ``backend_choice.acceptance_of`` its per-position counts, its drafting seconds per drafted
+    token. Returns a ``backend_choice.LaneFacts``."""
+    from ..models.backend_choice import LaneFacts, acceptance_of
+    from ..models.ggml_backend import replace_backend
+    from .pipeline import DecodeSettings, Pipeline
+    pipe = Pipeline(replace_backend(loaded, backend), draft_spec, draft)
+    ids = pipe.prompt_ids(FACTS_PROMPT)
+    settings = DecodeSettings(max_new_tokens=FACTS_NEW_TOKENS, draft_length=FACTS_DRAFT_LENGTH)
+    pipe.run(ids, DecodeSettings(max_new_tokens=FACTS_DRAFT_LENGTH + 2,
+                                 draft_length=FACTS_DRAFT_LENGTH), True)  # first steps: untimed
+    stats = pipe.run(ids, settings, True).stats
+    if not stats.drafted:
+        return LaneFacts()
+    return LaneFacts(acceptance_of(stats.position_drafted, stats.position_accepted),
+                     stats.draft_s / stats.drafted, stats.drafted)
+
+
+def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, draft=None):
     """``loaded`` set to run on ``backend`` (``ggml_backend.with_backend``), as a named step:
-    loading the GGUF into llama.cpp, and for ``auto`` on a CPU the first measurement of both
-    backends on this machine (stored; later starts read it).
+    loading the GGUF into llama.cpp, and for ``auto`` on a CPU the first choice on this machine
+    (a probe of every candidate, the survivors timed and weighed for a race with ``draft_spec``:
+    :func:`race_lane`; stored, later starts read it). The choice and what was weighed are a
+    start-up note.
 
     Returns:
         (the LoadedModel with ``backend`` set, the ``BackendChoice``).
@@ -404,10 +476,12 @@ def use_backend(loaded, backend: str = "auto"):
     if (backend or "auto") == "transformers":
         return with_backend(loaded, "transformers")
     _compile_native_once(loaded, backend or "auto")
+    lane = race_lane(loaded, draft_spec, draft) if (backend or "auto") == "auto" else None
+    weighed = f", weighed for draft {draft_spec}" if lane is not None and lane.speculative else ""
     with STEPS.step(f"backend {backend} {loaded.spec}",
-                    f"choosing the forward backend for {loaded.spec} ({backend})",
-                    GUESS_S["forward costs"]) as record:
-        chosen, choice = with_backend(loaded, backend)
+                    f"choosing the forward backend for {loaded.spec} ({backend}{weighed})",
+                    GUESS_S["backend"]) as record:
+        chosen, choice = with_backend(loaded, backend, lane)
         # a choice stored earlier takes well under a second; the estimate stays the measuring one
         record.remember = not choice.cached
     STEPS.note(f"forward backend of {loaded.spec}: {choice.backend} ({choice.reason})")
