@@ -506,7 +506,8 @@ class BackendChoice:
         probe_s: probed backend -> seconds of its probe forward.
         dropped: backend -> why it was not timed fully (a probe ruled it out).
         draft_length: timed backend -> the speculative lane's best k there (0: plain steps).
-        acceptance: timed backend -> the per-position acceptance weighed (measured or prior).
+        acceptance: timed backend -> the per-position acceptance measured there (None: the
+            prior ``backend_choice.PRIOR_ACCEPTANCE`` was weighed).
     """
 
     backend: str
@@ -518,7 +519,7 @@ class BackendChoice:
     probe_s: dict[str, float] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)
     draft_length: dict[str, int] = field(default_factory=dict)
-    acceptance: dict[str, float] = field(default_factory=dict)
+    acceptance: dict[str, float | None] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "reason": self.reason, "cost_s": self.cost_s,
@@ -627,7 +628,9 @@ def _weighed(choice: BackendChoice, lane) -> str:
         forward = "/".join(f"{choice.forward_s[name][n] * 1000:.1f}" for n in bc.RACE_WIDTHS)
         text = f"{name} {choice.cost_s[name] * 1000:.1f} ms a token ({forward} ms"
         if lane.speculative:
-            text += f", a {choice.acceptance[name]:.2f}, k {choice.draft_length[name]}"
+            measured = choice.acceptance.get(name)
+            text += (f", a {measured:.2f}" if measured is not None
+                     else f", a {bc.PRIOR_ACCEPTANCE:.2f} prior") + f", k {choice.draft_length[name]}"
         return text + ")"
     if lane.speculative:
         how = ("acceptance measured on each backend's own features and drafting"
@@ -640,6 +643,18 @@ def _weighed(choice: BackendChoice, lane) -> str:
     else:
         what = f"weighed for a plain decode: the 1-token forward ({widths}-token forwards timed): "
     return what + "; ".join(one(n) for n in names)
+
+
+def stored_choice(loaded, lane=None) -> BackendChoice | None:
+    """The choice :func:`choose_backend` would read back for ``loaded`` and ``lane`` without
+    measuring anything (None: it would measure, or ``auto`` has one candidate only)."""
+    from . import backend_choice as bc
+    lane = lane or bc.RaceLane("ngram")
+    names, _ = candidate_backends(loaded)
+    if len(names) == 1:
+        return None
+    key = _choice_key(loaded, gguf_path(loaded.spec) if "ggml" in names else None, names, lane)
+    return _cached_choice(_choice_path(), key)
 
 
 def choose_backend(loaded, lane=None) -> BackendChoice:
@@ -665,8 +680,7 @@ def choose_backend(loaded, lane=None) -> BackendChoice:
     if len(names) == 1:
         return BackendChoice("transformers", "; ".join(why))
     from ..core.machine import OtherCpuUse
-    gguf = gguf_path(loaded.spec) if "ggml" in names else None
-    key = _choice_key(loaded, gguf, names, lane)
+    key = _choice_key(loaded, gguf_path(loaded.spec) if "ggml" in names else None, names, lane)
     path = _choice_path()
     cached = _cached_choice(path, key)
     if cached is not None:
@@ -686,8 +700,7 @@ def choose_backend(loaded, lane=None) -> BackendChoice:
         facts = lane.facts(name) if lane.facts is not None and lane.speculative else None
         cost, k = bc.race_cost_s(forward, lane.speculative, facts)
         choice.forward_s[name], choice.draft_length[name] = forward, k
-        choice.acceptance[name] = (facts.acceptance if facts is not None and facts.acceptance
-                                   is not None else bc.PRIOR_ACCEPTANCE)
+        choice.acceptance[name] = facts.acceptance if facts is not None else None
         return cost
 
     found = bc.probe_then_time(bc.order(names), lambda name, limit: bc.probe_s(

@@ -357,8 +357,13 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi", *,
     if not (todo_widths or todo_draft or todo_decode):
         return
     mode = f" with draft {pipe.draft_spec}" if speculative else ""
+    # the target's part, from the backend choice's timings: the prompt's prefill, the short
+    # decode's steps, each width once (a drafter's own steps are left out: small beside them)
+    steps = ([len(ids)] + [k + 1] * (k + 2 if speculative else 3) if todo_decode else []) \
+        + todo_widths + ([8] if todo_widths else [])
+    guess = forward_estimate_s(pipe.target, steps)
     with STEPS.step(f"warm-up {pipe.target.spec}{mode}", f"warming up {pipe.target.spec}{mode}",
-                    GUESS_S["warm-up"]):
+                    GUESS_S["warm-up"] if guess is None else guess):
         if todo_decode:  # prefill, then rounds at the longest draft length used
             settings = DecodeSettings(max_new_tokens=k + 2 if speculative else 3,
                                       draft_length=max(k, 1))
@@ -388,9 +393,14 @@ def measure_forward_costs(pipe: Pipeline) -> None:
     needs it), once per target model, as a named step; call it on the device thread."""
     if pipe.forward_costs_known:
         return
+    from ..core.policy import AdaptiveDraftLength
+    widths = range(1, AdaptiveDraftLength().max_k + 2)
+    per_pass = forward_estimate_s(pipe.target, widths)  # measure_forward_s: 3 passes after 64
+    guess = GUESS_S["forward costs"] if per_pass is None else \
+        3 * per_pass + forward_estimate_s(pipe.target, [64])
     with STEPS.step(f"forward costs {pipe.target.spec}",
                     f"measuring what a forward over n tokens costs {pipe.target.spec} here "
-                    "(once per start, for draft length auto)", GUESS_S["forward costs"]):
+                    "(once per start, for draft length auto)", guess):
         pipe.forward_costs()
 
 
@@ -412,7 +422,7 @@ def _compile_native_once(loaded, backend: str) -> None:
 
 #: the lane a learned drafter is measured in on each backend ``auto`` times fully: greedy, a fixed
 #: draft length, a short everyday prompt (the acceptance of its head on that backend's features)
-FACTS_PROMPT = "Explain in two sentences why the sky is blue."
+FACTS_PROMPT = "explain in two sentences why the sky is blue."
 FACTS_NEW_TOKENS = 32
 FACTS_DRAFT_LENGTH = 4
 
@@ -436,8 +446,22 @@ def race_lane(loaded, draft_spec: str | None = None, draft=None):
     learned = hasattr(draft, "new_drafter")
     source = draft if draft is None or learned else draft.model
     layers = wants_features(make_drafter(draft_spec, loaded.model, loaded.vocab_size, source))
-    facts = (lambda backend: lane_facts(loaded, draft_spec, draft, backend)) if learned else None
+    facts = (lambda backend: _measured_or_none(loaded, draft_spec, draft, backend)) if learned \
+        else None
     return RaceLane(draft_spec, layers, facts)
+
+
+def _measured_or_none(loaded, draft_spec: str, draft, backend: str):
+    """:func:`lane_facts`, or nothing measured (the prior is weighed, and the reason says so)
+    when its decode fails: the choice of a backend must not fail on a measurement's extra."""
+    from ..models.backend_choice import LaneFacts
+    try:
+        return lane_facts(loaded, draft_spec, draft, backend)
+    except Exception as exc:  # noqa: BLE001 - logged; the choice weighs the prior instead
+        import logging
+        logging.getLogger(__name__).warning("could not measure %s on %s: %s", draft_spec,
+                                            backend, exc)
+        return LaneFacts()
 
 
 def lane_facts(loaded, draft_spec: str, draft, backend: str):
@@ -472,17 +496,54 @@ def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, dr
     Raises:
         GgmlError: ``ggml`` asked for and unavailable for this target; ValueError: unknown name.
     """
-    from ..models.ggml_backend import with_backend
-    if (backend or "auto") == "transformers":
+    from ..models.ggml_backend import replace_backend, stored_choice, with_backend
+    backend = backend or "auto"
+    if backend == "transformers":
         return with_backend(loaded, "transformers")
-    _compile_native_once(loaded, backend or "auto")
-    lane = race_lane(loaded, draft_spec, draft) if (backend or "auto") == "auto" else None
-    weighed = f", weighed for draft {draft_spec}" if lane is not None and lane.speculative else ""
-    with STEPS.step(f"backend {backend} {loaded.spec}",
-                    f"choosing the forward backend for {loaded.spec} ({backend}{weighed})",
-                    GUESS_S["backend"]) as record:
-        chosen, choice = with_backend(loaded, backend, lane)
-        # a choice stored earlier takes well under a second; the estimate stays the measuring one
-        record.remember = not choice.cached
+    _compile_native_once(loaded, backend)
+    lane = race_lane(loaded, draft_spec, draft) if backend == "auto" else None
+    stored = stored_choice(loaded, lane) if lane is not None and loaded.device.type == "cpu" \
+        else None
+    if stored is not None:  # read back in milliseconds: no step, only the note
+        chosen, choice = replace_backend(loaded, stored.backend), stored
+    else:
+        weighed = f", weighed for draft {draft_spec}" if lane is not None and lane.speculative \
+            else ""
+        with STEPS.step(f"backend {backend} {loaded.spec}",
+                        f"choosing the forward backend for {loaded.spec} ({backend}{weighed})",
+                        GUESS_S["backend"]):
+            chosen, choice = with_backend(loaded, backend, lane)
+    if choice.forward_s.get(choice.backend):
+        FORWARD_HINT_S[_hint_key(chosen)] = choice.forward_s[choice.backend]
     STEPS.note(f"forward backend of {loaded.spec}: {choice.backend} ({choice.reason})")
     return chosen, choice
+
+
+#: (target spec, backend) -> {width: seconds of one forward}, from the backend choice (measured
+#: or stored): what the estimates of the warm-up and forward-cost steps are scaled from
+FORWARD_HINT_S: dict[tuple[str, str], dict[int, float]] = {}
+
+
+def _hint_key(loaded) -> tuple[str, str]:
+    return (getattr(loaded, "spec", ""), getattr(loaded, "backend", "transformers"))
+
+
+def forward_estimate_s(loaded, widths) -> float | None:
+    """Seconds one forward over each of ``widths`` tokens takes in all on ``loaded``'s backend,
+    interpolated (and beyond the widest, extrapolated linearly) from the widths the backend
+    choice timed; None when it timed none for this target and backend."""
+    table = FORWARD_HINT_S.get(_hint_key(loaded))
+    if not table:
+        return None
+    known = sorted(table.items())
+
+    def one(n: int) -> float:
+        lo = max([p for p in known if p[0] <= n], default=known[0])
+        hi = min([p for p in known if p[0] >= n], default=known[-1])
+        if lo[0] == hi[0]:
+            if n <= lo[0] or len(known) < 2:
+                return lo[1]
+            (a, ta), (b, tb) = known[-2], known[-1]
+            return tb + (n - b) * (tb - ta) / (b - a)
+        return lo[1] + (n - lo[0]) * (hi[1] - lo[1]) / (hi[0] - lo[0])
+    return sum(one(n) for n in widths)
