@@ -54,6 +54,11 @@ GGML_BACKENDS = {"ggml": None, "ggml-bf16": "BF16"}
 BF16_NOT_AUTO = ("llama.cpp's BF16 kernels give a token different numbers in a one-token and a "
                  "multi-token decode, so speculative output differed from plain output on 8 of 20 "
                  "prompts (0 of 20 with the Q4_1 file); ask for it with --backend ggml-bf16")
+#: why auto leaves the torch int8 backend out where the native ones are candidates
+INT8_NOT_AUTO = ("native-int8 computes the same int8 weights in our C forward, and the torch int8 "
+                 "backend measured 2.8-16x slower than the native ones on both CPUs of "
+                 "docs/cpu-backends.md while its weights and activation scales take seconds to "
+                 "build; ask for it with --backend int8")
 MAX_CONTEXT = 8192  # tokens of KV cache a context allocates at most (f16: 190 MB for 135M)
 BATCH = 512  # llama.cpp's n_batch/n_ubatch: more than PREFILL_CHUNK, so one chunk is one decode
 # architectures whose llama.cpp graph (pinned source, src/models/*.cpp) records layer inputs
@@ -567,17 +572,19 @@ def candidate_backends(loaded) -> tuple[tuple[str, ...], list[str]]:
         why.append(f"ggml not available: {reason}")
     if "ggml" in names:
         why.append(f"ggml-bf16 not a candidate: {BF16_NOT_AUTO}")
+    from .native_backend import BACKENDS as NATIVE_BACKENDS, unavailable_reason as native_reason
+    native = native_reason(loaded) if loaded.device.type == "cpu" else "not on the CPU"
     reason = int8_reason(loaded) if loaded.device.type == "cpu" else "not on the CPU"
-    if reason is None:
+    if reason is None and native is None:
+        why.append(f"int8 not a candidate: {INT8_NOT_AUTO}")
+    elif reason is None:
         names.append("int8")
     else:
         why.append(f"int8 not available: {reason}")
-    from .native_backend import BACKENDS as NATIVE_BACKENDS, unavailable_reason as native_reason
-    reason = native_reason(loaded) if loaded.device.type == "cpu" else "not on the CPU"
-    if reason is None:
+    if native is None:
         names += list(NATIVE_BACKENDS)
     else:
-        why.append(f"native not available: {reason}")
+        why.append(f"native not available: {native}")
     return tuple(names), why
 
 
