@@ -8,7 +8,8 @@ command line prints each step as it starts and ends (:func:`printed`).
 
 Estimates: the duration this machine took last time (remembered in
 ``cache_dir()/step-times.json``), else the caller's guess. A conversion is guessed from the GGUF
-size: measured on a 2-core CPU, SmolLM2-135M (98 MB Q4_1) converts in ~25 s, so 4 MB/s.
+size: SmolLM2-135M (98 MB Q4_1) converted in 10.6-13.7 s in three cold starts on a busy 2-core
+AMD EPYC (~25 s in an earlier measurement), so 7 MB/s: within 2x of both.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ from ..models import loading as models
 if TYPE_CHECKING:
     from .pipeline import Pipeline
 
-CONVERT_BYTES_PER_S = 4e6  # GGUF bytes converted per second on a 2-core CPU (see module doc)
+CONVERT_BYTES_PER_S = 7e6  # GGUF bytes converted per second on a 2-core CPU (see module doc)
 TIMES_FILE = "step-times.json"
+# guesses for a machine that ran none of these steps yet ("backend": the probe-then-time choice
+# took 3.9 s on a busy 2-core AMD EPYC; the warm-up and forward-cost steps are scaled from the
+# widths that choice timed when it ran: forward_estimate_s)
 GUESS_S = {"imports": 5.0, "load": 3.0, "warm-up": 3.0, "forward costs": 8.0, "tokenizer": 10.0,
-           "native compile": 3.0, "backend": 8.0, "background": 1.0}
+           "native compile": 3.0, "backend": 5.0, "background": 1.0}
 MIN_REMEMBER_S = 0.05  # faster than this was a cache hit (a model already in memory): no lesson
 
 
