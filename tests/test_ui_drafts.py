@@ -276,3 +276,43 @@ def test_the_check_process_answers_each_request_and_reports_errors_in_one_line(m
     assert second == {"error": "broken has no tokenizer", "type": "ModelLoadError"}
     with pytest.raises(ModelLoadError, match="^broken has no tokenizer$"):
         check_worker._answer(second)
+
+
+APP_KILLED_DURING_A_RACE = """
+import os, signal, sys
+from specdemo.core.machine import ActiveRaces
+from specdemo.services.check_worker import CheckWorker
+races = ActiveRaces()
+worker = CheckWorker(races, [sys.executable, "-c", "import sys; sys.stdin.readline()"])
+worker._process()
+races.begin()  # a race: the child is stopped
+print(worker._proc.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the app dies without its exit handlers
+"""
+
+
+def test_a_stopped_check_process_does_not_outlive_the_app():
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import pytest
+
+    from specdemo.services import check_worker
+    if not check_worker.CAN_STOP:
+        pytest.skip("no SIGSTOP here")
+    app = subprocess.run([sys.executable, "-c", APP_KILLED_DURING_A_RACE], capture_output=True,
+                         text=True, timeout=120)
+    pid = int(app.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    else:
+        psutil.Process(pid).kill()
+        raise AssertionError("the stopped check process outlived the app")

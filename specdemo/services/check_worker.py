@@ -17,6 +17,7 @@ the lowest priority.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -50,6 +51,7 @@ class CheckWorker:
         self._state = threading.Lock()  # the process and whether it is stopped
         self._stopped = False
         races.on_change(self._races_changed)
+        atexit.register(self.close)  # a stopped child would otherwise outlive the app
 
     def verdict(self, target: str, draft: str) -> Verdict:
         """``compat.check_specs(target, draft)`` computed in the child (waits while a race runs).
@@ -98,9 +100,14 @@ class CheckWorker:
             if self._proc is None or self._proc.poll() is not None:
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join(
                     [_package_root()] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+                # its own process group: should the app end while the child is stopped, the
+                # group is orphaned and the kernel hangs it up (SIGHUP, then SIGCONT: POSIX),
+                # so a stopped child never outlives the app
+                group = {} if not CAN_STOP else {"process_group": 0} \
+                    if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
                 self._proc = subprocess.Popen(self._command, stdin=subprocess.PIPE,
                                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                              text=True, env=env, bufsize=1)
+                                              text=True, env=env, bufsize=1, **group)
                 self._stopped = False
                 if self._races.running() and CAN_STOP:  # started during a race: wait for its end
                     os.kill(self._proc.pid, signal.SIGSTOP)
