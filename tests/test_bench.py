@@ -411,3 +411,10 @@ def test_benchmark_tab_reads_well(target, monkeypatch, tmp_path):
     box, page = ax.title.get_window_extent(), figure.bbox
     assert page.x0 <= box.x0 and box.x1 <= page.x1 and box.y1 <= page.y1
     assert "builtin:smollm2-135m-eagle3+ngram" in ax.get_title()
+
+
+def test_the_summary_names_the_backend_the_sweep_ran_on(sweep):
+    assert bench.summary_text(sweep).splitlines()[0].startswith(
+        f"tiny-{VOCAB} + ngram on cpu (float32), ")
+    on_native = dataclasses.replace(sweep, machine={**sweep.machine, "backend": "native-w8a8"})
+    assert "on cpu (backend native-w8a8), " in bench.summary_text(on_native).splitlines()[0]
