@@ -538,9 +538,10 @@ CHOICE_ENV = "SPECDEMO_BACKEND"  # "recalibrate" measures again
 RECALIBRATE = f"{CHOICE_ENV}=recalibrate measures again"
 
 
-def _choice_key(loaded, gguf: Path | None, candidates: tuple[str, ...], lane) -> str:
+def _choice_key(loaded, candidates: tuple[str, ...], lane) -> str:
     from . import backend_choice as bc
     from .hardware import _cpu_name
+    gguf = gguf_path(loaded.spec) if "ggml" in candidates else None
     st = gguf.stat() if gguf is not None else None
     parts = [_cpu_name(), torch.__version__, torch.get_num_threads(), default_threads(),
              loaded.spec, str(loaded.dtype), st.st_size if st else None,
@@ -598,12 +599,12 @@ def _short(why: str) -> str:
     return short
 
 
-def _cached_choice(path: Path, key: str) -> BackendChoice | None:
+def _cached_choice(key: str) -> BackendChoice | None:
     """The choice stored under ``key`` (None: none, unreadable, or recalibration asked for)."""
     if os.environ.get(CHOICE_ENV, "").strip().lower() == "recalibrate":
         return None
     try:
-        entry = json.loads(path.read_text())[key]
+        entry = json.loads(_choice_path().read_text())[key]
         share = entry.get("other_cpu_share")
         when = (f"measured earlier on this machine while other processes used {share:.0%} of "
                 f"the CPU ({RECALIBRATE}): " if share is not None and share > _busy_share()
@@ -658,10 +659,7 @@ def stored_choice(loaded, lane=None) -> BackendChoice | None:
     from . import backend_choice as bc
     lane = lane or bc.RaceLane("ngram")
     names, _ = candidate_backends(loaded)
-    if len(names) == 1:
-        return None
-    key = _choice_key(loaded, gguf_path(loaded.spec) if "ggml" in names else None, names, lane)
-    return _cached_choice(_choice_path(), key)
+    return None if len(names) == 1 else _cached_choice(_choice_key(loaded, names, lane))
 
 
 def choose_backend(loaded, lane=None) -> BackendChoice:
@@ -669,9 +667,9 @@ def choose_backend(loaded, lane=None) -> BackendChoice:
     for this target (:mod:`specdemo.models.backend_choice`: a probe rules hopeless candidates
     out, the survivors are timed at widths 1, 5 and 9 and weighed for the race).
 
-    Candidates on a CPU: transformers; ggml for a GGUF target; int8 for a float32 Llama
-    (``compiled_backend.py``); the native backends for a Llama where a C compiler is found
-    (``native_backend.py``). The result is stored per machine, target, candidate set and drafter
+    Candidates on a CPU (:func:`candidate_backends`): transformers; ggml for a GGUF target;
+    the native backends for a Llama where a C compiler is found (``native_backend.py``), else
+    int8 for a float32 Llama (``compiled_backend.py``; :data:`INT8_NOT_AUTO`). The result is stored per machine, target, candidate set and drafter
     in ``models.cache_dir()/backend-choice.json`` (``SPECDEMO_BACKEND=recalibrate`` measures
     again), also when other processes used more than ``machine.BUSY_SHARE`` of the CPU
     meanwhile (marked so: the reason says it when it is read back), so restarts do not pay again.
@@ -687,9 +685,8 @@ def choose_backend(loaded, lane=None) -> BackendChoice:
     if len(names) == 1:
         return BackendChoice("transformers", "; ".join(why))
     from ..core.machine import OtherCpuUse
-    key = _choice_key(loaded, gguf_path(loaded.spec) if "ggml" in names else None, names, lane)
-    path = _choice_path()
-    cached = _cached_choice(path, key)
+    key = _choice_key(loaded, names, lane)
+    cached = _cached_choice(key)
     if cached is not None:
         return cached
     others = OtherCpuUse()
@@ -728,9 +725,9 @@ def choose_backend(loaded, lane=None) -> BackendChoice:
                           "on a quiet machine)")
     from .builtin import store_cache_entry
     try:
-        store_cache_entry(path, key, {**entry, "measured_unix_s": time.time()})
+        store_cache_entry(_choice_path(), key, {**entry, "measured_unix_s": time.time()})
     except OSError as exc:
-        log.warning("backend choice not stored in %s (%s)", path, exc)
+        log.warning("backend choice not stored in %s (%s)", _choice_path(), exc)
     return choice
 
 

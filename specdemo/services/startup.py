@@ -534,20 +534,14 @@ def _hint_key(loaded) -> tuple[str, str]:
 
 def forward_estimate_s(loaded, widths) -> float | None:
     """Seconds one forward over each of ``widths`` tokens takes in all on ``loaded``'s backend,
-    interpolated (and beyond the widest, extrapolated linearly) from the widths the backend
-    choice timed; None when it timed none for this target and backend."""
+    interpolated between the widths the backend choice timed (beyond the widest, extrapolated
+    with the slope of the last two, never downwards); None when it timed none for this target
+    and backend."""
+    import numpy as np
     table = FORWARD_HINT_S.get(_hint_key(loaded))
     if not table:
         return None
-    known = sorted(table.items())
-
-    def one(n: int) -> float:
-        lo = max([p for p in known if p[0] <= n], default=known[0])
-        hi = min([p for p in known if p[0] >= n], default=known[-1])
-        if lo[0] == hi[0]:
-            if n <= lo[0] or len(known) < 2:
-                return lo[1]
-            (a, ta), (b, tb) = known[-2], known[-1]
-            return tb + (n - b) * (tb - ta) / (b - a)
-        return lo[1] + (n - lo[0]) * (hi[1] - lo[1]) / (hi[0] - lo[0])
-    return sum(one(n) for n in widths)
+    xs, ts = zip(*sorted(table.items()))
+    slope = max((ts[-1] - ts[-2]) / (xs[-1] - xs[-2]), 0.0) if len(xs) > 1 else 0.0
+    return sum(ts[-1] + (n - xs[-1]) * slope if n > xs[-1] else float(np.interp(n, xs, ts))
+               for n in widths)
