@@ -285,7 +285,7 @@ from specdemo.services.check_worker import CheckWorker
 races = ActiveRaces()
 worker = CheckWorker(races, [sys.executable, "-c", "import sys; sys.stdin.readline()"])
 worker._process()
-races.begin()  # a race: the child is stopped
+races.begin()  # a race: the child is stopped (begin returns once it is)
 print(worker._proc.pid, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # the app dies without its exit handlers
 """

@@ -112,6 +112,7 @@ class CheckWorker:
                 if self._races.running() and CAN_STOP:  # started during a race: wait for its end
                     os.kill(self._proc.pid, signal.SIGSTOP)
                     self._stopped = True
+                    _wait_stopped(self._proc.pid)
             return self._proc
 
     def _races_changed(self, running: bool) -> None:
@@ -123,6 +124,27 @@ class CheckWorker:
                 return
             os.kill(proc.pid, signal.SIGSTOP if running else signal.SIGCONT)
             self._stopped = running
+            if running:
+                _wait_stopped(proc.pid)
+
+
+STOP_WAIT_S = 1.0  # how long a race's start waits for the kernel to have stopped the child
+
+
+def _wait_stopped(pid: int) -> None:
+    """Return once ``pid`` is stopped (a signal is delivered when the process next runs, so the
+    race would otherwise start beside a child still computing), or after :data:`STOP_WAIT_S`."""
+    import time
+
+    import psutil
+    deadline = time.monotonic() + STOP_WAIT_S
+    try:
+        process = psutil.Process(pid)
+        while process.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE) \
+                and time.monotonic() < deadline:
+            time.sleep(0.001)
+    except psutil.NoSuchProcess:
+        pass
 
 
 def _package_root() -> str:
