@@ -316,3 +316,17 @@ def test_a_stopped_check_process_does_not_outlive_the_app():
     else:
         psutil.Process(pid).kill()
         raise AssertionError("the stopped check process outlived the app")
+
+
+def test_the_check_process_hears_of_the_first_race_and_the_last():
+    from specdemo.core.machine import ActiveRaces
+    races, heard = ActiveRaces(), []
+    assert races.on_change(heard.append) is False
+    races.begin()
+    races.begin()  # a second race queued: the child is stopped already
+    races.end()
+    assert heard == [True]
+    races.end()
+    assert heard == [True, False]
+    races.begin()
+    assert ActiveRaces.on_change(races, heard.append) is True  # a race is running now

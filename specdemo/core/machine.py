@@ -101,16 +101,12 @@ class ActiveRaces:
         self._idle = threading.Condition()
         self._listeners: list = []
 
-    def on_change(self, listener) -> None:
+    def on_change(self, listener) -> bool:
         """Call ``listener(True)`` when the first race is queued and ``listener(False)`` when
-        the last one ends (under this object's lock, in order; keep it short: it may send a
-        signal, never wait)."""
+        the last one ends (under this object's lock, in order: the listener must not call back
+        into this object); returns whether a race is queued or running now."""
         with self._idle:
             self._listeners.append(listener)
-
-    def running(self) -> bool:
-        """True while a race is queued or running."""
-        with self._idle:
             return self._count > 0
 
     def begin(self) -> None:

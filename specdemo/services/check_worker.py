@@ -45,12 +45,14 @@ class CheckWorker:
 
     def __init__(self, races: ActiveRaces = ACTIVE_RACES, command: list[str] | None = None) -> None:
         self._command = command or [sys.executable, "-m", __name__]
-        self._races = races
         self._proc: subprocess.Popen | None = None
         self._request = threading.Lock()  # one request at a time
-        self._state = threading.Lock()  # the process and whether it is stopped
+        # the process, whether it is stopped, whether a race runs; never held while calling
+        # into ``races`` (whose lock is held while it calls _races_changed)
+        self._state = threading.Lock()
         self._stopped = False
-        races.on_change(self._races_changed)
+        with self._state:
+            self._racing = races.on_change(self._races_changed)
         atexit.register(self.close)  # a stopped child would otherwise outlive the app
 
     def verdict(self, target: str, draft: str) -> Verdict:
@@ -109,17 +111,18 @@ class CheckWorker:
                                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                               text=True, env=env, bufsize=1, **group)
                 self._stopped = False
-                if self._races.running() and CAN_STOP:  # started during a race: wait for its end
+                if self._racing and CAN_STOP:  # started during a race: wait for its end
                     os.kill(self._proc.pid, signal.SIGSTOP)
                     self._stopped = True
                     _wait_stopped(self._proc.pid)
             return self._proc
 
     def _races_changed(self, running: bool) -> None:
-        if not CAN_STOP:
-            return
         with self._state:
+            self._racing = running
             proc = self._proc
+            if not CAN_STOP:
+                return
             if proc is None or proc.poll() is not None or running == self._stopped:
                 return
             os.kill(proc.pid, signal.SIGSTOP if running else signal.SIGCONT)
