@@ -1,4 +1,5 @@
-"""Measure what a newcomer waits for: ``python app.py`` to the first streamed token, and idle CPU.
+"""Measure what a newcomer waits for: ``python app.py`` to the first streamed token and to the
+first finished race, and idle CPU.
 
     python scripts/first_start.py first-token [--cold] [--runs N]   # headless Chromium sends at once
     python scripts/first_start.py idle [--wait S] [--span S]         # CPU of an idle app.py
@@ -7,8 +8,9 @@
 ``first-token`` starts ``python app.py --no-browser``, opens the page in headless Chromium as soon
 as the server answers, types a prompt and presses Send at once (the worst case for the preload:
 nothing overlaps with reading), and reports seconds from the start of ``python app.py`` to the
-first token in the plain pane. ``--cold`` uses an empty temporary ``SPECDEMO_CACHE`` (the
-built-in model is converted first); warm runs use the normal cache. ``idle`` starts the app with
+first token in the plain pane, then to the end of that race (the speculative pane done).
+``--cold`` uses an empty temporary ``SPECDEMO_CACHE`` (the built-in model is converted first);
+warm runs use the normal cache. ``idle`` starts the app with
 nobody connected, waits until it printed that it is ready (or ``--wait`` seconds), then reads the
 process's CPU time (psutil, children included) over ``--span`` seconds. Machine load (1-minute
 load average) is printed with every number, and first-token runs also print the CPU seconds the
@@ -33,6 +35,9 @@ APP_ROOT = [ROOT]  # --root changes it
 PROMPT = "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog by the river."
 FIRST_TOKEN_JS = ("return [...document.querySelectorAll('#plain-chat .sd-tokens')]"
                   ".some(e => e.textContent.trim().length > 0)")
+RACE_STATE_JS = ("const c = document.querySelector('#spec-stats .sd-counters');"
+                 "return c ? c.dataset.status : null")
+FINISHED = ("done", "error", "stopped", "skipped")
 FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          "--disable-background-networking", "--disable-component-update", "--no-first-run",
          "--disable-sync", "--window-size=1500,1250")
@@ -107,6 +112,11 @@ def first_token_s(cold: bool, log: Path) -> dict:
         marks["first_token_s"] = time.monotonic() - start
         marks["app_cpu_s_until_first_token"] = cpu_seconds(app.pid)
         marks["progress_seen_before_first_token"] = progress
+        while (state := driver.execute_script(RACE_STATE_JS)) not in FINISHED:
+            time.sleep(0.1)
+        marks["race_done_s"] = time.monotonic() - start
+        marks["race_state"] = state
+        marks["app_cpu_s_until_race_done"] = cpu_seconds(app.pid)
         marks["load_1min_after"] = os.getloadavg()[0]
     finally:
         driver.quit()

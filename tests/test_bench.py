@@ -4,6 +4,7 @@ a report whose statistics are the CSV's, and the arithmetic of pooling and media
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import json
 import re
@@ -270,6 +271,34 @@ def test_sweep_refuses_plain_only(target):
         run_sweep(Pipeline(target, "none"), PROMPTS, BenchConfig(tasks=("chat",)), show_bar=False)
 
 
+def test_the_reference_column_is_announced_with_an_estimate(target):
+    lines = []
+    config = BenchConfig(tasks=("chat",), draft_lengths=(2, 3), max_new_tokens=16,
+                         prompts_per_task=2, repeats=2)
+    run_sweep(Pipeline(target, "ngram"), PROMPTS, config, show_bar=False, note=lines.append)
+    assert len(lines) == 1  # 2 repeats x 2 prompts x (plain + 2 draft lengths)
+    assert lines[0].startswith("reference column: 12 decodes through transformers' generate() ")
+    # the estimate scales the warm-up (3 decodes of 8 tokens) to 12 decodes of 16 tokens
+    assert bench.reference_estimate_s(config, 12, warm_up_s=1.5, warm_up_decodes=3) == 12.0
+    quiet = []
+    run_sweep(Pipeline(target, "ngram"), PROMPTS, dataclasses.replace(config, reference=False),
+              show_bar=False, note=quiet.append)
+    assert quiet == []
+
+
+def test_bench_run_and_compare_default_to_auto_and_bench_to_no_reference(tmp_path):
+    from specdemo.interfaces.cli import build_parser
+    t = str(tmp_path)
+    parser = build_parser()
+    bench_args = parser.parse_args(["bench", "--target", t, "--out", "x"])
+    assert bench_args.backend == "auto" and bench_args.reference is False
+    assert parser.parse_args(["bench", "--target", t, "--out", "x", "--reference"]).reference
+    for command in ("run", "compare"):
+        assert parser.parse_args([command, "--prompt", "hi"]).backend == "auto"
+    assert parser.parse_args(["run", "--prompt", "hi", "--backend", "transformers"]).backend == \
+        "transformers"
+
+
 def test_cli_parser_and_preset_conflict(tmp_path):
     from specdemo.interfaces.bench_cli import resolve_models
     from specdemo.interfaces.cli import build_parser
@@ -382,3 +411,10 @@ def test_benchmark_tab_reads_well(target, monkeypatch, tmp_path):
     box, page = ax.title.get_window_extent(), figure.bbox
     assert page.x0 <= box.x0 and box.x1 <= page.x1 and box.y1 <= page.y1
     assert "builtin:smollm2-135m-eagle3+ngram" in ax.get_title()
+
+
+def test_the_summary_names_the_backend_the_sweep_ran_on(sweep):
+    assert bench.summary_text(sweep).splitlines()[0].startswith(
+        f"tiny-{VOCAB} + ngram on cpu (float32), ")
+    on_native = dataclasses.replace(sweep, machine={**sweep.machine, "backend": "native-w8a8"})
+    assert "on cpu (backend native-w8a8), " in bench.summary_text(on_native).splitlines()[0]

@@ -34,8 +34,11 @@ def test_run_json_has_every_metric(capsys):
 
 @pytest.mark.parametrize("draft", ["ngram", "self", "early-exit:8"])
 def test_compare_is_lossless_on_the_copy_prompt(capsys, draft):
+    # float32 transformers: the reference for losslessness (auto, the default, may pick a
+    # backend whose verification is not bit-identical to its one-token steps)
     status, out = run_cli(capsys, "compare", "--target", "builtin:smollm2-135m", "--draft", draft,
-                          "--prompt", COPY_PROMPT, "--max-new-tokens", "40", "--json")
+                          "--prompt", COPY_PROMPT, "--max-new-tokens", "40", "--json",
+                          "--backend", "transformers")
     assert status == 0
     result = json.loads(out)
     assert result["identical"] is True and result["first_divergence"] is None
@@ -63,7 +66,7 @@ def test_sampling_with_a_seed_is_reproducible(capsys):
 def test_stop_string_on_the_real_model(capsys):
     status, out = run_cli(capsys, "compare", "--target", "builtin:smollm2-135m", "--draft", "ngram",
                           "--prompt", COPY_PROMPT, "--max-new-tokens", "40", "--stop", "return",
-                          "--json")
+                          "--json", "--backend", "transformers")
     result = json.loads(out)
     assert result["identical"] is True
     for side in ("plain", "speculative"):
@@ -94,6 +97,7 @@ def test_shipped_eagle3_head_is_checked_and_lossless():
     for draft in ("builtin:smollm2-135m-eagle3", "builtin:smollm2-135m-eagle3+ngram"):
         out = subprocess.run([sys.executable, "-m", "specdemo", "compare", "--draft", draft,
                               "--max-new-tokens", "24", "--draft-length", "4", "--json",
+                              "--backend", "transformers",
                               "--prompt", "What is 12 + 30? Explain."],
                              capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr

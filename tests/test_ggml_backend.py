@@ -319,7 +319,7 @@ def test_costs_on_the_ggml_backend_report_the_gguf_bytes(tiny, monkeypatch):
         delattr(model, gb._GGML_ATTR)
 
 
-def test_auto_measures_both_backends_and_stores_the_choice(tiny, monkeypatch, tmp_path):
+def test_auto_probes_every_backend_and_stores_the_choice(tiny, monkeypatch, tmp_path):
     from specdemo.core import machine
     model, g = tiny
     _attached(model, g)
@@ -332,8 +332,12 @@ def test_auto_measures_both_backends_and_stores_the_choice(tiny, monkeypatch, tm
         # a float32 Llama: int8 too, and the native backends where a C compiler is found
         from specdemo.models.native_backend import BACKENDS, unavailable_reason
         native = set() if unavailable_reason(loaded) else set(BACKENDS)
-        assert first.backend in {"transformers", "ggml", "int8"} | native and not first.cached
-        assert set(first.cost_s) == {"transformers", "ggml", "int8"} | native
+        # torch's int8 only where the native backends (the same int8 weights in C) are not
+        expected = {"transformers", "ggml"} | (native or {"int8"})
+        assert first.backend in expected and not first.cached
+        # every candidate is probed; the survivors of the probe are timed and weighed
+        assert set(first.probe_s) | set(first.dropped) == expected
+        assert set(first.cost_s) == set(first.probe_s) - set(first.dropped)
         assert first.backend == min(first.cost_s, key=first.cost_s.get)
         again = gb.choose_backend(loaded)
         assert again.cached and (again.backend, again.cost_s) == (first.backend, first.cost_s)
@@ -347,7 +351,10 @@ def test_auto_measures_both_backends_and_stores_the_choice(tiny, monkeypatch, tm
     # without llama.cpp the choice is among the others, and says why ggml was not one of them
     monkeypatch.setattr(gb, "unavailable_reason", lambda loaded: "llama.cpp's shared library was not found")
     without = gb.choose_backend(_Loaded(model, str(g.path)))
-    assert set(without.cost_s) == {"transformers", "int8"} | native
+    assert set(without.probe_s) | set(without.dropped) == {"transformers"} | (native or {"int8"})
+    if native:
+        assert f"int8 not a candidate: {gb.INT8_NOT_AUTO}" in gb.candidate_backends(
+            _Loaded(model, str(g.path)))[1]
     assert "ggml not available: llama.cpp's shared library was not found" in without.reason
 
 

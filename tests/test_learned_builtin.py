@@ -22,7 +22,8 @@ def run_cli(capsys, *argv):
 def test_hand_written_drafter_is_lossless(capsys, tmp_path, kind):
     folder = (write_eagle3_head if kind == "eagle3" else write_dflash)(tmp_path / kind)
     status, out = run_cli(capsys, "compare", "--target", TARGET, "--draft", str(folder),
-                          "--prompt", "Name three colours.", "--max-new-tokens", "24", "--json")
+                          "--prompt", "Name three colours.", "--max-new-tokens", "24", "--json",
+                          "--backend", "transformers")
     assert status == 0
     result = json.loads(out)
     assert result["identical"] is True

@@ -56,7 +56,7 @@ def folder(tmp_path_factory):
 def compare(folder, dtype, capsys):
     code = cli.main(["compare", "--target", str(folder), "--draft", "ngram", "--dtype", dtype,
                      "--device", "cpu", "--max-new-tokens", "8", "--prompt", "w1 w2 w3 w1 w2",
-                     "--json"])
+                     "--json", "--backend", "transformers"])
     out = capsys.readouterr()
     return code, json.loads(out.out), out.err
 
@@ -85,7 +85,8 @@ def test_compare_in_float32_expects_identical_outputs_and_says_nothing(folder, c
 def test_compare_text_output_names_float32(folder, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
     assert cli.main(["compare", "--target", str(folder), "--draft", "ngram", "--dtype", "bfloat16",
-                     "--device", "cpu", "--max-new-tokens", "6", "--prompt", "w1 w2 w1"]) == 0
+                     "--device", "cpu", "--max-new-tokens", "6", "--prompt", "w1 w2 w1",
+                     "--backend", "transformers"]) == 0
     out = capsys.readouterr().out
     line = [x for x in out.splitlines() if x.startswith("lossless expected: ")]
     assert line == [f"lossless expected: no (the target runs in bfloat16: {REDUCED_PRECISION_REASON}"

@@ -147,7 +147,8 @@ def test_gguf_parsed_once_converts_to_the_same_weights():
 
 def test_the_banner_lists_the_start_ups_steps_not_later_ones(monkeypatch):
     """Issue 20.9: steps after the start-up (a draft switch's check or load) do not grow the
-    banner; it says "Almost ready" until the page's draft checks are done, then Ready."""
+    banner; it says Ready once the models are, with a note while the page's draft checks run
+    in the background (a Send does not wait for them), then Ready alone."""
     from specdemo.interfaces import ui_state
     from specdemo.services.startup import STEPS
     monkeypatch.setattr(ui_state, "_PRELOAD", {"started": False, "error": None})
@@ -163,7 +164,8 @@ def test_the_banner_lists_the_start_ups_steps_not_later_ones(monkeypatch):
         pass
     panel = list(ui_state.follow_startup("p"))[-1]
     assert "loading the test target" in panel and "another draft" not in panel
-    assert 'data-state="checking"' in panel and "Ready</b>" not in panel
+    assert 'data-state="checking"' in panel and "Ready</b>" in panel
+    assert "a Send does not wait for it" in panel
     done = ui_state.startup_done()
     assert 'data-state="ready"' in done and "Ready</b>" in done
     assert "loading the test target" in done and "another draft" not in done
@@ -207,3 +209,72 @@ def test_a_note_is_said_once_without_a_duration(cache, monkeypatch):
     assert len(done) == 1 and done[0].note and not done[0].failed
     html = startup_html(None, done, ready=True)
     assert "forward backend of t: native (measured)</span>" in html and "0.0 s" not in html
+
+
+def _loaded_on_cpu():
+    from types import SimpleNamespace
+    return SimpleNamespace(spec="tiny-est", model=tiny_llama(seed=0, layers=1), dtype=torch.float32,
+                           device=torch.device("cpu"), backend="transformers", vocab_size=32)
+
+
+def test_a_stored_backend_choice_is_a_note_not_a_step_and_scales_the_later_estimates(cache,
+                                                                                    monkeypatch):
+    """Issue 39.3: a choice read back from its store takes milliseconds, so it shows no step
+    with a measuring estimate; the widths it timed scale the warm-up and forward-cost estimates
+    of a first start (a fresh clone guessed 8 s for 0.9 s of forward costs)."""
+    from specdemo.models import ggml_backend as gb
+    steps = Steps()
+    monkeypatch.setattr(startup, "STEPS", steps)
+    monkeypatch.setattr(startup, "_compile_native_once", lambda loaded, backend: None)
+    forward = {1: 0.010, 5: 0.020, 9: 0.040}
+    stored = gb.BackendChoice("native-w8a8", "measured earlier on this machine (...): ...",
+                              {"native-w8a8": 0.02}, cached=True,
+                              forward_s={"native-w8a8": forward})
+    monkeypatch.setattr(gb, "stored_choice", lambda loaded, lane=None: stored)
+    monkeypatch.setattr(gb, "with_backend", lambda *a, **k: pytest.fail("measured again"))
+    chosen, choice = startup.use_backend(_loaded_on_cpu(), "auto", "ngram")
+    assert chosen.backend == "native-w8a8" and choice is stored
+    assert [(d.name, d.note) for d in steps.recent()] == [
+        ("forward backend of tiny-est: native-w8a8 (measured earlier on this machine (...): ...)",
+         True)]
+    # interpolated between the timed widths, extrapolated past the widest (5 ms a token there)
+    assert startup.forward_estimate_s(chosen, [1, 3, 9, 13]) == pytest.approx(
+        0.010 + 0.015 + 0.040 + 0.060)
+    assert startup.forward_estimate_s(_loaded_on_cpu(), [1]) is None  # nothing timed for it
+
+
+def test_a_backend_choice_to_measure_is_a_step_weighed_for_the_race(cache, monkeypatch):
+    from specdemo.models import ggml_backend as gb
+    steps = Steps()
+    monkeypatch.setattr(startup, "STEPS", steps)
+    monkeypatch.setattr(startup, "_compile_native_once", lambda loaded, backend: None)
+    monkeypatch.setattr(gb, "stored_choice", lambda loaded, lane=None: None)
+    lanes = []
+
+    def measure(loaded, backend, lane=None):
+        lanes.append(lane)
+        return gb.replace_backend(loaded, "native"), gb.BackendChoice("native", "measured: ...")
+    monkeypatch.setattr(gb, "with_backend", measure)
+    startup.use_backend(_loaded_on_cpu(), "auto", "ngram")
+    assert lanes[0].draft == "ngram" and lanes[0].layers == () and lanes[0].facts is None
+    assert [d.name for d in steps.recent()] == [
+        "choosing the forward backend for tiny-est (auto, weighed for draft ngram)",
+        "forward backend of tiny-est: native (measured: ...)"]
+
+
+def test_a_learned_drafters_lane_is_timed_with_its_features_and_measured_per_backend():
+    """Issue 39.2: a learned head's acceptance and drafting change with the backend (its
+    features, its C step on the native ones), so auto measures them on each backend it times."""
+    from specdemo.models.learned import LoadedEagle3
+    from tiny import CharTokenizer, tiny_eagle
+    model = tiny_llama(seed=5, vocab_size=128, layers=4)
+    loaded = FakeLoaded(model, tokenizer=CharTokenizer(128), vocab_size=128, spec="tiny-llama")
+    head = LoadedEagle3("random-eagle3", tiny_eagle(model, seed=3), {"layout": "speculators",
+                                                                   "missing": []})
+    lane = startup.race_lane(loaded, "random-eagle3", head)
+    assert lane.speculative and lane.layers and lane.facts is not None
+    facts = lane.facts("transformers")
+    assert facts.drafted > 0 and 0.0 <= facts.acceptance <= 1.0 and facts.draft_s > 0
+    plain = startup.race_lane(loaded, "ngram")
+    assert (plain.layers, plain.facts) == ((), None)  # lookup: the same on every backend
+    assert not startup.race_lane(loaded, "none").speculative

@@ -1,5 +1,7 @@
-"""The draft list never blocks the page while it is checked (issue 11 item 1): a race does not
-wait for a compatibility check, and a draft picked meanwhile is kept."""
+"""The draft list never blocks the page while it is checked (issue 11 item 1, issue 39 item 3): a
+race does not wait for a compatibility check of a draft the user did not pick (a model draft's
+tokenizer check runs in a process that stops while a race runs), and a draft picked meanwhile is
+kept."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from specdemo.checks import compat
 from specdemo.interfaces import ui  # noqa: E402
 from specdemo.checks.compat import COMPATIBLE, Verdict  # noqa: E402
 
+IN_PROCESS = "early-exit:1"  # a check computed in the app (model drafts go to the check process)
+
 
 def test_a_race_does_not_wait_for_a_draft_check(monkeypatch):
     started, release = threading.Event(), threading.Event()
@@ -22,7 +26,7 @@ def test_a_race_does_not_wait_for_a_draft_check(monkeypatch):
         return Verdict(COMPATIBLE, ["fine"])
     monkeypatch.setattr(compat, "check_specs", slow_check)
     monkeypatch.setattr(ui, "_VERDICTS", {})
-    checking = threading.Thread(target=ui._verdict, args=("builtin:t", "builtin:d"), daemon=True)
+    checking = threading.Thread(target=ui._verdict, args=("builtin:t", IN_PROCESS), daemon=True)
     checking.start()
     try:
         assert started.wait(30)
@@ -32,7 +36,7 @@ def test_a_race_does_not_wait_for_a_draft_check(monkeypatch):
     finally:
         release.set()
         checking.join(30)
-    assert ui._VERDICTS[("builtin:t", "builtin:d")].status == COMPATIBLE
+    assert ui._VERDICTS[("builtin:t", IN_PROCESS)].status == COMPATIBLE
 
 
 def test_the_draft_checks_show_no_spinner_over_the_draft_list():
@@ -68,7 +72,7 @@ def test_draft_checks_run_at_the_lowest_cpu_priority(monkeypatch):
     monkeypatch.setattr(compat, "check_specs", check)
     monkeypatch.setattr(ui, "_VERDICTS", {})
     before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    assert ui._verdict("builtin:t", "builtin:d").status == COMPATIBLE
+    assert ui._verdict("builtin:t", IN_PROCESS).status == COMPATIBLE
     assert seen["thread"].startswith("specdemo-checks")
     assert threading.current_thread().name != seen["thread"]
     if sys.platform.startswith("linux"):
@@ -132,7 +136,7 @@ def test_a_draft_check_waits_while_a_race_is_queued_or_running(monkeypatch):
         return Verdict(COMPATIBLE, ["fine"])
     monkeypatch.setattr(compat, "check_specs", check)
     races.begin()
-    checking = threading.Thread(target=ui._verdict, args=("builtin:t", "builtin:d"), daemon=True)
+    checking = threading.Thread(target=ui._verdict, args=("builtin:t", IN_PROCESS), daemon=True)
     checking.start()
     try:
         assert not started.wait(0.5), "the check ran during a race"
@@ -140,7 +144,7 @@ def test_a_draft_check_waits_while_a_race_is_queued_or_running(monkeypatch):
         races.end()
     assert started.wait(30)
     checking.join(30)
-    assert ui._VERDICTS[("builtin:t", "builtin:d")].status == COMPATIBLE
+    assert ui._VERDICTS[("builtin:t", IN_PROCESS)].status == COMPATIBLE
 
 
 def test_races_are_counted_until_their_device_work_is_done():
@@ -166,3 +170,163 @@ def test_refused_input_is_not_printed_as_a_traceback():
         ui.race_api("   ", max_new_tokens=4)
     assert "the prompt is empty" in str(caught.value)
     assert getattr(caught.value, "print_exception", False) is False
+
+
+# --- model drafts: the check process ------------------------------------------------------------
+
+# A stand-in for the check process: it answers its one request once the file the request names
+# as the draft exists (so the test decides when a "long tokenizer conversion" ends).
+SLOW_CHILD = """
+import json, os, sys, time
+ask = json.loads(sys.stdin.readline())
+while not os.path.exists(ask["draft"]):
+    time.sleep(0.02)
+print(json.dumps({"status": "incompatible", "reasons": ["different tokenizers"]}), flush=True)
+"""
+
+
+def _status(pid: int) -> str:
+    import psutil
+    return psutil.Process(pid).status()
+
+
+def test_send_does_not_wait_on_the_check_of_a_draft_the_user_did_not_pick(monkeypatch, tmp_path):
+    """A model draft's check in progress (the Gemma 3 tokenizer took 86 s) is stopped while a
+    race runs: the race starts and finishes meanwhile, and the check resumes after it."""
+    import sys
+
+    import pytest
+
+    from specdemo.core.machine import ACTIVE_RACES
+    from specdemo.services import check_worker
+    from specdemo.services import pipeline as pipeline_module
+    from specdemo.services.race import PLAIN, SPECULATIVE
+    from test_warmup import Loaded, race_of
+    from tiny import tiny_llama
+    if not check_worker.CAN_STOP:
+        pytest.skip("no SIGSTOP here: the check process only runs at the lowest priority")
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
+    worker = check_worker.CheckWorker(ACTIVE_RACES, [sys.executable, "-c", SLOW_CHILD])
+    marker = tmp_path / "conversion-done"
+    result = {}
+    checking = threading.Thread(target=lambda: result.update(
+        verdict=worker.verdict("builtin:smollm2-135m", str(marker))), daemon=True)
+    checking.start()
+    try:
+        while worker._proc is None:  # the check is running in its process
+            threading.Event().wait(0.01)
+        seen = []
+        real_decode = pipeline_module.decode
+
+        def decode(*args, **kwargs):  # every decode of the race, warm-ups included
+            seen.append(_status(worker._proc.pid))
+            return real_decode(*args, **kwargs)
+        monkeypatch.setattr(pipeline_module, "decode", decode)
+        race = race_of(Loaded(tiny_llama(seed=7, layers=2)), "ngram", 3)
+        race.start()
+        race.join(120)
+        assert race.records[PLAIN].status == race.records[SPECULATIVE].status == "done"
+        assert seen and set(seen) == {"stopped"}  # the check took no CPU while the race ran
+        assert "verdict" not in result  # and the race did not wait for it
+        assert ACTIVE_RACES.wait_idle(30) and not worker.stopped
+        assert _status(worker._proc.pid) != "stopped"
+        marker.touch()
+        checking.join(60)
+        assert result["verdict"] == Verdict("incompatible", ["different tokenizers"])
+    finally:
+        marker.touch()
+        worker.close()
+
+
+def test_model_drafts_are_checked_in_the_check_process_and_others_here(monkeypatch):
+    asked = []
+
+    class Worker:
+        def verdict(self, target, draft):
+            asked.append(draft)
+            return Verdict(COMPATIBLE, ["same vocabulary"])
+    monkeypatch.setattr(ui, "_worker", lambda: Worker())
+    monkeypatch.setattr(ui, "_VERDICTS", {})
+    monkeypatch.setattr(compat, "check_specs", lambda target, draft, **k: Verdict(COMPATIBLE, ["here"]))
+    assert ui._verdict("builtin:t", "builtin:gemma3-270m").reasons == ["same vocabulary"]
+    assert ui._verdict("builtin:t", IN_PROCESS).reasons == ["here"]
+    assert asked == ["builtin:gemma3-270m"]
+
+
+def test_the_check_process_answers_each_request_and_reports_errors_in_one_line(monkeypatch):
+    import io
+    import json
+
+    import pytest
+
+    from specdemo.models.loading import ModelLoadError
+    from specdemo.services import check_worker
+
+    def check(target, draft, **kwargs):
+        if draft == "broken":
+            raise ModelLoadError("broken has no tokenizer")
+        return Verdict(COMPATIBLE, [f"{draft} fits {target}"])
+    monkeypatch.setattr(compat, "check_specs", check)
+    requests = io.StringIO("".join(json.dumps({"target": "t", "draft": d}) + "\n"
+                                   for d in ("d1", "broken")))
+    replies = io.StringIO()
+    check_worker.serve(requests, replies, idle_exit_s=0)
+    first, second = [json.loads(line) for line in replies.getvalue().splitlines()]
+    assert check_worker._answer(first) == Verdict(COMPATIBLE, ["d1 fits t"])
+    assert second == {"error": "broken has no tokenizer", "type": "ModelLoadError"}
+    with pytest.raises(ModelLoadError, match="^broken has no tokenizer$"):
+        check_worker._answer(second)
+
+
+APP_KILLED_DURING_A_RACE = """
+import os, signal, sys
+from specdemo.core.machine import ActiveRaces
+from specdemo.services.check_worker import CheckWorker
+races = ActiveRaces()
+worker = CheckWorker(races, [sys.executable, "-c", "import sys; sys.stdin.readline()"])
+worker._process()
+races.begin()  # a race: the child is stopped (begin returns once it is)
+print(worker._proc.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the app dies without its exit handlers
+"""
+
+
+def test_a_stopped_check_process_does_not_outlive_the_app():
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import pytest
+
+    from specdemo.services import check_worker
+    if not check_worker.CAN_STOP:
+        pytest.skip("no SIGSTOP here")
+    app = subprocess.run([sys.executable, "-c", APP_KILLED_DURING_A_RACE], capture_output=True,
+                         text=True, timeout=120)
+    pid = int(app.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    else:
+        psutil.Process(pid).kill()
+        raise AssertionError("the stopped check process outlived the app")
+
+
+def test_the_check_process_hears_of_the_first_race_and_the_last():
+    from specdemo.core.machine import ActiveRaces
+    races, heard = ActiveRaces(), []
+    assert races.on_change(heard.append) is False
+    races.begin()
+    races.begin()  # a second race queued: the child is stopped already
+    races.end()
+    assert heard == [True]
+    races.end()
+    assert heard == [True, False]
+    races.begin()
+    assert ActiveRaces.on_change(races, heard.append) is True  # a race is running now

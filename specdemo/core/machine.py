@@ -99,16 +99,32 @@ class ActiveRaces:
         self._count = 0
         self._background = 0
         self._idle = threading.Condition()
+        self._listeners: list = []
+
+    def on_change(self, listener) -> bool:
+        """Call ``listener(True)`` when the first race is queued and ``listener(False)`` when
+        the last one ends (under this object's lock, in order: the listener must not call back
+        into this object); returns whether a race is queued or running now."""
+        with self._idle:
+            self._listeners.append(listener)
+            return self._count > 0
 
     def begin(self) -> None:
         with self._idle:
             self._count += 1
+            if self._count == 1:
+                self._tell(True)
 
     def end(self) -> None:
         with self._idle:
             self._count = max(0, self._count - 1)
             if self._count == 0:
                 self._idle.notify_all()
+                self._tell(False)
+
+    def _tell(self, running: bool) -> None:
+        for listener in self._listeners:
+            listener(running)
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Block until no race is queued or running (True), or ``timeout_s`` passed (False)."""

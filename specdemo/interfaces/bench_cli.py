@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+
 from ..checks.inputs import checked, draft, target  # the same rule as run, compare and /race
 from ..services.prompts import TASKS, load_prompts
 from ..services.bench import __doc__ as _PACKAGE_DOC
@@ -30,8 +33,12 @@ def register(sub) -> None:
     bench.add_argument("--seed", type=int, default=None)
     bench.add_argument("--prompts-per-task", type=int, default=None, help="default: all")
     bench.add_argument("--concurrency", default="", help="e.g. 1,2,4,8 (default: skip)")
-    bench.add_argument("--no-reference", action="store_true",
-                       help="skip the transformers generate() reference column")
+    bench.add_argument("--reference", action="store_true",
+                       help="add the reference column: the same float32 model through "
+                            "transformers' own generate() and its assisted generation (prompt "
+                            "lookup, an assistant model); slow on a CPU (announced with an "
+                            "estimate from its warm-up before the sweep); off by default")
+    bench.add_argument("--no-reference", action="store_true", help=argparse.SUPPRESS)  # the default
     bench.add_argument("--system", default=None, help="system prompt")
     bench.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
     bench.add_argument("--device", default="auto")
@@ -73,7 +80,7 @@ def cmd_bench(args) -> int:
                              max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                              temperature=args.temperature, seed=args.seed,
                              prompts_per_task=args.prompts_per_task,
-                             concurrency=parse_ints(args.concurrency), reference=not args.no_reference,
+                             concurrency=parse_ints(args.concurrency), reference=args.reference and not args.no_reference,
                              system=args.system, tree=args.draft_tree)
         prompts = load_prompts(config.tasks)
         if args.plain_endpoint or args.spec_endpoint:  # servers: the concurrency sweep
@@ -89,7 +96,7 @@ def cmd_bench(args) -> int:
         fail(str(exc))
     pipe = pipeline_from_args(args)  # exits with the reason when a model cannot be used
     try:
-        sweep = run_sweep(pipe, prompts, config)
+        sweep = run_sweep(pipe, prompts, config, note=lambda line: print(line, file=sys.stderr))
     except ValueError as exc:
         fail(str(exc))
     paths = write_outputs(sweep, args.out)

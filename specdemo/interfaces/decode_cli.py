@@ -133,22 +133,21 @@ def resolve_decode_args(args) -> None:
 def add_backend_flag(parser: argparse.ArgumentParser) -> None:
     """``--backend`` (one of ``core.BACKENDS``): how the target's forward is computed (both lanes
     of a comparison use the same)."""
-    parser.add_argument("--backend", default="transformers",
+    parser.add_argument("--backend", default="auto",
                         choices=BACKENDS,
-                        help="target forward: transformers, ggml (llama.cpp over the GGUF file "
-                             "of a GGUF/built-in target), ggml-bf16 (the same with the GGUF "
-                             "converted to BF16 once by llama-quantize: cheaper verification "
-                             "where quantised kernels are compute-bound), int8 (our forward of a float32 Llama "
-                             "with int8 weights and activations), native (our C forward of a Llama "
-                             "with BF16 weights, compiled once with the system C compiler; "
-                             "docs/cpu-backends.md), native-int8 (the same with int8 weights, "
-                             "one scale a row), native-w8a8 (int8 weights times int8 "
-                             "activations with one scale per 32 values, exact integer sums) or auto (measured on this CPU, stored; "
-                             "transformers elsewhere) (default %(default)s: the reference for "
-                             "losslessness; on the 2-core CPUs measured so far auto decodes "
-                             "5-8x faster: native with AVX512-BF16, verifying 4 drafts for "
-                             "1.2-1.7x a step, native-w8a8 with AVX2 only, 1.7x; ggml takes "
-                             "2.7-3.3x)")
+                        help="target forward: auto (the default, as the app: every backend "
+                             "available for the target is ruled in or out by a short probe on "
+                             "this CPU, the survivors timed, the choice stored; transformers "
+                             "off the CPU), transformers (float32 eager: the reference for "
+                             "losslessness, several times slower on a CPU), ggml (llama.cpp "
+                             "over the GGUF file of a GGUF/built-in target), ggml-bf16 (the "
+                             "same with the GGUF converted to BF16 once by llama-quantize), "
+                             "int8 (our forward of a float32 Llama with int8 weights and "
+                             "activations), native (our C forward of a Llama with BF16 weights, "
+                             "compiled once with the system C compiler; docs/cpu-backends.md), "
+                             "native-int8 (the same with int8 weights, one scale a row) or "
+                             "native-w8a8 (int8 weights times int8 activations with one scale "
+                             "per 32 values, exact integer sums)")
 
 
 def register(sub) -> None:
@@ -200,7 +199,6 @@ def _load_pipeline(args):
     try:
         target = startup.load_model(args.target, args.device, args.dtype,
                             trust_remote_code=args.trust_remote_code, quantization=args.quantization)
-        target = _with_backend(target, getattr(args, "backend", "auto"))
         draft = None
         from ..models.learned import is_learned, load_learned  # deferred: imports torch
         if is_learned(args.draft):  # EAGLE-3 / DFlash / MTP: checked against the target
@@ -211,19 +209,22 @@ def _load_pipeline(args):
             refuse_incompatible(args.target, args.draft, args.trust_remote_code)
             draft = startup.load_model(args.draft, str(target.device), args.dtype,
                                trust_remote_code=args.trust_remote_code)
+        # auto weighs the backends for this drafter (both lanes then run the one chosen)
+        target = _with_backend(target, getattr(args, "backend", "auto"), args.draft, draft)
         return Pipeline(target, args.draft, draft)
     except ModelLoadError as exc:
         fail(str(exc))
 
 
-def _with_backend(target, backend: str):
-    """The target on ``backend``; exits with the reason when ``ggml`` cannot serve it."""
+def _with_backend(target, backend: str, draft_spec: str = "none", draft=None):
+    """The target on ``backend`` (``auto``: weighed for a race with ``draft_spec``); exits
+    with the reason when ``ggml`` cannot serve it."""
     from ..models.ggml_backend import GgmlError
     from ..services.startup import use_backend
     if not hasattr(target, "backend"):  # not a models.LoadedModel (tests inject stand-ins)
         return target
     try:
-        target, _ = use_backend(target, backend)
+        target, _ = use_backend(target, backend, draft_spec, draft)
     except GgmlError as exc:
         fail(str(exc))
     return target  # the choice and its reason are a start-up note (printed once)

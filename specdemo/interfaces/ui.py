@@ -79,21 +79,39 @@ def _checks() -> ThreadPoolExecutor:
 def _verdict(target: str, draft: str):
     """compat.check_specs, remembered per pair for this process (``recheck`` forgets).
 
-    Waits while a race is queued or being timed (and while models load) but computes without
-    the lock, on a thread of the lowest CPU priority. A race sent while a check computes waits
-    for it to end, untimed, before its first lane starts (``ACTIVE_RACES.background``): a Gemma 3
-    tokenizer check takes ~10 s of CPU (and the GIL), which would otherwise be timed as part of
-    one lane only.
+    A model draft's check (its tokenizer against the target's: a first Gemma 3 tokenizer check
+    converts it from its GGUF, a minute of CPU) runs in the check process
+    (:mod:`specdemo.services.check_worker`), which is stopped while a race is queued or timed: a
+    Send never waits for it and its clocks share the CPU with none of it. The other checks
+    (learned drafters against the loaded target, early-exit layer counts) take a fraction of a
+    second; they run here on a thread of the lowest CPU priority, not while models load nor
+    while a race is queued or timed, and a race sent meanwhile lets the one in progress end
+    before its first lane's clock starts (``ACTIVE_RACES.background``).
     """
-    from ..checks.compat import check_specs
+    from ..checks.compat import check_specs, is_model_draft
+    from ..models.learned import is_learned
     key = (target, draft)
     if key not in _VERDICTS:
+        if is_model_draft(draft) and not is_learned(draft):
+            _VERDICTS[key] = _worker().verdict(target, draft)
+            return _VERDICTS[key]
         with LOAD_LOCK:  # not while models load...
             pass
-        with ACTIVE_RACES.background():  # ...nor while a race is queued or timed; a race that
-            # begins meanwhile waits for this check to end before its first lane's clock starts
+        with ACTIVE_RACES.background():  # ...nor while a race is queued or timed
             _VERDICTS[key] = _checks().submit(check_specs, target, draft).result()
     return _VERDICTS[key]
+
+
+_WORKER: list = []
+
+
+def _worker():
+    """The one check process of this app (started on first use)."""
+    with _CHECKS_LOCK:
+        if not _WORKER:
+            from ..services.check_worker import CheckWorker
+            _WORKER.append(CheckWorker())
+        return _WORKER[0]
 
 
 def draft_options(target: str, presets: list) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

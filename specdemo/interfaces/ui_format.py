@@ -170,8 +170,9 @@ def startup_html(step: StepView | None, done: list[DoneStep], ready: bool,
     """The panel above the panes while the models of the chosen preset get ready.
 
     Args:
-        checking: the models are ready but the page's draft checks still run (a Send waits for
-            the one in progress), so the panel does not say Ready yet.
+        checking: the models are ready and the page's draft checks still run in the
+            background (a Send does not wait for them: the check process stops while a race
+            runs), which the panel says beside Ready.
     """
     finished = " ".join(f'<span class="sd-done-step">{"✗" if d.failed else "✓"} '
                         f'{html.escape(d.name)}'
@@ -180,9 +181,9 @@ def startup_html(step: StepView | None, done: list[DoneStep], ready: bool,
     if error:
         body, state = f'<span class="sd-error">⚠ {html.escape(error)}</span>', "error"
     elif ready and checking:
-        body = ("<b>Almost ready</b>: the models are loaded and warmed up; checking which drafts "
-                "fit this target (a Send now starts when the check in progress ends). "
-                + (progress_html(step) if step else ""))
+        body = ("<b>Ready</b>: the models are loaded and warmed up; send a prompt. Checking "
+                "which other drafts fit this target in the background (stopped while a race "
+                "runs, so a Send does not wait for it).")
         state = "checking"
     elif ready:
         body = "<b>Ready</b>: the models are loaded and warmed up; send a prompt."

@@ -135,9 +135,16 @@ def preload(preset_name: str | None = None) -> str:
         # between its lanes is done here, before Ready: the warm-up of every forward width the
         # preset's draft length uses, the drafter's, and auto's forward-cost table (a race still
         # prepares what a changed draft or draft length needs, before its first lane's clock).
+        # The speculative pipeline first: the target's backend is chosen for its drafter (a
+        # draft that cannot serve leaves the plain lane ready all the same, then says why).
+        try:
+            pipe, refused = CACHE.get(p["target"], p["draft"], p["dtype"], p["quantization"]), None
+        except Exception as exc:  # noqa: BLE001 - raised again below, after the plain lane
+            pipe, refused = None, exc
         plain = CACHE.get(p["target"], "none", p["dtype"], p["quantization"])
         racing.DEVICE.call(lambda: prepare_timed(plain, False, p["draft_length"]))
-        pipe = CACHE.get(p["target"], p["draft"], p["dtype"], p["quantization"])
+        if refused is not None:
+            raise refused
         racing.DEVICE.call(lambda: prepare_timed(pipe, True, p["draft_length"]))
     except Exception as exc:  # ModelLoadError, incompatible draft, out of memory: shown, kept
         _PRELOAD["error"] = racing.describe_error(exc)
@@ -183,9 +190,9 @@ def startup_steps(n: int = 6) -> list:
 
 def follow_startup(preset_name: str | None):
     """The page's progress panel while the models get ready: the step in progress with its
-    estimate, every half second, until the models are ready (then one last update, "Almost
-    ready" while the page's draft checks run, and the handler ends, so an idle page costs
-    nothing; :func:`startup_done` says Ready once the checks are done)."""
+    estimate, every half second, until the models are ready (then one last update: Ready, with
+    the page's draft checks running in the background, and the handler ends, so an idle page
+    costs nothing; :func:`startup_done` drops the checks' note once they are done)."""
     ready = start_preload(preset_name)
     while not ready.wait(0.5):
         yield startup_html(STEPS.current(), startup_steps(), ready=False)

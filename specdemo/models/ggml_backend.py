@@ -54,6 +54,11 @@ GGML_BACKENDS = {"ggml": None, "ggml-bf16": "BF16"}
 BF16_NOT_AUTO = ("llama.cpp's BF16 kernels give a token different numbers in a one-token and a "
                  "multi-token decode, so speculative output differed from plain output on 8 of 20 "
                  "prompts (0 of 20 with the Q4_1 file); ask for it with --backend ggml-bf16")
+#: why auto leaves the torch int8 backend out where the native ones are candidates
+INT8_NOT_AUTO = ("native-int8 computes the same int8 weights in our C forward, and the torch int8 "
+                 "backend measured 2.8-16x slower than the native ones on both CPUs of "
+                 "docs/cpu-backends.md while its weights and activation scales take seconds to "
+                 "build; ask for it with --backend int8")
 MAX_CONTEXT = 8192  # tokens of KV cache a context allocates at most (f16: 190 MB for 135M)
 BATCH = 512  # llama.cpp's n_batch/n_ubatch: more than PREFILL_CHUNK, so one chunk is one decode
 # architectures whose llama.cpp graph (pinned source, src/models/*.cpp) records layer inputs
@@ -496,10 +501,18 @@ class BackendChoice:
 
     Attributes:
         backend: a name of ``core.BACKENDS`` other than ``auto``.
-        reason: why (the measured costs, or why ggml was not a candidate).
-        cost_s: backend -> seconds of one plain step plus one 5-token verification forward.
+        reason: why, in one line (what was weighed, what a probe ruled out, what is missing).
+        cost_s: timed backend -> seconds a token of the race it was weighed for (plain lane plus
+            speculative lane; the plain step alone for a plain decode).
         cached: True when the measurement came from an earlier one on this machine.
-        other_cpu_share: other processes' share of the CPU while measuring (None when cached).
+        other_cpu_share: other processes' share of the CPU while measuring (for a cached choice,
+            while it was measured; None when not known).
+        forward_s: timed backend -> {width: seconds of one forward over that many tokens}.
+        probe_s: probed backend -> seconds of its probe forward.
+        dropped: backend -> why it was not timed fully (a probe ruled it out).
+        draft_length: timed backend -> the speculative lane's best k there (0: plain steps).
+        acceptance: timed backend -> the per-position acceptance measured there (None: the
+            prior ``backend_choice.PRIOR_ACCEPTANCE`` was weighed).
     """
 
     backend: str
@@ -507,26 +520,34 @@ class BackendChoice:
     cost_s: dict[str, float] = field(default_factory=dict)
     cached: bool = False
     other_cpu_share: float | None = None
+    forward_s: dict[str, dict[int, float]] = field(default_factory=dict)
+    probe_s: dict[str, float] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
+    draft_length: dict[str, int] = field(default_factory=dict)
+    acceptance: dict[str, float | None] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "reason": self.reason, "cost_s": self.cost_s,
-                "cached": self.cached, "other_cpu_share": self.other_cpu_share}
+                "cached": self.cached, "other_cpu_share": self.other_cpu_share,
+                "forward_s": self.forward_s, "probe_s": self.probe_s, "dropped": self.dropped,
+                "draft_length": self.draft_length, "acceptance": self.acceptance}
 
 
 CHOICE_FILE = "backend-choice.json"  # in models.cache_dir(): measured costs by machine and target
-CHOICE_WIDTHS = (1, 5)  # a plain step and a verification of 4 drafted tokens
 CHOICE_ENV = "SPECDEMO_BACKEND"  # "recalibrate" measures again
+RECALIBRATE = f"{CHOICE_ENV}=recalibrate measures again"
 
 
-def _choice_key(loaded, gguf: Path | None, candidates: tuple[str, ...]) -> str:
+def _choice_key(loaded, candidates: tuple[str, ...], lane) -> str:
+    from . import backend_choice as bc
     from .hardware import _cpu_name
+    gguf = gguf_path(loaded.spec) if "ggml" in candidates else None
     st = gguf.stat() if gguf is not None else None
     parts = [_cpu_name(), torch.__version__, torch.get_num_threads(), default_threads(),
              loaded.spec, str(loaded.dtype), st.st_size if st else None,
-             int(st.st_mtime) if st else None, CHOICE_WIDTHS]
-    if candidates != ("transformers", "ggml"):  # keys stored before the int8 backend stay valid
-        # (a new candidate, e.g. native, makes a new key: auto measures again)
-        parts.append(list(candidates))
+             int(st.st_mtime) if st else None, bc.RACE_WIDTHS, list(candidates),
+             # what the race was weighed for: the drafter, the path its verification takes
+             lane.draft, list(lane.layers), lane.facts is not None]
     # how OpenMP threads wait changes every backend's costs (2.5-3.3x for ggml: specdemo/_omp.py)
     parts.append([os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")])
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
@@ -535,13 +556,6 @@ def _choice_key(loaded, gguf: Path | None, candidates: tuple[str, ...]) -> str:
 def _choice_path() -> Path:
     from .builtin import cache_dir
     return cache_dir() / CHOICE_FILE
-
-
-def _score(kv) -> float:
-    """Seconds of a 1-token forward plus a 5-token forward after 128 tokens (fastest of 3)."""
-    from ..core.policy import measure_forward_s
-    table = measure_forward_s(kv, max(CHOICE_WIDTHS), context=128, repeats=3)
-    return sum(table[n] for n in CHOICE_WIDTHS)
 
 
 def candidate_backends(loaded) -> tuple[tuple[str, ...], list[str]]:
@@ -559,17 +573,19 @@ def candidate_backends(loaded) -> tuple[tuple[str, ...], list[str]]:
         why.append(f"ggml not available: {reason}")
     if "ggml" in names:
         why.append(f"ggml-bf16 not a candidate: {BF16_NOT_AUTO}")
+    from .native_backend import BACKENDS as NATIVE_BACKENDS, unavailable_reason as native_reason
+    native = native_reason(loaded) if loaded.device.type == "cpu" else "not on the CPU"
     reason = int8_reason(loaded) if loaded.device.type == "cpu" else "not on the CPU"
-    if reason is None:
+    if reason is None and native is None:
+        why.append(f"int8 not a candidate: {INT8_NOT_AUTO}")
+    elif reason is None:
         names.append("int8")
     else:
         why.append(f"int8 not available: {reason}")
-    from .native_backend import BACKENDS as NATIVE_BACKENDS, unavailable_reason as native_reason
-    reason = native_reason(loaded) if loaded.device.type == "cpu" else "not on the CPU"
-    if reason is None:
+    if native is None:
         names += list(NATIVE_BACKENDS)
     else:
-        why.append(f"native not available: {reason}")
+        why.append(f"native not available: {native}")
     return tuple(names), why
 
 
@@ -583,52 +599,135 @@ def _short(why: str) -> str:
     return short
 
 
-def choose_backend(loaded) -> BackendChoice:
-    """``auto``: the backend whose forward is cheaper on this machine for this target.
+def _cached_choice(key: str) -> BackendChoice | None:
+    """The choice stored under ``key`` (None: none, unreadable, or recalibration asked for)."""
+    if os.environ.get(CHOICE_ENV, "").strip().lower() == "recalibrate":
+        return None
+    try:
+        entry = json.loads(_choice_path().read_text())[key]
+        share = entry.get("other_cpu_share")
+        when = (f"measured earlier on this machine while other processes used {share:.0%} of "
+                f"the CPU ({RECALIBRATE}): " if share is not None and share > _busy_share()
+                else f"measured earlier on this machine ({RECALIBRATE}): ")
+        choice = BackendChoice(entry["backend"], entry["reason"].replace("measured: ", when, 1),
+                               entry["cost_s"], cached=True, other_cpu_share=share)
+        for name in ("forward_s", "probe_s", "dropped", "draft_length", "acceptance"):
+            value = entry.get(name) or {}
+            if name == "forward_s":  # JSON keys are strings
+                value = {b: {int(n): t for n, t in w.items()} for b, w in value.items()}
+            setattr(choice, name, value)
+        return choice
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
-    On a CPU, every backend available for the target (transformers; ggml for a GGUF target;
-    int8 for a float32 Llama, ``compiled_backend.py``; native for a Llama where a C compiler
-    is found, ``native_backend.py``) times a one-token forward and a
-    five-token forward (a plain step and a verification of 4 drafted tokens) after 128 tokens;
-    the cheapest sum wins. The result is stored per machine, target and candidate set in
-    ``models.cache_dir()/backend-choice.json`` (``SPECDEMO_BACKEND=recalibrate`` measures
-    again), unless other processes used more than ``machine.BUSY_SHARE`` of the CPU meanwhile.
+
+def _busy_share() -> float:
+    from ..core.machine import BUSY_SHARE
+    return BUSY_SHARE
+
+
+def _weighed(choice: BackendChoice, lane) -> str:
+    """The reason's clause of what was weighed and found, best first."""
+    from . import backend_choice as bc
+    names = sorted(choice.cost_s, key=choice.cost_s.get)
+    widths = "/".join(str(n) for n in bc.RACE_WIDTHS)
+
+    def one(name: str) -> str:
+        forward = "/".join(f"{choice.forward_s[name][n] * 1000:.1f}" for n in bc.RACE_WIDTHS)
+        text = f"{name} {choice.cost_s[name] * 1000:.1f} ms a token ({forward} ms"
+        if lane.speculative:
+            measured = choice.acceptance.get(name)
+            text += (f", a {measured:.2f}" if measured is not None
+                     else f", a {bc.PRIOR_ACCEPTANCE:.2f} prior") + f", k {choice.draft_length[name]}"
+        return text + ")"
+    if lane.speculative:
+        how = ("acceptance measured on each backend's own features and drafting"
+               if lane.facts is not None else
+               f"acceptance {bc.PRIOR_ACCEPTANCE} assumed (the auto policy's prior), drafting "
+               "cost the same on every backend")
+        what = (f"weighed for a race with draft {lane.draft}: plain step plus speculative lane's "
+                f"best k of 0/4/8 per token, from {widths}-token forwards"
+                + (" with the drafter's features" if lane.layers else "") + f", {how}: ")
+    else:
+        what = f"weighed for a plain decode: the 1-token forward ({widths}-token forwards timed): "
+    return what + "; ".join(one(n) for n in names)
+
+
+def stored_choice(loaded, lane=None) -> BackendChoice | None:
+    """The choice :func:`choose_backend` would read back for ``loaded`` and ``lane`` without
+    measuring anything (None: it would measure, or ``auto`` has one candidate only)."""
+    from . import backend_choice as bc
+    lane = lane or bc.RaceLane("ngram")
+    names, _ = candidate_backends(loaded)
+    return None if len(names) == 1 else _cached_choice(_choice_key(loaded, names, lane))
+
+
+def choose_backend(loaded, lane=None) -> BackendChoice:
+    """``auto``: the backend on which a race of ``lane``'s drafter is fastest on this machine
+    for this target (:mod:`specdemo.models.backend_choice`: a probe rules hopeless candidates
+    out, the survivors are timed at widths 1, 5 and 9 and weighed for the race).
+
+    Candidates on a CPU (:func:`candidate_backends`): transformers; ggml for a GGUF target;
+    the native backends for a Llama where a C compiler is found (``native_backend.py``), else
+    int8 for a float32 Llama (``compiled_backend.py``; :data:`INT8_NOT_AUTO`). The result is stored per machine, target, candidate set and drafter
+    in ``models.cache_dir()/backend-choice.json`` (``SPECDEMO_BACKEND=recalibrate`` measures
+    again), also when other processes used more than ``machine.BUSY_SHARE`` of the CPU
+    meanwhile (marked so: the reason says it when it is read back), so restarts do not pay again.
+
+    Args:
+        loaded: a ``models.LoadedModel`` on the CPU.
+        lane: a ``backend_choice.RaceLane`` (None: a race with prompt lookup, whose acceptance
+            and drafting cost do not depend on the backend).
     """
+    from . import backend_choice as bc
+    lane = lane or bc.RaceLane("ngram")
     names, why = candidate_backends(loaded)
     if len(names) == 1:
         return BackendChoice("transformers", "; ".join(why))
-    from ..core.machine import BUSY_SHARE, OtherCpuUse
-    gguf = gguf_path(loaded.spec) if "ggml" in names else None
-    key = _choice_key(loaded, gguf, names)
-    path = _choice_path()
-    if os.environ.get(CHOICE_ENV, "").strip().lower() != "recalibrate":
-        try:
-            entry = json.loads(path.read_text())[key]
-            reason = entry["reason"].replace(
-                "measured: ", f"measured earlier on this machine ({CHOICE_ENV}=recalibrate measures "
-                "again): ", 1)
-            return BackendChoice(entry["backend"], reason, entry["cost_s"], cached=True)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+    from ..core.machine import OtherCpuUse
+    key = _choice_key(loaded, names, lane)
+    cached = _cached_choice(key)
+    if cached is not None:
+        return cached
     others = OtherCpuUse()
-    costs = {name: _score(target_kv(replace_backend(loaded, name))) for name in names}
+    kvs: dict[str, object] = {}
+
+    def kv_of(name: str):
+        if name not in kvs:
+            kvs[name] = target_kv(replace_backend(loaded, name))
+        return kvs[name]
+
+    choice = BackendChoice("", "")
+
+    def time_fully(name: str) -> float:
+        forward = bc.time_widths(kv_of(name), bc.RACE_WIDTHS, lane.layers)
+        facts = lane.facts(name) if lane.facts is not None and lane.speculative else None
+        cost, k = bc.race_cost_s(forward, lane.speculative, facts)
+        choice.forward_s[name], choice.draft_length[name] = forward, k
+        choice.acceptance[name] = facts.acceptance if facts is not None else None
+        return cost
+
+    found = bc.probe_then_time(bc.order(names), lambda name, limit: bc.probe_s(
+        kv_of(name), limit, lane.layers), time_fully)
     share = others.share()
-    best = min(costs, key=costs.get)
-    choice = BackendChoice(best, "measured: " + ", ".join(
-        f"{k} {v * 1000:.1f} ms" for k, v in costs.items())
-        + " for a 1-token plus a 5-token forward", costs, other_cpu_share=share)
+    choice.backend, choice.cost_s = found.best, found.scores
+    choice.probe_s, choice.dropped, choice.other_cpu_share = found.probe_s, found.dropped, share
+    choice.reason = "measured: " + _weighed(choice, lane)
+    if found.dropped:
+        choice.reason += (f"; ruled out by a {bc.PROBE_WIDTH}-token probe: "
+                          + "; ".join(f"{n} ({w})" for n, w in found.dropped.items()))
     missing = [_short(w) for w in why if " not available: " in w]  # e.g. llama.cpp not built
     if missing:
         choice.reason += "; " + "; ".join(missing)
-    if share > BUSY_SHARE:
-        choice.reason += f"; machine busy: others used {share:.0%} of the CPU, so not stored"
-        return choice
+    entry = {k: v for k, v in choice.as_dict().items() if k != "cached"}
+    if share > _busy_share():  # stored all the same, marked by its share (_cached_choice says it)
+        choice.reason += (f"; machine busy: others used {share:.0%} of the CPU ({RECALIBRATE} "
+                          "on a quiet machine)")
     from .builtin import store_cache_entry
     try:
-        store_cache_entry(path, key, {"backend": best, "reason": choice.reason, "cost_s": costs,
-                                      "measured_unix_s": time.time()})
+        store_cache_entry(_choice_path(), key, {**entry, "measured_unix_s": time.time()})
     except OSError as exc:
-        log.warning("backend choice not stored in %s (%s)", path, exc)
+        log.warning("backend choice not stored in %s (%s)", _choice_path(), exc)
     return choice
 
 
@@ -640,11 +739,13 @@ def replace_backend(loaded, backend: str):
     return out
 
 
-def with_backend(loaded, backend: str = "auto"):
+def with_backend(loaded, backend: str = "auto", lane=None):
     """``loaded`` set to run on ``backend``.
 
     Args:
         loaded: a ``models.LoadedModel``.
+        lane: for ``auto``, the race's speculative lane (``backend_choice.RaceLane``) the
+            choice is weighed for (None: prompt lookup).
         backend: ``auto`` (:func:`choose_backend` on a CPU; transformers elsewhere),
             ``transformers``, ``ggml``, ``ggml-bf16``, ``int8`` (``compiled_backend.py``),
             ``native``, ``native-int8`` or ``native-w8a8`` (``native_backend.py``: BF16 or int8
@@ -679,5 +780,5 @@ def with_backend(loaded, backend: str = "auto"):
         return replace_backend(loaded, "transformers"), BackendChoice(
             "transformers", f"auto on {loaded.device.type}: the ggml, int8 and native backends run "
             "on the CPU")
-    choice = choose_backend(loaded)
+    choice = choose_backend(loaded, lane)
     return replace_backend(loaded, choice.backend), choice

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from . import builtin
 from .builtin import (  # noqa: F401  (re-exported: specdemo.models is where callers look)
     BUILTINS, CACHE_FORMAT, MANIFEST, WEIGHTS, Builtin, builtin_conversion_needed, builtin_names,
-    builtin_source_bytes, cache_dir, convert_builtin)
+    builtin_source_bytes, builtin_tokenizer_conversion_needed, cache_dir, convert_builtin)
 from .hardware import mps_bfloat16_problem  # noqa: F401  (also re-exported here)
 from ..core.errors import ModelLoadError
 from ..core.errors import reason as _reason

@@ -408,8 +408,8 @@ class Race:
                 self.records[self.lanes[0].name].status = LOADING
                 self._notify()
             if ACTIVE_RACES.background_running():  # a draft-list check: let it end, untimed
-                with STEPS.step("background checks", "waiting for the draft list's check to "
-                                "finish (not timed)", GUESS_S["tokenizer"]):
+                with STEPS.step("background checks", "letting a draft check in progress "
+                                "finish before the clocks start", GUESS_S["background"]):
                     ACTIVE_RACES.wait_background(600)
             with self.device_lock:
                 pipes = self._prepare()
@@ -655,20 +655,21 @@ class PipelineCache:
             from .pipeline import Pipeline
             if key in self._pipelines:
                 return self._pipelines[key]
-            loaded = self._target(target, device, dtype, quantization)
+            base = self._model(target, device, dtype, quantization)  # before a backend is set
             draft_model = None
             from ..models.learned import is_learned, load_learned
             if is_learned(draft):  # refused with its problems (DrafterRefused) when it cannot serve
-                draft_model = load_learned(draft, loaded)
+                draft_model = load_learned(draft, base)
             elif is_model_draft(draft):
-                with STEPS.step(f"tokenizer {target} {draft}",
-                                f"checking that {draft}'s tokenizer fits {target}",
-                                GUESS_S["tokenizer"]):
+                from .startup import tokenizer_step
+                with STEPS.step(*tokenizer_step(target, draft)):
                     verdict = self._checker()(target, draft)
                 if verdict.status == "incompatible":
                     raise ValueError(f"draft {draft} cannot serve target {target}: "
                                      + "; ".join(verdict.reasons[:2]))
-                draft_model = self._model(draft, str(loaded.device), dtype, None)
+                draft_model = self._model(draft, str(base.device), dtype, None)
+            # the first pipeline of a target chooses its backend, weighed for its drafter
+            loaded = self._target(target, device, dtype, quantization, draft, draft_model)
             pipe = Pipeline(loaded, draft, draft_model)
             self._pipelines[key] = pipe
             return pipe
@@ -680,15 +681,18 @@ class PipelineCache:
             self._models[key] = self._loader()(spec, device, dtype, quantization=quantization)
         return self._models[key]
 
-    def _target(self, spec: str, device: str, dtype: str, quantization: str | None):
-        """:meth:`_model` on this cache's backend, chosen once per loaded target (a ggml
-        backend that cannot serve it raises ``GgmlError``, a ``ModelLoadError``)."""
+    def _target(self, spec: str, device: str, dtype: str, quantization: str | None,
+                draft: str = "none", draft_model=None):
+        """:meth:`_model` on this cache's backend, chosen once per loaded target, for ``auto``
+        weighed for a race with ``draft`` (``startup.use_backend``; the first pipeline built
+        for the target decides, and later ones share it: both lanes run the same backend). A
+        ggml backend that cannot serve it raises ``GgmlError``, a ``ModelLoadError``."""
         key = ("backend", spec, device, dtype, quantization, self.backend)
         if key not in self._models:
             loaded = self._model(spec, device, dtype, quantization)
             if hasattr(loaded, "backend"):  # a models.LoadedModel (tests inject stand-ins)
                 from .startup import use_backend
-                loaded, _ = use_backend(loaded, self.backend)
+                loaded, _ = use_backend(loaded, self.backend, draft, draft_model)
             self._models[key] = loaded
         return self._models[key]
 

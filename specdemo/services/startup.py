@@ -8,7 +8,8 @@ command line prints each step as it starts and ends (:func:`printed`).
 
 Estimates: the duration this machine took last time (remembered in
 ``cache_dir()/step-times.json``), else the caller's guess. A conversion is guessed from the GGUF
-size: measured on a 2-core CPU, SmolLM2-135M (98 MB Q4_1) converts in ~25 s, so 4 MB/s.
+size: SmolLM2-135M (98 MB Q4_1) converted in 10.6-13.7 s in three cold starts on a busy 2-core
+AMD EPYC (~25 s in an earlier measurement), so 7 MB/s: within 2x of both.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ from ..models import loading as models
 if TYPE_CHECKING:
     from .pipeline import Pipeline
 
-CONVERT_BYTES_PER_S = 4e6  # GGUF bytes converted per second on a 2-core CPU (see module doc)
+CONVERT_BYTES_PER_S = 7e6  # GGUF bytes converted per second on a 2-core CPU (see module doc)
 TIMES_FILE = "step-times.json"
+# guesses for a machine that ran none of these steps yet ("backend": the probe-then-time choice
+# took 3.9 s on a busy 2-core AMD EPYC; the warm-up and forward-cost steps are scaled from the
+# widths that choice timed when it ran: forward_estimate_s)
 GUESS_S = {"imports": 5.0, "load": 3.0, "warm-up": 3.0, "forward costs": 8.0, "tokenizer": 10.0,
-           "native compile": 3.0}
+           "native compile": 3.0, "backend": 5.0, "background": 1.0}
 MIN_REMEMBER_S = 0.05  # faster than this was a cache hit (a model already in memory): no lesson
 
 
@@ -221,6 +225,26 @@ def printed(stream: TextIO | None = None) -> Iterator[None]:
         yield
 
 
+#: a first check of a built-in draft whose tokenizer is converted from its GGUF (the Gemma 3
+#: tokenizer, 262k tokens: 86 s on a busy 2-core AMD EPYC, 31 s on a less busy one)
+TOKENIZER_CONVERT_GUESS_S = 60.0
+
+
+def tokenizer_step(target: str, draft: str) -> tuple[str, str, float]:
+    """(key, name, guess in seconds) of the step that checks ``draft``'s tokenizer against
+    ``target``'s: a conversion of the draft's tokenizer from its GGUF (once per machine) is a
+    step of its own, so its duration is not remembered as the estimate of a later plain read."""
+    try:
+        converting = models.builtin_tokenizer_conversion_needed(draft)
+    except models.ModelLoadError:
+        converting = False  # the check says why
+    if converting:
+        return (f"tokenizer convert {draft}", f"converting {draft}'s tokenizer from its GGUF "
+                f"(once per machine) to check that it fits {target}", TOKENIZER_CONVERT_GUESS_S)
+    return (f"tokenizer {target} {draft}", f"checking that {draft}'s tokenizer fits {target}",
+            GUESS_S["tokenizer"])
+
+
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", **kwargs):
     """``models.load_model`` with its slow parts as steps: converting a built-in (once), loading.
 
@@ -337,8 +361,13 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi", *,
     if not (todo_widths or todo_draft or todo_decode):
         return
     mode = f" with draft {pipe.draft_spec}" if speculative else ""
+    # the target's part, from the backend choice's timings: the prompt's prefill, the short
+    # decode's steps, each width once (a drafter's own steps are left out: small beside them)
+    steps = ([len(ids)] + [k + 1] * (k + 2 if speculative else 3) if todo_decode else []) \
+        + todo_widths + ([8] if todo_widths else [])
+    guess = forward_estimate_s(pipe.target, steps)
     with STEPS.step(f"warm-up {pipe.target.spec}{mode}", f"warming up {pipe.target.spec}{mode}",
-                    GUESS_S["warm-up"]):
+                    GUESS_S["warm-up"] if guess is None else guess):
         if todo_decode:  # prefill, then rounds at the longest draft length used
             settings = DecodeSettings(max_new_tokens=k + 2 if speculative else 3,
                                       draft_length=max(k, 1))
@@ -368,9 +397,14 @@ def measure_forward_costs(pipe: Pipeline) -> None:
     needs it), once per target model, as a named step; call it on the device thread."""
     if pipe.forward_costs_known:
         return
+    from ..core.policy import AdaptiveDraftLength
+    widths = range(1, AdaptiveDraftLength().max_k + 2)
+    per_pass = forward_estimate_s(pipe.target, widths)  # measure_forward_s: 3 passes after 64
+    guess = GUESS_S["forward costs"] if per_pass is None else \
+        3 * per_pass + forward_estimate_s(pipe.target, [64])
     with STEPS.step(f"forward costs {pipe.target.spec}",
                     f"measuring what a forward over n tokens costs {pipe.target.spec} here "
-                    "(once per start, for draft length auto)", GUESS_S["forward costs"]):
+                    "(once per start, for draft length auto)", guess):
         pipe.forward_costs()
 
 
@@ -390,25 +424,124 @@ def _compile_native_once(loaded, backend: str) -> None:
             pass  # auto leaves native out and says why; --backend native raises it again
 
 
-def use_backend(loaded, backend: str = "auto"):
+#: the lane a learned drafter is measured in on each backend ``auto`` times fully: greedy, a fixed
+#: draft length, a short everyday prompt (the acceptance of its head on that backend's features)
+FACTS_PROMPT = "explain in two sentences why the sky is blue."
+FACTS_NEW_TOKENS = 32
+FACTS_DRAFT_LENGTH = 4
+
+
+def race_lane(loaded, draft_spec: str | None = None, draft=None):
+    """The speculative lane ``auto`` weighs the backends for (``backend_choice.RaceLane``):
+    the drafter's spec, the hidden states its verification reads, and for a learned drafter
+    (whose head steps and features change with the backend) :func:`lane_facts` per backend.
+
+    Args:
+        loaded: the target (a ``models.LoadedModel``).
+        draft_spec: the race's draft (None or ``none``: a plain decode).
+        draft: what was loaded for it (a learned drafter, a draft model), or None.
+    Raises:
+        ValueError: a spec ``make_drafter`` does not know.
+    """
+    from ..models.backend_choice import RaceLane
+    if draft_spec in (None, "", "none"):
+        return RaceLane("none")
+    from ..core.drafters import make_drafter, wants_features  # deferred: imports torch
+    learned = hasattr(draft, "new_drafter")
+    source = draft if draft is None or learned else draft.model
+    layers = wants_features(make_drafter(draft_spec, loaded.model, loaded.vocab_size, source))
+    facts = (lambda backend: _measured_or_none(loaded, draft_spec, draft, backend)) if learned \
+        else None
+    return RaceLane(draft_spec, layers, facts)
+
+
+def _measured_or_none(loaded, draft_spec: str, draft, backend: str):
+    """:func:`lane_facts`, or nothing measured (the prior is weighed, and the reason says so)
+    when its decode fails: the choice of a backend must not fail on a measurement's extra."""
+    from ..models.backend_choice import LaneFacts
+    try:
+        return lane_facts(loaded, draft_spec, draft, backend)
+    except Exception as exc:  # noqa: BLE001 - logged; the choice weighs the prior instead
+        import logging
+        logging.getLogger(__name__).warning("could not measure %s on %s: %s", draft_spec,
+                                            backend, exc)
+        return LaneFacts()
+
+
+def lane_facts(loaded, draft_spec: str, draft, backend: str):
+    """The drafter's acceptance and drafting cost on ``backend``: a greedy decode of
+    :data:`FACTS_PROMPT` at draft length :data:`FACTS_DRAFT_LENGTH` (after an untimed short one),
+    ``backend_choice.acceptance_of`` its per-position counts, its drafting seconds per drafted
+    token. Returns a ``backend_choice.LaneFacts``."""
+    from ..models.backend_choice import LaneFacts, acceptance_of
+    from ..models.ggml_backend import replace_backend
+    from .pipeline import DecodeSettings, Pipeline
+    pipe = Pipeline(replace_backend(loaded, backend), draft_spec, draft)
+    ids = pipe.prompt_ids(FACTS_PROMPT)
+    settings = DecodeSettings(max_new_tokens=FACTS_NEW_TOKENS, draft_length=FACTS_DRAFT_LENGTH)
+    pipe.run(ids, DecodeSettings(max_new_tokens=FACTS_DRAFT_LENGTH + 2,
+                                 draft_length=FACTS_DRAFT_LENGTH), True)  # first steps: untimed
+    stats = pipe.run(ids, settings, True).stats
+    if not stats.drafted:
+        return LaneFacts()
+    return LaneFacts(acceptance_of(stats.position_drafted, stats.position_accepted),
+                     stats.draft_s / stats.drafted, stats.drafted)
+
+
+def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, draft=None):
     """``loaded`` set to run on ``backend`` (``ggml_backend.with_backend``), as a named step:
-    loading the GGUF into llama.cpp, and for ``auto`` on a CPU the first measurement of both
-    backends on this machine (stored; later starts read it).
+    loading the GGUF into llama.cpp, and for ``auto`` on a CPU the first choice on this machine
+    (a probe of every candidate, the survivors timed and weighed for a race with ``draft_spec``:
+    :func:`race_lane`; stored, later starts read it). The choice and what was weighed are a
+    start-up note.
 
     Returns:
         (the LoadedModel with ``backend`` set, the ``BackendChoice``).
     Raises:
         GgmlError: ``ggml`` asked for and unavailable for this target; ValueError: unknown name.
     """
-    from ..models.ggml_backend import with_backend
-    if (backend or "auto") == "transformers":
+    from ..models.ggml_backend import replace_backend, stored_choice, with_backend
+    backend = backend or "auto"
+    if backend == "transformers":
         return with_backend(loaded, "transformers")
-    _compile_native_once(loaded, backend or "auto")
-    with STEPS.step(f"backend {backend} {loaded.spec}",
-                    f"choosing the forward backend for {loaded.spec} ({backend})",
-                    GUESS_S["forward costs"]) as record:
-        chosen, choice = with_backend(loaded, backend)
-        # a choice stored earlier takes well under a second; the estimate stays the measuring one
-        record.remember = not choice.cached
+    _compile_native_once(loaded, backend)
+    lane = race_lane(loaded, draft_spec, draft) if backend == "auto" else None
+    stored = stored_choice(loaded, lane) if lane is not None and loaded.device.type == "cpu" \
+        else None
+    if stored is not None:  # read back in milliseconds: no step, only the note
+        chosen, choice = replace_backend(loaded, stored.backend), stored
+    else:
+        weighed = f", weighed for draft {draft_spec}" if lane is not None and lane.speculative \
+            else ""
+        with STEPS.step(f"backend {backend} {loaded.spec}",
+                        f"choosing the forward backend for {loaded.spec} ({backend}{weighed})",
+                        GUESS_S["backend"]):
+            chosen, choice = with_backend(loaded, backend, lane)
+    if choice.forward_s.get(choice.backend):
+        FORWARD_HINT_S[_hint_key(chosen)] = choice.forward_s[choice.backend]
     STEPS.note(f"forward backend of {loaded.spec}: {choice.backend} ({choice.reason})")
     return chosen, choice
+
+
+#: (target spec, backend) -> {width: seconds of one forward}, from the backend choice (measured
+#: or stored): what the estimates of the warm-up and forward-cost steps are scaled from
+FORWARD_HINT_S: dict[tuple[str, str], dict[int, float]] = {}
+
+
+def _hint_key(loaded) -> tuple[str, str]:
+    return (getattr(loaded, "spec", ""), getattr(loaded, "backend", "transformers"))
+
+
+def forward_estimate_s(loaded, widths) -> float | None:
+    """Seconds one forward over each of ``widths`` tokens takes in all on ``loaded``'s backend,
+    interpolated between the widths the backend choice timed (beyond the widest, extrapolated
+    with the slope of the last two, never downwards); None when it timed none for this target
+    and backend."""
+    import numpy as np
+    table = FORWARD_HINT_S.get(_hint_key(loaded))
+    if not table:
+        return None
+    xs, ts = zip(*sorted(table.items()))
+    slope = max((ts[-1] - ts[-2]) / (xs[-1] - xs[-2]), 0.0) if len(xs) > 1 else 0.0
+    return sum(ts[-1] + (n - xs[-1]) * slope if n > xs[-1] else float(np.interp(n, xs, ts))
+               for n in widths)

@@ -4,7 +4,8 @@
 decode at a time and interleaved so that machine noise hits every column alike:
 
 * **specdemo**: our engine (``Pipeline.run``), plain once, then speculative per draft length;
-* **transformers** (the reference column): the same model object through ``model.generate()``,
+* **transformers** (the reference column, on request: ``--reference``, announced with an
+  estimate from its warm-up): the same model object through ``model.generate()``,
   plain (``do_sample=False`` at temperature 0) once, then its own assisted generation per draft
   length: ``prompt_lookup_num_tokens=k`` for ``ngram``, ``assistant_model=`` for a draft model and
   for ``self`` (the model assists itself), ``assistant_early_exit=N`` for ``early-exit:N``
@@ -33,13 +34,14 @@ from .config import (DEFAULT_DRAFT_LENGTHS, DIGITS, ENGINES, BenchConfig, PeakMe
                      parse_draft_lengths, parse_ints, parse_tasks)
 from .report import (CONCURRENCY_COLUMNS, CSV_COLUMNS, best_lines, figures, fmt, report_markdown,
                      summary_text, write_outputs)
-from .run import Progress, SpecdemoEngine, Sweep, concurrency_sweep, machine_info, run_sweep
+from .run import (Progress, SpecdemoEngine, Sweep, concurrency_sweep, machine_info,
+                  reference_estimate_s, run_sweep)
 
 __all__ = [
     "BenchConfig", "CONCURRENCY_COLUMNS", "CSV_COLUMNS", "DEFAULT_DRAFT_LENGTHS", "DIGITS",
     "ENGINES", "PeakMemory", "Progress", "Run", "SpecdemoEngine", "Sweep", "aggregate",
     "best_draft_lengths", "best_lines", "best_overall_draft_length", "concurrency_sweep",
     "figures", "fmt", "machine_info", "parse_draft_lengths", "parse_ints", "parse_tasks", "pool",
-    "report_markdown", "run_sweep", "summarise", "summary_text",
+    "reference_estimate_s", "report_markdown", "run_sweep", "summarise", "summary_text",
     "write_outputs",
 ]

@@ -331,6 +331,8 @@ def concurrency_section(sweep: Sweep, files: dict[str, str]) -> list[str]:
 
 def summary_text(sweep: Sweep) -> str:
     """A few terminal lines: what ran, and the best draft length per task and engine."""
-    head = (f"{sweep.target} + {sweep.draft} on {sweep.machine['device']} "
-            f"({sweep.machine['dtype']}), {sweep.seconds:.0f} s")
+    backend = sweep.machine.get("backend", "transformers")
+    weights = sweep.machine["dtype"] if backend == "transformers" else f"backend {backend}"
+    head = (f"{sweep.target} + {sweep.draft} on {sweep.machine['device']} ({weights}), "
+            f"{sweep.seconds:.0f} s")
     return "\n".join([head] + [f"  {line.replace('**', '')}" for line in best_lines(sweep)])

@@ -117,7 +117,8 @@ class _Progress:
 
 
 def run_sweep(pipe, prompts: dict[str, list[str]], config: BenchConfig, *,
-              progress: Progress | None = None, show_bar: bool = True) -> Sweep:
+              progress: Progress | None = None, show_bar: bool = True,
+              note: Callable[[str], None] | None = None) -> Sweep:
     """Run the benchmark on a loaded pipeline.
 
     Args:
@@ -126,6 +127,8 @@ def run_sweep(pipe, prompts: dict[str, list[str]], config: BenchConfig, *,
         config: what to sweep.
         progress: called after every decode with (done, total, description).
         show_bar: draw a tqdm progress bar on stderr.
+        note: called with one line announcing the reference column's decodes and their
+            estimated time (:func:`reference_estimate_s`) before the timed sweep starts.
     Returns:
         A :class:`Sweep` with one cell per task x draft length x engine.
     Raises:
@@ -150,9 +153,14 @@ def run_sweep(pipe, prompts: dict[str, list[str]], config: BenchConfig, *,
     unavailable = {(e.name, k): e.method(k)[1] for e in engines for k in config.draft_lengths
                    if e.method(k)[1]}
     first = next(iter(ids.values()))[0]
+    warm_s = {}
     for engine in engines:  # untimed; a setting transformers refuses shows up here
+        start = time.perf_counter()
         unavailable.update(engine.warm_up(first, config, unavailable))
+        warm_s[engine.name] = time.perf_counter() - start
     n_prompts = sum(len(v) for v in ids.values())
+    if config.reference and note is not None:
+        note(_reference_note(config, n_prompts, unavailable, warm_s[TransformersEngine.name]))
     planned = sum(1 + sum((e.name, k) not in unavailable for k in config.draft_lengths) for e in engines)
     bar = _Progress(config.repeats * n_prompts * planned
                     + _concurrency_decodes(config.concurrency, config.repeats), progress, show_bar)
@@ -177,6 +185,28 @@ def run_sweep(pipe, prompts: dict[str, list[str]], config: BenchConfig, *,
     machine["other_processes_cpu_share"] = round(others.share(), DIGITS)
     sweep.seconds = time.perf_counter() - started
     return sweep
+
+
+def reference_estimate_s(config: BenchConfig, decodes: int, warm_up_s: float,
+                         warm_up_decodes: int) -> float:
+    """Seconds the reference column's ``decodes`` will take, scaled from its warm-up: the
+    warm-up ran ``warm_up_decodes`` decodes of at most 8 new tokens in ``warm_up_s`` seconds,
+    and a decode's time is taken to grow with its new tokens (prefill counted as a token's worth;
+    an upper bound when decodes end early at EOS)."""
+    short = min(8, config.max_new_tokens)
+    return warm_up_s / max(warm_up_decodes, 1) * config.max_new_tokens / short * decodes
+
+
+def _reference_note(config: BenchConfig, n_prompts: int, unavailable: dict, warm_up_s: float) -> str:
+    """The line announcing the reference column before the sweep: how many decodes, how long."""
+    from ..startup import about
+    name = TransformersEngine.name
+    runnable = 1 + sum((name, k) not in unavailable for k in config.draft_lengths)
+    decodes = config.repeats * n_prompts * runnable
+    estimate = reference_estimate_s(config, decodes, warm_up_s, runnable)
+    return (f"reference column: {decodes} decodes through transformers' generate() on the same "
+            f"model, {about(estimate)} on this machine (scaled from its warm-up; the progress "
+            "bar counts them with ours)")
 
 
 def _measure_prompt(engines: list, prompt_ids: list[int], config: BenchConfig, where: dict,

@@ -1,0 +1,192 @@
+"""How ``auto`` picks a backend (specdemo/models/backend_choice.py, ggml_backend.choose_backend):
+the probe-then-time rule and the race weighing, with fake timings (no clock is asserted on)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdemo.core import machine
+from specdemo.models import backend_choice as bc
+from specdemo.models import ggml_backend as gb
+
+# the issue's busy-machine figures: seconds of one short forward per backend
+PROBES = {"native-w8a8": 0.10, "native": 0.16, "transformers": 0.31, "int8": 3.7}
+
+
+def fake_probe(seconds: dict[str, float], seen: list):
+    def probe(name, limit_s):
+        seen.append((name, limit_s))
+        return seconds[name]
+    return probe
+
+
+def test_a_candidate_over_three_times_the_best_probe_is_never_timed_fully():
+    seen, timed = [], []
+    found = bc.probe_then_time(bc.order(list(PROBES)), fake_probe(PROBES, seen),
+                               lambda name: timed.append(name) or PROBES[name])
+    assert [name for name, _ in seen] == ["native-w8a8", "native", "transformers", "int8"]
+    # every probe after the first is told the limit: 3x the best probe so far
+    assert [limit for _, limit in seen] == [None, pytest.approx(0.3), pytest.approx(0.3),
+                                            pytest.approx(0.3)]
+    assert timed == ["native-w8a8", "native"]  # transformers 3.1x, int8 37x: probed only
+    assert set(found.dropped) == {"transformers", "int8"}
+    assert found.dropped["int8"] == "its probe took 3.7 s, 37.0x native-w8a8's"
+    assert found.best == "native-w8a8" and found.probe_s == PROBES
+
+
+def test_a_later_faster_probe_rules_out_an_earlier_survivor():
+    timed = []
+    found = bc.probe_then_time(["slow", "fast"], fake_probe({"slow": 1.0, "fast": 0.2}, []),
+                               lambda name: timed.append(name) or 1.0)
+    assert timed == ["fast"] and found.dropped["slow"] == "its probe took 1.0 s, 5.0x fast's"
+
+
+def test_a_hopeless_probe_is_dropped_with_its_reason_and_nothing_else_is_lost():
+    def probe(name, limit_s):
+        if name == "int8":
+            raise bc.Hopeless("its first forward took 4.0 s, over 10x the best probe")
+        return {"a": 0.1, "b": 0.2}[name]
+    found = bc.probe_then_time(["a", "int8", "b"], probe, lambda name: {"a": 2.0, "b": 1.0}[name])
+    assert found.dropped == {"int8": "its first forward took 4.0 s, over 10x the best probe"}
+    assert found.scores == {"a": 2.0, "b": 1.0} and found.best == "b"
+    with pytest.raises(ValueError, match="no candidate"):
+        bc.probe_then_time([], probe, lambda name: 0.0)
+
+
+class CountingKV:
+    """A KV cache whose forwards cost what a table says (seconds on a fake clock)."""
+
+    def __init__(self, first_s: float, forward_s: float, clock: list) -> None:
+        self.model = SimpleNamespace(get_input_embeddings=lambda: SimpleNamespace(num_embeddings=50))
+        self.first_s, self.forward_s, self.clock = first_s, forward_s, clock
+        self.length, self.calls = 0, 0
+
+    def reset(self):
+        self.length = 0
+
+    def rollback(self, n):
+        self.length = n
+
+    def forward(self, ids, logits_to_keep=1):
+        self.clock[0] += self.first_s if self.length == 0 else self.forward_s
+        self.length += len(ids)
+        self.calls += 1
+
+
+def test_the_probe_stops_after_one_timed_forward_out_of_reach_and_rules_out_a_hopeless_start():
+    clock = [0.0]
+    now = lambda: clock[0]  # noqa: E731
+    fast = CountingKV(0.1, 0.1, clock)
+    assert bc.probe_s(fast, None, clock=now) == pytest.approx(0.1) and fast.calls == 3
+    slow = CountingKV(0.5, 0.5, clock)
+    assert bc.probe_s(slow, 0.3, clock=now) == pytest.approx(0.5) and slow.calls == 2
+    hopeless = CountingKV(4.0, 3.7, clock)
+    with pytest.raises(bc.Hopeless, match="first forward took 4.0 s"):
+        bc.probe_s(hopeless, 0.3, clock=now)
+    assert hopeless.calls == 1
+
+
+def test_the_race_weighing_can_prefer_cheap_verification_over_a_cheap_step():
+    step_fast = {1: 0.010, 5: 0.040, 9: 0.090}  # a quantised kernel: cheap step, dear verification
+    verify_cheap = {1: 0.012, 5: 0.018, 9: 0.025}
+    # a plain decode: the 1-token forward alone decides
+    assert bc.race_cost_s(step_fast, False) == (0.010, 0)
+    assert bc.race_cost_s(verify_cheap, False) == (0.012, 0)
+    # a race with the prior acceptance: the speculative lane verifies, and that decides
+    fast_cost, fast_k = bc.race_cost_s(step_fast, True)
+    cheap_cost, cheap_k = bc.race_cost_s(verify_cheap, True)
+    assert fast_k == 0 and fast_cost == pytest.approx(0.020)  # drafting does not pay there
+    assert cheap_k == 4 and cheap_cost == pytest.approx(0.012 + 0.018 / bc.expected_tokens(4, 0.6))
+    assert cheap_cost < fast_cost
+    # a drafter that costs more than it saves on a backend: k 0 there
+    assert bc.race_cost_s(verify_cheap, True, bc.LaneFacts(0.6, draft_s=0.02))[1] == 0
+
+
+def test_acceptance_from_per_position_counts():
+    assert bc.expected_tokens(4, 0.5) == pytest.approx(1.9375)
+    # 10 rounds of 4 drafts: position 1 accepted 8 times, 2: 4, 3: 2, 4: 1
+    assert bc.acceptance_of([10, 10, 10, 10], [8, 4, 2, 1]) == pytest.approx(15 / (10 + 8 + 4 + 2))
+    assert bc.acceptance_of([], []) is None
+
+
+# --- choose_backend with fake measurements -------------------------------------------------------
+
+@pytest.fixture
+def chooser(monkeypatch, tmp_path):
+    """choose_backend over fake candidates: probes and full timings from tables, a share of the
+    CPU that the test sets, the store in a temporary folder."""
+    state = {"share": 0.0, "timed": [], "probed": []}
+    names = ("transformers", "int8", "native", "native-w8a8")
+    monkeypatch.setattr(gb, "candidate_backends", lambda loaded: (names, []))
+    monkeypatch.setattr(gb, "_choice_path", lambda: tmp_path / "choice.json")
+    monkeypatch.setattr(gb, "target_kv", lambda loaded: loaded.backend)
+    monkeypatch.setattr(machine.OtherCpuUse, "share", lambda self: state["share"])
+    monkeypatch.delenv(gb.CHOICE_ENV, raising=False)
+    tables = {"native-w8a8": {1: 0.012, 5: 0.028, 9: 0.055},
+              "native": {1: 0.014, 5: 0.018, 9: 0.020}}
+
+    def probe(kv, limit_s, layers=()):
+        state["probed"].append(kv)
+        return PROBES[kv]
+
+    def time_widths(kv, widths=bc.RACE_WIDTHS, layers=()):
+        state["timed"].append((kv, layers))
+        return tables[kv]
+    monkeypatch.setattr(bc, "probe_s", probe)
+    monkeypatch.setattr(bc, "time_widths", time_widths)
+    loaded = SimpleNamespace(spec="tiny", dtype=torch.float32, device=torch.device("cpu"),
+                             backend="transformers")
+    return loaded, state
+
+
+def test_auto_times_only_the_survivors_and_weighs_them_for_the_race(chooser):
+    loaded, state = chooser
+    choice = gb.choose_backend(loaded, bc.RaceLane("ngram"))
+    assert state["probed"] == ["native-w8a8", "native", "transformers", "int8"]
+    assert [kv for kv, _ in state["timed"]] == ["native-w8a8", "native"]
+    assert set(choice.dropped) == {"transformers", "int8"}
+    # w8a8 has the cheaper step, native the cheaper verification: the race picks native
+    assert choice.backend == "native" and choice.draft_length == {"native-w8a8": 0, "native": 4}
+    assert "weighed for a race with draft ngram" in choice.reason
+    assert "ruled out by a 5-token probe: transformers (its probe took 310 ms, 3.1x" in choice.reason
+    plain = gb.choose_backend(loaded, bc.RaceLane("none"))  # another race: its own measurement
+    assert plain.backend == "native-w8a8" and "weighed for a plain decode" in plain.reason
+
+
+def test_a_busy_machines_choice_is_stored_marked_and_read_back(chooser):
+    loaded, state = chooser
+    state["share"] = 0.43
+    first = gb.choose_backend(loaded)
+    assert not first.cached and "machine busy: others used 43% of the CPU" in first.reason
+    state["timed"].clear()
+    again = gb.choose_backend(loaded)
+    assert again.cached and state["timed"] == [] and again.backend == first.backend
+    assert again.reason.startswith("measured earlier on this machine while other processes used "
+                                   "43% of the CPU (SPECDEMO_BACKEND=recalibrate measures again): ")
+    assert again.forward_s == first.forward_s and again.dropped == first.dropped
+    state["share"] = 0.0
+    quiet = gb.choose_backend(loaded, bc.RaceLane("self"))
+    stored = gb.choose_backend(loaded, bc.RaceLane("self"))
+    assert stored.reason.startswith("measured earlier on this machine (SPECDEMO_BACKEND=")
+    assert stored.backend == quiet.backend
+
+
+def test_a_learned_drafter_is_measured_on_each_survivor_and_timed_with_its_features(chooser):
+    loaded, state = chooser
+    asked = []
+
+    def facts(backend):
+        asked.append(backend)
+        return bc.LaneFacts(acceptance=0.9 if backend == "native-w8a8" else 0.3, draft_s=0.001,
+                            drafted=40)
+    choice = gb.choose_backend(loaded, bc.RaceLane("builtin:head", (2, 15, 27), facts))
+    assert asked == ["native-w8a8", "native"]  # survivors only
+    assert {layers for _, layers in state["timed"]} == {(2, 15, 27)}
+    assert choice.acceptance == {"native-w8a8": 0.9, "native": 0.3}
+    plain = gb.choose_backend(loaded, bc.RaceLane("ngram"))
+    assert set(plain.acceptance.values()) == {None} and "a 0.60 prior" in plain.reason
+    assert choice.backend == "native-w8a8"  # its head accepts far more on its features
+    assert "acceptance measured on each backend's own features" in choice.reason
