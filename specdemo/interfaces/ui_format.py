@@ -361,7 +361,7 @@ def pending_text(status: str, error: str | None = None, step: StepView | None = 
     if status == SKIPPED and error:
         return error
     if status == LOADING and step is not None:
-        return f"waiting for: {step.name}…"
+        return f"{step.name}…"  # the step's own words: "warming up …", "waiting for …"
     return STATUS_TEXT[status]
 
 
@@ -387,6 +387,12 @@ def chat_messages(turns: list[dict], speculative: bool, highlight: bool,
 
 # --- charts (gradio's native plots take a pandas DataFrame) --------------------------------
 
+#: d3-format specifier of the charts' axis ticks: plain numbers ("0", "1.5", "50", "100").
+#: Vega formats ticks through d3-scale's ``tickFormat``, which sets a precision from the tick
+#: step when the specifier has none: "~g" then became ".1~g" for ticks 50 apart, written "5e+1"
+#: and "1e+2"; "r" (significant digits) is never written with an exponent.
+AXIS_FORMAT = "~r"
+
 def race_frame(snap: RaceSnapshot | None):
     """Tokens generated against seconds since each decode started, one line per lane (a point
     per engine event): columns ``seconds``, ``tokens``, ``lane``. Replays pass views cut at the
@@ -405,15 +411,20 @@ def race_frame(snap: RaceSnapshot | None):
 
 def acceptance_frame(view: PaneView | None):
     """Per-position acceptance of the speculative lane: columns ``position`` (draft position
-    1..k, as text so the bars are categories), ``acceptance`` (0..1) and ``rounds`` (rounds in
-    which that position was verified); positions never verified are left out."""
+    1..k with its counts, ``"3 (2/5)"``: accepted / verified, as text so the bars are
+    categories and a 1.0 over three rounds reads as such), ``acceptance`` (0..1), ``accepted``
+    and ``rounds`` (rounds in which that position was verified); positions never verified are
+    left out."""
     import pandas as pd
     s = view.stats if view else None
-    rows = [(str(i + 1), rate, n) for i, (rate, n) in enumerate(
-        zip(s.per_position_acceptance, s.position_drafted)) if rate is not None] if (
-        s and s.position_drafted is not None) else []
-    frame = pd.DataFrame(rows, columns=["position", "acceptance", "rounds"])
-    return frame.astype({"position": "str", "acceptance": "float64", "rounds": "int64"})
+    rows = []
+    if s and s.position_drafted is not None:
+        accepted = list(s.position_accepted) + [0] * len(s.position_drafted)
+        rows = [(f"{i + 1} ({accepted[i]}/{n})", rate, accepted[i], n) for i, (rate, n) in
+                enumerate(zip(s.per_position_acceptance, s.position_drafted)) if rate is not None]
+    frame = pd.DataFrame(rows, columns=["position", "acceptance", "accepted", "rounds"])
+    return frame.astype({"position": "str", "acceptance": "float64", "accepted": "int64",
+                         "rounds": "int64"})
 
 
 # --- the privacy line ----------------------------------------------------------------------
