@@ -76,13 +76,13 @@ def client_gone(request: gr.Request | None):
     """A function telling whether the client of this queued call has gone away.
 
     gradio marks a queued event not alive (``Event.alive``) once its client's event stream
-    disconnects (``Queue.clean_events``, by the request's session hash) but lets a running
+    disconnects (``Queue.clean_events``, by the request's ``session_hash``) but lets a running
     function run on; the race's loops ask this between snapshots and set the race's Stop event,
     so an abandoned race stops between two prefill chunks or rounds instead of holding the
     device. Where the queue cannot be read (a direct call, another gradio), the client never
     reads as gone.
     """
-    session = getattr(request, "session_hash", None)
+    tab = getattr(request, "session_hash", None)
     try:
         queue = request.request.app.get_blocks()._queue
         queue.active_jobs  # noqa: B018 - read once here, so a missing attribute says "unknown"
@@ -91,7 +91,7 @@ def client_gone(request: gr.Request | None):
 
     def gone() -> bool:
         jobs = [job for job_set in list(queue.active_jobs) if job_set for job in job_set
-                if getattr(job, "session_hash", None) == session]
+                if getattr(job, "session_hash", None) == tab]
         return bool(jobs) and not any(getattr(job, "alive", True) for job in jobs)
     return gone
 
