@@ -91,7 +91,8 @@ def test_chart_frames_hold_the_timelines_and_the_per_position_acceptance():
     # each bar's label carries its counts: a 1.0 over one round reads "(1/1)", not a sure thing
     assert bars["position"].tolist() == [f"{i + 1} ({a}/{n})" for i, (a, n) in enumerate(
         zip(s.position_accepted, s.position_drafted[:7]))]
-    assert bars["position"].tolist()[:2] == ["1 (2/2)", "2 (2/2)"] and bars["position"][6] == "7 (0/1)"
+    assert bars["position"].tolist()[:2] == ["1 (2/2)", "2 (2/2)"]
+    assert bars["position"][6] == "7 (0/1)"
     assert bars["accepted"].tolist() == s.position_accepted[:7]
     assert bars["acceptance"].tolist() == s.per_position_acceptance[:7]
     assert bars["rounds"].tolist() == s.position_drafted[:7] == [2, 2, 2, 1, 1, 1, 1]
@@ -101,7 +102,8 @@ def test_chart_frames_hold_the_timelines_and_the_per_position_acceptance():
 def test_a_prefilling_lane_shows_tokens_fed_and_the_time_left():
     """Issue 42 item 7: a long prompt's prefill shows how far it is, not a bare "decoding…"."""
     from specdemo.services.race import RUNNING, PrefillProgress
-    busy = PaneView(PLAIN, RUNNING, None, "", (), (), None, 0, (), PrefillProgress(1024, 4096, 20.0))
+    busy = PaneView(PLAIN, RUNNING, None, "", (), (), None, 0, (),
+                    PrefillProgress(1024, 4096, 20.0))
     line = status_line(busy)
     assert "prefilling the prompt: 1,024 of 4,096 tokens" in line
     assert 'value="0.250"' in line and "about 60 s left" in line  # 3,072 tokens at 51 tokens/s

@@ -23,9 +23,9 @@ from .. import PROJECT_DIR
 from ..checks import inputs
 from ..services import race as racing
 from ..core.machine import ACTIVE_RACES
-from .ui_format import (AXIS_FORMAT, CHART_COLORS, LEGEND, acceptance_frame, chat_messages,  # noqa: F401
-                        counters_html, privacy_html, race_frame, startup_html, tokens_html,
-                        verdict_html)
+from .ui_format import (AXIS_FORMAT, CHART_COLORS, LEGEND, acceptance_frame,  # noqa: F401
+                        chat_messages, counters_html, privacy_html, race_frame, startup_html,
+                        tokens_html, verdict_html)
 from .ui_race import (clear, model_messages, new_conversation, race_api, replay,  # noqa: F401
                       rerender, send, stop, turn_of)
 from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, _default_preset_name,  # noqa: F401
