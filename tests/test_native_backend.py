@@ -660,3 +660,20 @@ def test_self_drafts_with_the_targets_own_forward(backend):
     plain = generate(pipe.kv, prompt, tok, max_new_tokens=30)
     assert spec.stats.drafted > 0 and spec.stats.accepted == spec.stats.drafted
     assert spec.token_ids == plain.token_ids
+
+
+@needs_library
+def test_reserve_sizes_the_cache_before_a_prefill_and_changes_no_number(tiny, monkeypatch):
+    """A race reserves room for its prompt before the clock starts (``StaticCacheKV.reserve``):
+    the prefill then does not grow the cache, and its logits are the same."""
+    ids = [(7 * i) % 31 + 1 for i in range(40)]
+    nm = nb.NativeModel(tiny)
+    monkeypatch.setattr(nb, "MIN_CAPACITY", 16)
+    grown = nb.NativeKV(nm, capacity=16).forward(ids, logits_to_keep=5)
+    kv = nb.NativeKV(nm, capacity=16)
+    assert kv.capacity == 16
+    kv.reserve(len(ids) + 1)
+    assert kv.capacity == 64
+    before = kv.k_cache
+    assert torch.equal(kv.forward(ids, logits_to_keep=5), grown)
+    assert kv.k_cache is before  # no new allocation inside the forward

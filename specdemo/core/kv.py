@@ -251,6 +251,13 @@ class StaticCacheKV:
             raise ValueError(problem)
         return self._feed(ids, logits_to_keep, layers)
 
+    def reserve(self, positions: int) -> None:
+        """Allocate room for ``positions`` cached tokens now (the subclass's ``_grow``), so that
+        a timed prefill of that many does not grow the cache inside its clock."""
+        grow = getattr(self, "_grow", None)
+        if grow is not None:
+            grow(positions)
+
     def rollback(self, length: int) -> None:
         """Drop cached tokens beyond ``length`` (a length change; nothing to drop: no-op)."""
         if length < self.length:

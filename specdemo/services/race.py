@@ -405,6 +405,9 @@ class Race:
                     with stop_on(self.cancel):
                         prepare_timed(pipe, lane.speculative, self.settings.draft_length,
                                       prompt[:warm_prefix(len(prompt))])
+                    reserve = getattr(pipe.kv, "reserve", None)  # a static cache: sized now
+                    if reserve is not None:
+                        reserve(len(prompt) + 1)
             except Cancelled:  # Stop during the warm-up: the lanes are skipped
                 break
             except Exception as exc:  # kept in this lane
