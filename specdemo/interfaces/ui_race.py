@@ -330,7 +330,8 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
              spec_endpoint: str | None = None, endpoint_model: str | None = None,
              endpoint_key_env: str | None = None, allow_remote_endpoint: bool = False,
              draft_tree: str | None = None, request: gr.Request = None) -> dict:
-    """Race one prompt: plain, then speculative, each alone; returns both results.
+    """Race one prompt: plain, then speculative, each alone; returns both results. A call whose
+    client goes away is stopped between two prefill chunks or rounds (:func:`client_gone`).
 
     Args:
         prompt: the user message (chat template applied).
