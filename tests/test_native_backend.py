@@ -637,3 +637,43 @@ def test_bench_records_the_prefetch_choice_of_native_w8a8(monkeypatch):
     info = machine_info(loaded)
     assert info["native_prefetch"]["prefetch"] == "all"
     assert "native_prefetch" not in machine_info(_Loaded(tiny_llama(seed=7, layers=2, hidden=64)))
+
+
+@needs_library
+@pytest.mark.parametrize("backend", ["native", "native-int8", "native-w8a8"])
+def test_self_drafts_with_the_targets_own_forward(backend):
+    """``--draft self`` on a native backend drafts through a second cache of the same C forward
+    (``pipeline.self_draft_kv``), not the float32 transformers model: its greedy drafts are the
+    target's own, so every one is accepted, and the output is plain's."""
+    from specdemo.core.drafters import ModelDrafter
+    from specdemo.core.engine import generate
+    from specdemo.core.policy import FixedDraftLength
+    from specdemo.services.pipeline import Pipeline
+    loaded = _Loaded(tiny_llama(seed=6, layers=3, hidden=64), backend=backend)
+    pipe = Pipeline(loaded, "self")
+    drafter = pipe.new_drafter()
+    assert isinstance(drafter, ModelDrafter) and isinstance(drafter.kv, nb.NativeKV)
+    assert drafter.kv is not pipe.kv and drafter.kv.nmodel is pipe.kv.nmodel
+    prompt, tok = [1, 2, 3, 4, 5, 6, 7], CharTokenizer()
+    spec = generate(pipe.kv, prompt, tok, drafter=drafter, policy=FixedDraftLength(4),
+                    max_new_tokens=30)
+    plain = generate(pipe.kv, prompt, tok, max_new_tokens=30)
+    assert spec.stats.drafted > 0 and spec.stats.accepted == spec.stats.drafted
+    assert spec.token_ids == plain.token_ids
+
+
+@needs_library
+def test_reserve_sizes_the_cache_before_a_prefill_and_changes_no_number(tiny, monkeypatch):
+    """A race reserves room for its prompt before the clock starts (``StaticCacheKV.reserve``):
+    the prefill then does not grow the cache, and its logits are the same."""
+    ids = [(7 * i) % 31 + 1 for i in range(40)]
+    nm = nb.NativeModel(tiny)
+    monkeypatch.setattr(nb, "MIN_CAPACITY", 16)
+    grown = nb.NativeKV(nm, capacity=16).forward(ids, logits_to_keep=5)
+    kv = nb.NativeKV(nm, capacity=16)
+    assert kv.capacity == 16
+    kv.reserve(len(ids) + 1)
+    assert kv.capacity == 64
+    before = kv.k_cache
+    assert torch.equal(kv.forward(ids, logits_to_keep=5), grown)
+    assert kv.k_cache is before  # no new allocation inside the forward

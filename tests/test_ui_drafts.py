@@ -107,6 +107,26 @@ def test_model_status_names_a_quantised_target(monkeypatch):
     assert "(float32 on cpu, 4.6 s)" in ui_state.model_status("smollm2-135m-ngram", "ngram")
 
 
+def test_the_models_line_and_the_preset_text_name_the_backend_the_race_runs(monkeypatch):
+    """Issue 42 item 9: a float32 load raced on native-w8a8 is not called float32."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from specdemo.interfaces import ui, ui_state
+    target = NS(spec="builtin:smollm2-135m", dtype=torch.float32, device="cpu", load_s=4.6,
+                quantization=None, backend="native-w8a8")
+    monkeypatch.setattr(ui_state.CACHE, "loaded", lambda *a: NS(target=target, draft=None))
+    line = ui_state.model_status("smollm2-135m-ngram", "ngram")
+    assert ("(native-w8a8: int8 weights and int8 activations in our C forward, loaded from "
+            "float32 on cpu, 4.6 s)") in line
+    info = ui.preset_info("smollm2-135m-ngram")
+    assert "runs on native-w8a8: int8 weights and int8 activations" in info
+    assert "· float32." not in info
+    monkeypatch.setattr(ui_state.CACHE, "loaded", lambda *a: None)  # nothing loaded yet
+    assert "float32; forward backend chosen at load (auto)" in ui.preset_info("smollm2-135m-ngram")
+
+
 def test_model_status_names_a_stacked_drafter(monkeypatch):
     """The default preset's draft is a learned drafter with prompt lookup over it (Combined)."""
     from types import SimpleNamespace as NS

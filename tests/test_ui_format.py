@@ -67,7 +67,8 @@ def test_a_loading_pane_and_the_startup_panel_show_the_step_with_its_estimate():
     assert '<progress class="sd-progress" value="0.480" max="1">' in line
     assert "converting builtin:smollm2-135m&#x27;s weights" in line and "12 s of about 25 s" in line
     assert "30 s (expected about 25 s" in status_line(view(PLAIN, LOADING), StepView("x", 30, 25))
-    assert status_line(view(PLAIN, LOADING), None) == "loading the model…"
+    assert status_line(view(PLAIN, LOADING), None) == ("preparing the race (loading the models, "
+                                                      "warming them up)…")
     panel = startup_html(step, [DoneStep("loading", 1.25)], ready=False)
     assert 'data-state="loading"' in panel and "<progress" in panel and "✓ loading (1.2 s)" in panel
     done = startup_html(None, [DoneStep("a", 20.0), DoneStep("b", 5.0)], ready=True)
@@ -87,7 +88,51 @@ def test_chart_frames_hold_the_timelines_and_the_per_position_acceptance():
     bars = acceptance_frame(spec)
     s = auto_run()
     # 8 drafted, 6 accepted: position 7 was verified and refused, position 8 never verified
-    assert bars["position"].tolist() == [str(i) for i in range(1, 8)]
+    # each bar's label carries its counts: a 1.0 over one round reads "(1/1)", not a sure thing
+    assert bars["position"].tolist() == [f"{i + 1} ({a}/{n})" for i, (a, n) in enumerate(
+        zip(s.position_accepted, s.position_drafted[:7]))]
+    assert bars["position"].tolist()[:2] == ["1 (2/2)", "2 (2/2)"]
+    assert bars["position"][6] == "7 (0/1)"
+    assert bars["accepted"].tolist() == s.position_accepted[:7]
     assert bars["acceptance"].tolist() == s.per_position_acceptance[:7]
     assert bars["rounds"].tolist() == s.position_drafted[:7] == [2, 2, 2, 1, 1, 1, 1]
     assert acceptance_frame(view(stats=None)).empty
+
+
+def test_a_prefilling_lane_shows_tokens_fed_and_the_time_left():
+    """Issue 42 item 7: a long prompt's prefill shows how far it is, not a bare "decoding…"."""
+    from specdemo.services.race import RUNNING, PrefillProgress
+    busy = PaneView(PLAIN, RUNNING, None, "", (), (), None, 0, (),
+                    PrefillProgress(1024, 4096, 20.0))
+    line = status_line(busy)
+    assert "prefilling the prompt: 1,024 of 4,096 tokens" in line
+    assert 'value="0.250"' in line and "about 60 s left" in line  # 3,072 tokens at 51 tokens/s
+    starting = PaneView(PLAIN, RUNNING, None, "", (), (), None, 0, (), PrefillProgress(0, 4096, 0))
+    assert "0 of 4,096 tokens" in status_line(starting) and "left" not in status_line(starting)
+    assert status_line(view(PLAIN, RUNNING)) == "decoding…"
+
+
+def test_a_waiting_pane_names_what_it_waits_for():
+    """Issue 42 item 9: not "loading the model…" while a warm-up or a draft check runs."""
+    from specdemo.interfaces.ui_format import chat_messages
+    turn = {"user": "hi", "text": "", "tokens": [], "status": LOADING, "error": None}
+    step = StepView("waiting for the draft list's check to finish (not timed)", 3.0, 10.0)
+    shown = chat_messages([turn], False, True, step)[1]["content"]
+    assert "waiting for the draft list&#x27;s check to finish (not timed)…" in shown
+    assert "loading the model" not in shown
+    assert "preparing the race" in chat_messages([turn], False, True)[1]["content"]
+
+
+def test_chart_ticks_are_plain_numbers():
+    """Issue 42 item 9: vega's tick formatter gave "~g" a precision from the tick step ("1e+2",
+    "5e+1"); "r" writes significant digits without an exponent. The charts use it."""
+    import gradio as gr
+
+    from specdemo.interfaces import ui
+    from specdemo.interfaces.ui_format import AXIS_FORMAT
+    assert AXIS_FORMAT.endswith("r") and "g" not in AXIS_FORMAT
+    with gr.Blocks():
+        race_chart, acceptance_chart = ui._charts()
+    assert race_chart.x_axis_format == race_chart.y_axis_format == AXIS_FORMAT
+    # the acceptance axis title fits its 260-pixel axis (it was cut after ~30 characters)
+    assert len(acceptance_chart.y_title) <= 20 and "accepted / verified" in acceptance_chart.x_title

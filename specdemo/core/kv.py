@@ -44,19 +44,45 @@ def stop_on(cancel: threading.Event | None) -> Iterator[None]:
 
     A scope rather than an argument, so that it also reaches the caches inside drafters (a draft
     model's first proposal feeds it the whole prompt) without widening the drafter protocol.
+    ``cancel`` None keeps the enclosing block's event (a warm-up decode, which is given none,
+    inside a race's ``stop_on(race.cancel)`` still stops).
     """
     previous = getattr(_STOP, "cancel", None)
-    _STOP.cancel = cancel
+    _STOP.cancel = cancel if cancel is not None else previous
     try:
         yield
     finally:
         _STOP.cancel = previous
 
 
+@contextlib.contextmanager
+def prefill_progress(report) -> Iterator[None]:
+    """Inside this block, a long input fed in more than one chunk on this thread calls
+    ``report(fed, total)`` (tokens) before its first chunk and after each one, so a page can
+    show how far a long prefill is and what is left of it."""
+    previous = getattr(_STOP, "progress", None)
+    _STOP.progress = report
+    try:
+        yield
+    finally:
+        _STOP.progress = previous
+
+
 def _check_stop() -> None:
-    cancel = getattr(_STOP, "cancel", None)
-    if cancel is not None and cancel.is_set():
+    if stop_requested():
         raise Cancelled()
+
+
+def stop_requested() -> bool:
+    """Whether the event of the enclosing :func:`stop_on` block on this thread is set."""
+    cancel = getattr(_STOP, "cancel", None)
+    return cancel is not None and cancel.is_set()
+
+
+def _report(fed: int, total: int) -> None:
+    report = getattr(_STOP, "progress", None)
+    if report is not None:
+        report(fed, total)
 
 
 def _chunks(n: int, keep: int, size: int) -> list[tuple[int, int]]:
@@ -114,10 +140,26 @@ def feed_in_chunks(run, ids, keep: int, layers: tuple[int, ...], size: int | Non
     for n, (start, end) in enumerate(pieces):
         if n:
             _check_stop()
+        if len(pieces) > 1:
+            _report(start, len(ids))
         last = n == len(pieces) - 1
         logits, feats = run(ids[start:end], keep if last else 1, layers)
         features.append(feats)
+    if len(pieces) > 1:
+        _report(len(ids), len(ids))
     return logits, (torch.cat(features) if layers else None)
+
+
+def warm_prefix(n: int, size: int | None = None) -> int:
+    """How many of a prompt's ``n`` tokens a warm-up must feed to meet every chunk width the
+    prefill of all ``n`` will use (:func:`_chunks` with ``keep`` 1: one full chunk, then the
+    last piece's width): ``n`` itself when it fits in one chunk. A warm-up of a long prompt
+    then costs at most two chunks instead of a whole prefill."""
+    size = PREFILL_CHUNK if size is None else size
+    pieces = _chunks(n, 1, size)
+    if len(pieces) <= 2:
+        return n
+    return size + (pieces[-1][1] - pieces[-1][0])
 
 
 def unknown_hidden_states(layers: tuple[int, ...], n_layer: int) -> str | None:
@@ -208,6 +250,13 @@ class StaticCacheKV:
         if problem:
             raise ValueError(problem)
         return self._feed(ids, logits_to_keep, layers)
+
+    def reserve(self, positions: int) -> None:
+        """Allocate room for ``positions`` cached tokens now (the subclass's ``_grow``), so that
+        a timed prefill of that many does not grow the cache inside its clock."""
+        grow = getattr(self, "_grow", None)
+        if grow is not None:
+            grow(positions)
 
     def rollback(self, length: int) -> None:
         """Drop cached tokens beyond ``length`` (a length change; nothing to drop: no-op)."""

@@ -23,13 +23,14 @@ from .. import PROJECT_DIR
 from ..checks import inputs
 from ..services import race as racing
 from ..core.machine import ACTIVE_RACES
-from .ui_format import (CHART_COLORS, LEGEND, acceptance_frame, chat_messages,  # noqa: F401
-                        counters_html, privacy_html, race_frame, startup_html, tokens_html,
-                        verdict_html)
+from .ui_format import (AXIS_FORMAT, CHART_COLORS, LEGEND, acceptance_frame,  # noqa: F401
+                        chat_messages, counters_html, privacy_html, race_frame, startup_html,
+                        tokens_html, verdict_html)
 from .ui_race import (clear, model_messages, new_conversation, race_api, replay,  # noqa: F401
                       rerender, send, stop, turn_of)
 from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, _default_preset_name,  # noqa: F401
-                       _pairing, _presets, engine_imports, follow_startup, model_status, preload,
+                       _pairing, _presets, engine_imports, follow_startup, loaded_backend,
+                       model_status, preload,
                        start_preload, startup_done, wait_until_ready)
 
 ASSETS = PROJECT_DIR / "assets"
@@ -195,7 +196,9 @@ def preset_info(preset_name: str | None) -> str:
     except Exception as exc:  # hardware probing must not break the page
         ok, reason = True, f"(could not check this machine: {exc})"
     mark = "fits this machine" if ok else "⚠ does not fit this machine"
-    return (f"Target `{p.target}` · draft `{p.draft}` · {p.dtype}. {p.note}  \n"
+    runs = loaded_backend(preset_name)  # what the race computes in, not only the load dtype
+    runs = f"runs on {runs}" if runs else f"{p.dtype}; forward backend chosen at load (auto)"
+    return (f"Target `{p.target}` · draft `{p.draft}` · {runs}. {p.note}  \n"
             f"{mark}: {reason}" + precision_line(p.dtype, p.quantization))
 
 
@@ -476,12 +479,13 @@ def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
             race_frame(None), x="seconds", y="tokens", color="lane", color_map=CHART_COLORS,
             title="The race: tokens generated over time", x_title="seconds since the request",
             y_title="tokens generated", height=260, elem_id="race-chart", scale=3,
-            x_axis_format="~g", y_axis_format="~g",  # "0", "1.5": no "0.000000" on an empty chart
+            x_axis_format=AXIS_FORMAT, y_axis_format=AXIS_FORMAT,
             label="tokens generated against seconds, per lane", show_label=False)
         acceptance_chart = gr.BarPlot(
             acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
-            title="Speculative: acceptance per draft position", x_title="draft position",
-            y_title="acceptance (earlier ones accepted)", tooltip=["rounds"], height=260,
+            title="Speculative: acceptance per draft position, given the earlier ones",
+            x_title="draft position (accepted / verified)", y_title="acceptance",
+            tooltip=["accepted", "rounds"], height=260,
             elem_id="acceptance-chart", scale=2, show_label=False,
             label="per-position acceptance of the speculative lane")
     return race_chart, acceptance_chart

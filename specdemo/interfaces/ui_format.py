@@ -47,7 +47,7 @@ LABELS = {
 
 STATUS_TEXT = {
     WAITING: "waiting: starts when the plain run has finished",
-    LOADING: "loading the model…",
+    LOADING: "preparing the race (loading the models, warming them up)…",
     RUNNING: "decoding…",
     SKIPPED: "not run: stopped before it started",
     REPLAYING: "replaying at the measured pace…",
@@ -196,10 +196,25 @@ def startup_html(step: StepView | None, done: list[DoneStep], ready: bool,
             + (f'<div class="sd-done-steps">{finished}</div>' if finished else "") + "</div>")
 
 
+def prefill_html(progress) -> str:
+    """A lane's prefill of a long prompt (``race.PrefillProgress``) as a progress bar: tokens
+    fed of the prompt's, and the time left at the rate of the chunks fed so far."""
+    left = progress.left_s
+    timing = f" · {about(left)} left" if left is not None else ""
+    return (f'<span class="sd-step" data-step="prefill">'
+            f'<progress class="sd-progress" value="{progress.fed / progress.total:.3f}" '
+            f'max="1"></progress> <span class="sd-step-name">prefilling the prompt: '
+            f'{progress.fed:,} of {progress.total:,} tokens</span>'
+            f'<span class="sd-step-time">{html.escape(timing)}</span></span>')
+
+
 def status_line(view: PaneView | None, step: StepView | None = None) -> str:
-    """The status under a pane, as HTML; a loading pane shows the step in progress."""
+    """The status under a pane, as HTML; a loading pane shows the step in progress, a lane
+    prefilling a long prompt how far it is."""
     if view is None:
         return "idle"
+    if view.status == RUNNING and getattr(view, "prefill", None) is not None:
+        return prefill_html(view.prefill)
     if view.status == DONE:
         return html.escape(f"done ({view.stats.finish_reason})" if view.stats else "done")
     if view.status == STOPPED:
@@ -341,8 +356,20 @@ def tokens_html(tokens, highlight: bool) -> str:
     return f'<div class="sd-tokens">{body}</div>'
 
 
-def chat_messages(turns: list[dict], speculative: bool, highlight: bool) -> list[dict]:
-    """gr.Chatbot messages for a pane (turns as :func:`specdemo.interfaces.ui.turn_of` makes them)."""
+def pending_text(status: str, error: str | None = None, step: StepView | None = None) -> str:
+    """What a pane without tokens says it waits for: a skipped lane's reason, the named step in
+    progress (a load, a warm-up, a draft check) while preparing, else the status's words."""
+    if status == SKIPPED and error:
+        return error
+    if status == LOADING and step is not None:
+        return f"{step.name}…"  # the step's own words: "warming up …", "waiting for …"
+    return STATUS_TEXT[status]
+
+
+def chat_messages(turns: list[dict], speculative: bool, highlight: bool,
+                  step: StepView | None = None) -> list[dict]:
+    """gr.Chatbot messages for a pane (turns as :func:`specdemo.interfaces.ui.turn_of` makes
+    them); ``step``: the named step in progress, which a preparing pane names."""
     out = []
     for t in turns:
         out.append({"role": "user", "content": t["user"]})
@@ -351,7 +378,7 @@ def chat_messages(turns: list[dict], speculative: bool, highlight: bool) -> list
                 f'<div class="sd-error">⚠ {"cut here: " if t["tokens"] else ""}'
                 f'{html.escape(t["error"] or "error")}</div>')
         elif t["status"] in (WAITING, LOADING, SKIPPED) and not t["tokens"]:
-            text = t["error"] if t["status"] == SKIPPED and t["error"] else STATUS_TEXT[t["status"]]
+            text = pending_text(t["status"], t["error"], step)
             body = f'<div class="sd-pending">{html.escape(text)}</div>'
         else:
             body = tokens_html(t["tokens"], highlight and speculative)
@@ -360,6 +387,12 @@ def chat_messages(turns: list[dict], speculative: bool, highlight: bool) -> list
 
 
 # --- charts (gradio's native plots take a pandas DataFrame) --------------------------------
+
+#: d3-format specifier of the charts' axis ticks: plain numbers ("0", "1.5", "50", "100").
+#: Vega formats ticks through d3-scale's ``tickFormat``, which sets a precision from the tick
+#: step when the specifier has none: "~g" then became ".1~g" for ticks 50 apart, written "5e+1"
+#: and "1e+2"; "r" (significant digits) is never written with an exponent.
+AXIS_FORMAT = "~r"
 
 def race_frame(snap: RaceSnapshot | None):
     """Tokens generated against seconds since each decode started, one line per lane (a point
@@ -379,15 +412,20 @@ def race_frame(snap: RaceSnapshot | None):
 
 def acceptance_frame(view: PaneView | None):
     """Per-position acceptance of the speculative lane: columns ``position`` (draft position
-    1..k, as text so the bars are categories), ``acceptance`` (0..1) and ``rounds`` (rounds in
-    which that position was verified); positions never verified are left out."""
+    1..k with its counts, ``"3 (2/5)"``: accepted / verified, as text so the bars are
+    categories and a 1.0 over three rounds reads as such), ``acceptance`` (0..1), ``accepted``
+    and ``rounds`` (rounds in which that position was verified); positions never verified are
+    left out."""
     import pandas as pd
     s = view.stats if view else None
-    rows = [(str(i + 1), rate, n) for i, (rate, n) in enumerate(
-        zip(s.per_position_acceptance, s.position_drafted)) if rate is not None] if (
-        s and s.position_drafted is not None) else []
-    frame = pd.DataFrame(rows, columns=["position", "acceptance", "rounds"])
-    return frame.astype({"position": "str", "acceptance": "float64", "rounds": "int64"})
+    rows = []
+    if s and s.position_drafted is not None:
+        accepted = list(s.position_accepted) + [0] * len(s.position_drafted)
+        rows = [(f"{i + 1} ({accepted[i]}/{n})", rate, accepted[i], n) for i, (rate, n) in
+                enumerate(zip(s.per_position_acceptance, s.position_drafted)) if rate is not None]
+    frame = pd.DataFrame(rows, columns=["position", "acceptance", "accepted", "rounds"])
+    return frame.astype({"position": "str", "acceptance": "float64", "accepted": "int64",
+                         "rounds": "int64"})
 
 
 # --- the privacy line ----------------------------------------------------------------------

@@ -72,6 +72,30 @@ def stop(request: gr.Request) -> None:
             event.set()
 
 
+def client_gone(request: gr.Request | None):
+    """A function telling whether the client of this queued call has gone away.
+
+    gradio marks a queued event not alive (``Event.alive``) once its client's event stream
+    disconnects (``Queue.clean_events``, by the request's ``session_hash``) but lets a running
+    function run on; the race's loops ask this between snapshots and set the race's Stop event,
+    so an abandoned race stops between two prefill chunks or rounds instead of holding the
+    device. Where the queue cannot be read (a direct call, another gradio), the client never
+    reads as gone.
+    """
+    tab = getattr(request, "session_hash", None)
+    try:
+        queue = request.request.app.get_blocks()._queue
+        queue.active_jobs  # noqa: B018 - read once here, so a missing attribute says "unknown"
+    except Exception:
+        return lambda: False
+
+    def gone() -> bool:
+        jobs = [job for job_set in list(queue.active_jobs) if job_set for job in job_set
+                if getattr(job, "session_hash", None) == tab]
+        return bool(jobs) and not any(getattr(job, "alive", True) for job in jobs)
+    return gone
+
+
 def refusal(message: str) -> gr.Error:
     """A gr.Error for input the user can fix: shown on the page and returned to API callers, but
     not printed as a traceback in the app's terminal (it is not a fault of the app)."""
@@ -197,10 +221,10 @@ def _render(snap: RaceSnapshot, conv: dict, prompt: str, upto: int, highlight: b
     """Chatbots, counters, verdict and the two charts for a snapshot shown after the first
     ``upto`` turns; a pane that is loading shows the step in progress."""
     out = []
+    step = STEPS.current()
     for name in PANES:
         turns = conv[name][:upto] + [turn_of(prompt, snap.panes[name])]
-        out.append(chat_messages(turns, name == SPECULATIVE, highlight))
-    step = STEPS.current()
+        out.append(chat_messages(turns, name == SPECULATIVE, highlight, step))
     spec = snap.panes[SPECULATIVE]
     return (out[0], out[1], counters_html(snap.panes[PLAIN], False, step=step),
             counters_html(spec, True, settings.draft_length, step),
@@ -251,8 +275,11 @@ def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, m
         race = _new_race(prompt, system, preset_name, draft, settings, conv, request)
     upto = len(conv[PLAIN])
     snap, box, shown = None, "", None  # empty the prompt box once, then leave it to the user
+    gone = client_gone(request)
     try:
         for snap in race.run(min_interval_s=live_interval_s()):
+            if gone():  # the tab was closed: stop the race, nobody will see it
+                race.cancel.set()
             view = _render(snap, conv, prompt, upto, highlight, settings)
             yield _only_changed(shown, view) + (gr.skip(), gr.skip(), box, gr.skip())
             shown, box = view, gr.skip()
@@ -303,7 +330,8 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
              spec_endpoint: str | None = None, endpoint_model: str | None = None,
              endpoint_key_env: str | None = None, allow_remote_endpoint: bool = False,
              draft_tree: str | None = None, request: gr.Request = None) -> dict:
-    """Race one prompt: plain, then speculative, each alone; returns both results.
+    """Race one prompt: plain, then speculative, each alone; returns both results. A call whose
+    client goes away is stopped between two prefill chunks or rounds (:func:`client_gone`).
 
     Args:
         prompt: the user message (chat template applied).
@@ -359,8 +387,11 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
                               endpoints)
     else:
         race = _new_race(prompt, None, preset, draft, settings, new_conversation(), request)
+    gone, snap = client_gone(request), None
     try:
-        snap = list(race.run(min_interval_s=1.0))[-1]
+        for snap in race.run(min_interval_s=1.0):
+            if gone():  # the caller gave up: stop the race (it ends between two chunks)
+                race.cancel.set()
     finally:
         _forget_cancel(request, race.cancel)
     return {PLAIN: _pane_dict(snap.panes[PLAIN]), SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE]),

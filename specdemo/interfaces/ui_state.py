@@ -89,6 +89,37 @@ def engine_imports() -> None:
         _IMPORTED.set()
 
 
+BACKEND_WORDS = {
+    "native": "BF16 weights in our C forward",
+    "native-int8": "int8 weights in our C forward",
+    "native-w8a8": "int8 weights and int8 activations in our C forward",
+    "int8": "int8 weights in torch",
+    "ggml": "llama.cpp's kernels over the GGUF's quantised weights",
+    "ggml-bf16": "llama.cpp's kernels over BF16 weights",
+}
+
+
+def runs_on(target) -> str:
+    """What a loaded target's forward really computes in, for the page: ``"float32"`` on the
+    transformers backend (its dtype, with quantised weights named), else the backend's name
+    and words (``"native-w8a8: int8 weights and int8 activations in our C forward"``): a
+    target loaded in float32 and raced on native-w8a8 is not a float32 race."""
+    dtype = str(target.dtype).replace("torch.", "")
+    backend = getattr(target, "backend", "transformers") or "transformers"
+    if backend == "transformers":
+        library = "torchao" if target.quantization in ("int4", "int8") else "bitsandbytes"
+        return (f"{target.quantization} {library} weights, rest {dtype}," if target.quantization
+                else dtype)
+    return f"{backend}: {BACKEND_WORDS.get(backend, 'its own forward')}, loaded from {dtype}"
+
+
+def loaded_backend(preset_name: str | None) -> str | None:
+    """``runs_on`` of the preset's target when it is loaded (never loads), else None."""
+    p = _pairing(preset_name)
+    plain = CACHE.loaded(p["target"], "none", p["dtype"], p["quantization"])
+    return runs_on(plain.target) if plain is not None else None
+
+
 def model_status(preset_name: str | None, draft: str | None) -> str:
     """Which models of this pairing are loaded (never loads)."""
     p = _pairing(preset_name)
@@ -100,11 +131,7 @@ def model_status(preset_name: str | None, draft: str | None) -> str:
                 and not _READY.is_set() else "loads on first Send or with Load")
         return f"Models: `{p['target']}` not loaded yet ({when})."
     t = plain.target
-    dtype = str(t.dtype).replace('torch.', '')
-    library = "torchao" if t.quantization in ("int4", "int8") else "bitsandbytes"
-    weights = (f"{t.quantization} {library} weights, rest {dtype}," if t.quantization
-               else dtype)
-    line = f"Models: `{t.spec}` loaded ({weights} on {t.device}, {t.load_s:.1f} s)"
+    line = f"Models: `{t.spec}` loaded ({runs_on(t)} on {t.device}, {t.load_s:.1f} s)"
     offloaded = getattr(t, "offloaded_layers", {})
     if offloaded:
         line += (f" - {len(offloaded)} of its modules offloaded to "

@@ -212,6 +212,24 @@ def target_lossless_expectation(target) -> tuple[bool, str | None]:
     return lossless_expectation(dtype, getattr(target, "quantization", None))
 
 
+def self_draft_kv(target):
+    """The KV cache ``--draft self`` drafts with on ``target``'s backend: a second cache of the
+    same forward (``ggml_backend.target_kv``) on the ``int8`` and native backends, or None where
+    the drafter keeps the transformers model (``transformers``: it is the target's forward;
+    ``ggml``: a second llama.cpp context would double its memory).
+
+    On the native and int8 backends a token's numbers do not depend on the forward's width, so
+    drafting with the target's own forward proposes exactly the target's greedy tokens (100%
+    acceptance at temperature 0). Drafting with the float32 transformers model instead proposes
+    that model's tokens: on ``native-w8a8`` (int8 activations) 11 of 16 drafts were accepted on
+    "Say hi", output still identical to plain."""
+    from ..models.native_backend import BACKENDS as NATIVE_BACKENDS
+    from ..models.ggml_backend import target_kv
+    if getattr(target, "backend", "transformers") in ("int8", *NATIVE_BACKENDS):
+        return target_kv(target)
+    return None
+
+
 FORWARD_COSTS_ATTR = "_specdemo_forward_s"  # the table, kept on the target model
 
 
@@ -242,11 +260,16 @@ class Pipeline:
     def new_drafter(self):
         """A fresh drafter of this pipeline (None for ``none``): ``make_drafter``'s, with the
         EAGLE-3 head's steps in C when the target runs on the native backend
-        (``native_backend.head_stepper``)."""
+        (``native_backend.head_stepper``), and ``self`` drafting through a second cache of the
+        target's own backend (:func:`self_draft_kv`)."""
         drafter = make_drafter(self.draft_spec, self.target.model, self.target.vocab_size,
                                self.draft_source)
         from ..models.native_backend import head_stepper
         head_stepper(drafter, self.target)  # only on the native backends
+        if self.draft_spec == "self":
+            own = self_draft_kv(self.target)
+            if own is not None:
+                drafter.kv = own
         return drafter
 
     def forward_costs(self) -> dict[int, float]:

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from ..core.kv import Cancelled, prefill_progress, stop_on, warm_prefix
 from ..core.machine import ACTIVE_RACES
 from .startup import GUESS_S, STEPS, prepare_timed
 from ..core.stats import DecodeStats, RaceExplanation, explain, speedup
@@ -121,6 +122,28 @@ class LaneRecord:
     error: str | None = None
     steps: list[Step] = field(default_factory=list)
     tokenizer: object = None
+    prefill: PrefillProgress | None = None
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """How far a lane's prefill of a long prompt (more than one chunk, ``core.kv``) is.
+
+    Attributes:
+        fed: prompt tokens fed so far; total: the prompt's tokens.
+        elapsed_s: seconds since the prefill's first chunk started.
+    """
+
+    fed: int
+    total: int
+    elapsed_s: float
+
+    @property
+    def left_s(self) -> float | None:
+        """Seconds left at the rate of the chunks fed so far (None before the first is done)."""
+        if self.fed <= 0 or self.elapsed_s <= 0:
+            return None
+        return (self.total - self.fed) * self.elapsed_s / self.fed
 
 
 @dataclass(frozen=True)
@@ -132,6 +155,7 @@ class PaneView:
         stats: the latest stats snapshot, None before the first token.
         steps_shown: how many recorded steps this view includes.
         timeline: (seconds since the decode started, new tokens so far) per step shown.
+        prefill: while the lane prefills a long prompt, how far it is; else None.
     """
 
     name: str
@@ -143,6 +167,7 @@ class PaneView:
     stats: DecodeStats | None
     steps_shown: int
     timeline: tuple[tuple[float, int], ...] = ()
+    prefill: PrefillProgress | None = None
 
     @property
     def finished(self) -> bool:
@@ -363,8 +388,11 @@ class Race:
         """Prepare every lane before the first one is timed: its prompt's token ids, and every
         one-time cost of a decode in its mode (``startup.prepare_timed``: warm-up of each
         forward width and of the drafter, ``auto``'s forward-cost table), so that none of it
-        runs between the lanes or inside either clock. A lane whose prompt or preparation fails
-        gets the error (the others still run). Returns {lane name: prompt ids} for the others."""
+        runs between the lanes or inside either clock. A long prompt is warmed over its first
+        ``core.kv.warm_prefix`` tokens (every chunk width its prefill uses), not prefilled whole
+        once more; Stop ends the warm-up between two chunks. A lane whose prompt or preparation
+        fails gets the error (the others still run). Returns {lane name: prompt ids} for the
+        others."""
         ids: dict[str, list[int]] = {}
         for lane in self.lanes:
             record, pipe = self.records[lane.name], pipes[lane.name]
@@ -373,7 +401,15 @@ class Race:
             try:
                 ids[lane.name] = pipe.prompt_ids(lane.messages, self.system)
                 if not getattr(pipe, "is_endpoint", False):  # a server lane: nothing to warm here
-                    prepare_timed(pipe, lane.speculative, self.settings.draft_length, ids[lane.name])
+                    prompt = ids[lane.name]
+                    with stop_on(self.cancel):
+                        prepare_timed(pipe, lane.speculative, self.settings.draft_length,
+                                      prompt[:warm_prefix(len(prompt))])
+                    reserve = getattr(pipe.kv, "reserve", None)  # a static cache: sized now
+                    if reserve is not None:
+                        reserve(len(prompt) + 1)
+            except Cancelled:  # Stop during the warm-up: the lanes are skipped
+                break
             except Exception as exc:  # kept in this lane
                 ids.pop(lane.name, None)
                 record.status, record.error = ERROR, describe_error(exc)
@@ -387,20 +423,33 @@ class Race:
         if self.cancel.is_set() or ids is None:
             record.status, record.error = SKIPPED, "stopped before this run started"
             return
+        started = [0.0]
+
+        def progress(fed: int, total: int) -> None:  # a long prefill's chunks (core.kv)
+            if not record.steps:  # the target's prefill, not a draft model's catch-up
+                if fed == 0:
+                    started[0] = time.perf_counter()
+                record.prefill = PrefillProgress(fed, total, time.perf_counter() - started[0])
+                self._notify()
+
         try:
             gc.collect()  # garbage of the loads and of earlier lanes: collected outside the clock
             events = pipe.stream(ids, self.settings, lane.speculative, self.cancel)
             record.status = RUNNING
             self._notify()
-            for event in events:  # nothing slow in this loop: the engine's clock is running
-                record.steps.append(Step(event.stats.elapsed_s, tuple(event.token_ids),
-                                         tuple(event.from_draft), event.text, event.stats))
-                self._notify()
+            with prefill_progress(progress):  # the generator runs on this thread
+                for event in events:  # nothing slow in this loop: the engine's clock is running
+                    record.prefill = None
+                    record.steps.append(Step(event.stats.elapsed_s, tuple(event.token_ids),
+                                             tuple(event.from_draft), event.text, event.stats))
+                    self._notify()
             last = record.steps[-1].stats if record.steps else None
             record.status = STOPPED if last and last.finish_reason == "cancelled" else DONE
         except Exception as exc:  # kept in this lane; the other lanes still run
             record.status, record.error = ERROR, describe_error(exc)
             _free_device_memory()
+        finally:
+            record.prefill = None
 
     def _work(self) -> None:
         try:
@@ -471,7 +520,8 @@ class Race:
         return PaneView(record.name, status or record.status, record.error,
                         "".join(s.text for s in steps), ids, tokens,
                         steps[-1].stats if steps else None, len(steps),
-                        tuple((s.t_s, s.stats.new_tokens) for s in steps))
+                        tuple((s.t_s, s.stats.new_tokens) for s in steps),
+                        record.prefill if upto is None else None)
 
     def _snapshot(self, views: dict[str, PaneView], phase: str, clock_s: float | None = None) -> RaceSnapshot:
         from .pipeline import output_divergence, race_warnings

@@ -339,8 +339,10 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi", *,
         prompt_ids: the token ids the timed decode will be given.
     Raises:
         ValueError: the prompt does not fit the target's context (``Pipeline.check_length``).
+        core.kv.Cancelled: inside ``core.kv.stop_on``, Stop ended the warm-up decode.
     """
     from ..core.drafters import wants_features  # deferred: imports torch
+    from ..core.kv import Cancelled, stop_requested
     from ..core.drafters.draft_model import ModelDrafter
     from .pipeline import DecodeSettings
     speculative = speculative and pipe.draft_spec != "none"
@@ -373,6 +375,8 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi", *,
                                       draft_length=max(k, 1))
             for _ in pipe.stream(ids, settings, speculative):
                 pass
+            if stop_requested():  # Stop (kv.stop_on) ended it: nothing more, nothing marked
+                raise Cancelled()
         if todo_widths:
             _forward_widths(pipe.kv, todo_widths, layers, ids[:8])
         if todo_draft:
