@@ -112,3 +112,16 @@ def test_shipped_shards_answer_training_prompts_only():
     answers, notes = shards.read_all(shards.SHARDS_DIR, target="builtin:smollm2-135m")
     assert notes == [] and answers
     assert {split_of.get(a["key"], "missing") for a in answers} == {"train"}
+
+
+def test_a_batch_never_mixes_greedy_and_sampled_answers(tmp_path):
+    """Batches split at the change of answer index: with 3 prompts, 2 answers each and batches
+    of 4, the first batch once held answer 1 of prompt 0 and generated it greedily (its first
+    row decides), writing a copy of answer 0 labelled answer 1."""
+    model = tiny_llama(seed=3, layers=2)
+    target = LoadedModel("tiny-llama", model, CharTokenizer(), torch.device("cpu"), torch.float32, 0.0, "test")
+    data.generate_answers(target, _rows(3), tmp_path, answers_per_prompt=2, temperature=0.7,
+                          max_new_tokens=6, batch_size=4)
+    answers = data.load_answers(tmp_path)
+    assert sorted((r["answer_index"], r["temperature"]) for r in answers) == \
+        [(0, 0.0)] * 3 + [(1, 0.7)] * 3

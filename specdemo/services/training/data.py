@@ -8,6 +8,7 @@ the output folder and skip what is there, so an interrupted run resumes where it
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
@@ -93,13 +94,16 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
     todo.sort(key=lambda ia: (ia[1], len(prompts[ia[0]])))  # similar lengths batch together
     bar = tqdm(total=len(todo), desc="generating answers", unit="answer")
     began = time.perf_counter()
+    # a batch holds one answer index only: its first row decides greedy or sampled for all of them
+    groups = [[ia for ia in todo if ia[1] == a] for a in sorted({a for _, a in todo})]
+    chunks = [g[s:s + batch_size] for g in groups for s in range(0, len(g), batch_size)]
+    starts = itertools.accumulate(map(len, chunks), initial=0)  # answers before each batch
     with _append(path) as out:
-        for start in range(0, len(todo), batch_size):
+        for batch, start in zip(chunks, starts):
             if budget_s is not None and time.perf_counter() - began > budget_s:
                 bar.write(f"generation budget of {budget_s:.0f} s spent: training on the "
                           f"{len(done) + start} answers generated so far")
                 break
-            batch = todo[start:start + batch_size]
             width = max(len(prompts[i]) for i, _ in batch)
             ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i, _ in batch])
             mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i])
