@@ -13,7 +13,7 @@ races' own range (on this 2-core machine, quiet, one race's speedup of one promp
 (the app's own rule: such a speedup is not reliable). What is warmed before the clocks is tested
 in tests/test_warmup.py.
 
-    python scripts/first_race.py [--max-new-tokens 64] [--races 4] [--json]
+    python scripts/first_race.py [--max-new-tokens 64] [--races 4] [--prompt TEXT] [--backend auto] [--json]
 """
 
 import argparse
@@ -42,11 +42,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--races", type=int, default=4, help="races of the prompt, first included (>= 2)")
+    parser.add_argument("--prompt", default=PROMPT, help="the prompt every race sends (default: a sentence to repeat)")
+    parser.add_argument("--backend", default="auto", help="the targets' forward backend, as app.py's --backend (default auto)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from gradio_client import Client
 
     from specdemo.interfaces import ui, ui_state
+    ui_state.CACHE.backend = args.backend  # what app.py sets from its --backend
     port = free_port()
     demo = ui.build_ui()
     ui.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True)
@@ -57,7 +60,7 @@ def main() -> int:
             return 2
         threading.Thread(target=ui.check_drafts, args=(preset, None), daemon=True).start()
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        races = [client.predict(api_name="/race", prompt=PROMPT, max_new_tokens=args.max_new_tokens)
+        races = [client.predict(api_name="/race", prompt=args.prompt, max_new_tokens=args.max_new_tokens)
                  for _ in range(max(2, args.races))]
     finally:
         demo.close()
