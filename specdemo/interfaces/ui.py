@@ -483,7 +483,7 @@ def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
             label="tokens generated against seconds, per lane", show_label=False)
         acceptance_chart = gr.BarPlot(
             acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
-            title="Speculative: acceptance per draft position, given the earlier ones",
+            title="Acceptance per draft position",
             x_title="draft position (accepted / verified)", y_title="acceptance",
             tooltip=["accepted", "rounds"], height=260,
             elem_id="acceptance-chart", scale=2, show_label=False,
