@@ -4,7 +4,7 @@ Runs ``python -m specdemo compare --preset <default> --json`` (auto backend, aut
 ``--repeats`` times per prompt and prints one JSON object: per prompt the median speedup, the
 speedups seen, mean acceptance length, whether the outputs were identical, and the machine.
 
-    python scripts/race_default_pairing.py --repeats 3 --out /tmp/race-default.json
+    python scripts/race_default_pairing.py --repeats 3 --out race-default.json
 """
 from __future__ import annotations
 

@@ -260,7 +260,7 @@ def test_cold_start_explains_itself_then_races(tmp_path):
         assert css(driver, "#spec-stats [data-metric='draft_length']").text.startswith("auto")
         WebDriverWait(driver, 30).until(lambda d: lines_drawn(d, "race-chart") == 2)
         assert css(driver, "#race-chart").text.count("The race: tokens generated over time") == 1
-        assert "acceptance per draft position" in css(driver, "#acceptance-chart").text
+        assert "acceptance per draft position" in css(driver, "#acceptance-chart").text.lower()
         WebDriverWait(driver, 120).until(
             lambda d: 'data-state="ready"' in css(d, "#startup").get_attribute("innerHTML"))
         whole_page_screenshot(driver, COLD_SCREENSHOTS[1])
