@@ -4,6 +4,7 @@ only what the confidence says is worth it (policy.AdaptiveDraftLength.more / lim
 import pytest
 import torch
 
+from specdemo.core import engine
 from specdemo.core.drafters.base import DraftSampler, Proposal
 from specdemo.core.engine import generate
 from specdemo.core.kv import KVModel
@@ -70,13 +71,37 @@ class _Oracle:
         pass
 
 
-def test_engine_verifies_the_sure_tokens_and_stays_lossless():
+class _Clock:
+    """A fake ``time`` for the engine: a target forward over n tokens takes ``costs[n]``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _TimedKV(KVModel):
+    def __init__(self, model, clock: _Clock, costs: dict[int, float]) -> None:
+        super().__init__(model)
+        self.clock, self.costs = clock, costs
+
+    def _run(self, ids, keep, layers):
+        self.clock.now += self.costs[min(len(ids), max(self.costs))]
+        return super()._run(ids, keep, layers)
+
+
+def test_engine_verifies_the_sure_tokens_and_stays_lossless(monkeypatch):
+    # forward times on a fake clock: on the real one a busy machine's noise made wide forwards
+    # look as cheap as narrow ones, and the drafter was let on past its doubtful token
+    clock = _Clock()
+    monkeypatch.setattr(engine, "time", clock)
+    costs = {n: 0.010 + 0.001 * n for n in range(1, 18)}
     target = tiny_llama(seed=5, layers=2)
-    tok, kv = CharTokenizer(), KVModel(target)
+    tok, kv = CharTokenizer(), _TimedKV(target, clock, costs)
     prompt = tok.encode("made visible")
     plain = generate(kv, prompt, tok, max_new_tokens=40)
     drafter = _Oracle(plain.token_ids[1:], len(prompt) + 1)
-    costs = {n: 0.010 + 0.001 * n for n in range(1, 18)}
     spec = generate(kv, prompt, tok, drafter=drafter,
                     policy=AdaptiveDraftLength(forward_s=costs, use_confidence=True),
                     max_new_tokens=40)

@@ -158,6 +158,26 @@ def test_probes_are_spaced_by_their_expected_loss():
     assert flat.probe_wait(1) == 8
 
 
+def test_unverified_positions_follow_the_deepest_measured_one():
+    """A further token costs 0.3 steps. A drafter accepted at every verified position, verified
+    only one token deep so far: positions 2.. are expected to do as well (not the prior 0.6), so
+    auto tries a long draft and measures it; one accepted 20% of the time is not expected to do
+    better deeper. A position measured keeps its own figure."""
+    costs = {n: 1.0 + 0.3 * (n - 1) for n in range(1, 18)}
+    good = AdaptiveDraftLength(forward_s=costs)
+    assert good.best()[0] <= 3  # on the prior alone
+    for _ in range(20):
+        good.update(2, costs[2], 1, 1, 0.0)
+    assert good.acceptance[1] == good.acceptance[0] > 0.9
+    assert good.best()[0] >= 6
+    poor = AdaptiveDraftLength(forward_s=costs)
+    for i in range(20):
+        poor.update(2, costs[2], 1, int(i % 5 == 0), 0.0)
+    assert poor.acceptance[1] == poor.acceptance[0] < 0.5 and poor.best()[0] <= 1
+    good.update(3, costs[3], 2, 1, 0.0)  # position 2 verified once, rejected
+    assert good.acceptance[1] < 0.9 and good.acceptance[2] == good.acceptance[1]
+
+
 # -- why a race won or lost (stats.explain): figures from a known cost table -------------------
 
 from specdemo.core.policy import FixedDraftLength  # noqa: E402

@@ -6,7 +6,8 @@ The adaptive rule picks, each round, the k that maximises expected new tokens pe
                                                              per-position acceptance a_j)
     cost(k)       = t_forward(k + 1) + k * t_draft
 
-where a_j is a running estimate of P(draft token j accepted | tokens before it were),
+where a_j is a running estimate of P(draft token j accepted | tokens before it were) (a position
+never verified yet takes the estimate of the deepest one verified before it, else the prior),
 t_forward(n) the measured time of a target forward over n tokens, and t_draft the measured time
 per drafted token. k = 0 is a plain step (E = 1, cost = t_forward(1)), so speculation is chosen
 only when it is expected to pay. On a GPU t_forward is nearly flat in n, so long drafts win; on
@@ -377,6 +378,21 @@ class AdaptiveDraftLength:
                 self._observe(stats, j, j < n_accepted)
                 if confidence is not None and j < len(confidence):
                     stats.calibration.observe(confidence[j], j < n_accepted)
+            self._extend_unseen(stats)
+
+    @staticmethod
+    def _extend_unseen(stats: _SourceStats) -> None:
+        """Give each position never verified yet the estimate of the deepest one verified before
+        it, instead of the fixed prior: a drafter accepted 90% at position 1 is expected to do
+        about as well at position 2 until position 2 is measured (were it left at the prior, a
+        short draft chosen on the prior would never verify the deeper positions that could show
+        a longer one pays); a drafter accepted 30% is not expected to do better deeper."""
+        last = None
+        for i, n in enumerate(stats.seen):
+            if n:
+                last = stats.acceptance[i]
+            elif last is not None:
+                stats.acceptance[i] = last
 
 
 def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3,
