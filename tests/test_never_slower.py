@@ -217,8 +217,8 @@ def test_explanation_figures_from_a_known_cost_table(target, answer, wrong, monk
     assert figures["projected_speedup_free_verification"] == pytest.approx(tokens / (1 + 0.1 * k))
     if not wrong:
         line = explanation_text(e)
-        assert line == ("Verifying 4 drafts a round cost 3.00 one-token steps here and drafting "
-                        "0.40, so breaking even takes a mean acceptance length of 3.40; this run "
+        assert line == ("Verifying 4.0 draft tokens a round on average cost 3.00 one-token "
+                        "steps here and drafting them 0.40, so breaking even takes a mean acceptance length of 3.40; this run "
                         "got 5.00. Projection, not measured: where verifying costs one step (a "
                         "GPU, Apple silicon), the same acceptance would give 3.57× "
                         "(5.00 / (1 + 0.40)).")
@@ -232,7 +232,11 @@ def test_explanation_of_a_race_that_drafted_nothing(target, answer, monkeypatch)
     spec.drafted = spec.draft_length_sum = 0  # the probe left out: a run without drafts
     e = explain(plain, spec)
     assert e.mean_draft_length == 0 and e.mean_acceptance_length == 1.0
-    assert explanation_text(e).startswith("No drafts verified: none was expected to pay here")
+    line = explanation_text(e)
+    assert line.startswith("No draft tokens were verified: the draft-length rule judged that "
+                           "none would save time here, so every round was a plain one-token "
+                           "step, costing ")
+    assert "expected to pay" not in line and "drafts a round" not in line
     assert explain(plain, None) is None and explain(type(plain)(), spec) is None
 
 

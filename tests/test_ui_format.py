@@ -136,3 +136,19 @@ def test_chart_ticks_are_plain_numbers():
     assert race_chart.x_axis_format == race_chart.y_axis_format == AXIS_FORMAT
     # the acceptance axis title fits its 260-pixel axis (it was cut after ~30 characters)
     assert len(acceptance_chart.y_title) <= 20 and "accepted / verified" in acceptance_chart.x_title
+
+
+def test_the_why_line_of_an_auto_race_is_an_average_in_plain_words():
+    """An auto race that verified one draft token a round on average: the line says "1.0 draft
+    token a round on average" (singular, an average), never "1 drafts a round"."""
+    from specdemo.core.stats import RaceExplanation
+    from specdemo.interfaces.ui_format import explanation_text
+    e = RaceExplanation(step_s=0.01, mean_draft_length=1.0, verify_cost_steps=1.1,
+                        draft_cost_steps=0.05, break_even_mean_acceptance_length=1.15,
+                        mean_acceptance_length=1.6, modelled_speedup=1.6 / 1.15,
+                        projected_speedup_free_verification=1.6 / 1.05)
+    line = explanation_text(e)
+    assert line.startswith("Verifying 1.0 draft token a round on average cost 1.10 one-token "
+                           "steps here and drafting them 0.05, so breaking even takes a mean "
+                           "acceptance length of 1.15; this run got 1.60.")
+    assert "drafts a round" not in line

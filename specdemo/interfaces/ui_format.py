@@ -257,13 +257,15 @@ def explanation_text(e) -> str:
     verifying and drafting cost here in one-token steps, the mean acceptance length that breaks
     even and the one this run got, and the projection where verifying costs one step."""
     if e.mean_draft_length == 0:
-        return (f"No drafts verified: none was expected to pay here, so every round was a "
-                f"plain step, at {e.break_even_mean_acceptance_length:.2f} of the plain run's "
-                f"steps (forward {e.verify_cost_steps:.2f}, deciding {e.draft_cost_steps:.2f}).")
-    drafts = (f"{e.mean_draft_length:.0f} drafts a round" if e.mean_draft_length.is_integer()
-              else f"{e.mean_draft_length:.1f} drafts a round on average")
+        return (f"No draft tokens were verified: the draft-length rule judged that none would "
+                f"save time here, so every round was a plain one-token step, costing "
+                f"{e.break_even_mean_acceptance_length:.2f} plain steps (the forward "
+                f"{e.verify_cost_steps:.2f}, choosing the draft length "
+                f"{e.draft_cost_steps:.2f}).")
+    k = f"{e.mean_draft_length:.1f}"  # an average: a run's last rounds draft fewer
+    drafts = f"{k} draft token{'' if k == '1.0' else 's'} a round on average"
     return (f"Verifying {drafts} cost {e.verify_cost_steps:.2f} one-token steps "
-            f"here and drafting {e.draft_cost_steps:.2f}, so breaking even takes a mean "
+            f"here and drafting them {e.draft_cost_steps:.2f}, so breaking even takes a mean "
             f"acceptance length of {e.break_even_mean_acceptance_length:.2f}; this run got "
             f"{e.mean_acceptance_length:.2f}. Projection, not measured: where verifying costs "
             f"one step (a GPU, Apple silicon), the same acceptance would give "
