@@ -103,13 +103,25 @@ def walk(hits, n_prompt, n, k):
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("heads", nargs="+")
-    ap.add_argument("--tasks", default="chat,code,maths,chinese")
-    ap.add_argument("--per-task", type=int, default=12)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--cache", default=None, help="JSON file of the greedy answers (reused)")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("heads", nargs="+",
+                    help="EAGLE-3 heads to measure: a head folder or a builtin:NAME drafter, each "
+                         "for the builtin:smollm2-135m target")
+    ap.add_argument("--tasks", default="chat,code,maths,chinese",
+                    help="comma-separated tasks of the held-out split to measure "
+                         "(default: %(default)s)")
+    ap.add_argument("--per-task", type=int, default=12,
+                    help="held-out prompts per task, the first N of the split (default: "
+                         "%(default)s)")
+    ap.add_argument("--k", type=int, default=4,
+                    help="draft length: tokens each head drafts a round (default: %(default)s)")
+    ap.add_argument("--max-new-tokens", type=int, default=96,
+                    help="tokens of the target's greedy answer per prompt (default: "
+                         "%(default)s)")
+    ap.add_argument("--cache", default=None,
+                    help="JSON file of the greedy answers: read if present, written after "
+                         "generating (default: not cached)")
+    ap.add_argument("--json", default=None,
+                    help="write the per-head, per-task results to this JSON file")
     args = ap.parse_args(argv)
     torch.set_grad_enabled(False)
     target = load_model("builtin:smollm2-135m", "cpu", "float32")

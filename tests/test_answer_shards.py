@@ -125,3 +125,38 @@ def test_a_batch_never_mixes_greedy_and_sampled_answers(tmp_path):
     answers = data.load_answers(tmp_path)
     assert sorted((r["answer_index"], r["temperature"]) for r in answers) == \
         [(0, 0.0)] * 3 + [(1, 0.7)] * 3
+
+
+def test_the_shard_summary_command_has_help_and_refuses_a_missing_folder(tmp_path, capsys):
+    """``python -m specdemo.services.training.shards --help`` prints a help text (it once took
+    ``--help`` for a folder); a folder that is not there is one sentence, no traceback."""
+    with pytest.raises(SystemExit) as done:
+        shards.main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: python -m specdemo.services.training.shards" in out and "shard folder" in out
+    with pytest.raises(SystemExit) as done:
+        shards.main([str(tmp_path / "absent")])
+    assert done.value.code == 2 and "is not a folder" in capsys.readouterr().err
+    tok = CharTokenizer()
+    rows = _rows(2)
+    shards.write_shards(tmp_path, _answer_rows(rows, tok), rows, {"target": "t"})
+    assert shards.main([str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["answers"] == 4
+
+
+def test_heldout_acceptance_options_all_have_help():
+    """Every option of ``scripts/heldout_acceptance.py`` says what it is in ``--help``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "heldout_acceptance.py"
+    out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    for option, words in (("heads", "EAGLE-3 heads"), ("--tasks", "comma-separated tasks"),
+                          ("--per-task", "held-out prompts per task"), ("--k", "draft length"),
+                          ("--max-new-tokens", "greedy answer"), ("--cache", "greedy answers"),
+                          ("--json", "JSON file")):
+        assert option in text and words in text, option

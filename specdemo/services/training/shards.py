@@ -177,6 +177,23 @@ def summary(directory: Path = SHARDS_DIR) -> dict:
             "bytes": sum(p.stat().st_size for p in paths), "targets": sorted(t for t in targets if t)}
 
 
-if __name__ == "__main__":  # python -m specdemo.services.training.shards [DIR]
-    import sys
-    print(json.dumps(summary(Path(sys.argv[1]) if len(sys.argv) > 1 else SHARDS_DIR), indent=1))
+def main(argv: list[str] | None = None) -> int:
+    """``python -m specdemo.services.training.shards [DIR]``: print :func:`summary` of DIR as
+    JSON. Returns the exit status (0)."""
+    import argparse
+    ap = argparse.ArgumentParser(
+        prog="python -m specdemo.services.training.shards",
+        description="Summarise a folder of answer shards (the target's answers that train-draft "
+                    "--answers-dir reads): shards, answers, answer tokens, bytes and targets, "
+                    "as JSON.")
+    ap.add_argument("directory", nargs="?", type=Path, default=SHARDS_DIR,
+                    help="the shard folder (default: assets/train/answers in the checkout)")
+    args = ap.parse_args(argv)
+    if not args.directory.is_dir():
+        ap.error(f"{args.directory} is not a folder")
+    print(json.dumps(summary(args.directory), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
