@@ -87,13 +87,13 @@ def test_generation_resumes_from_shards_and_packs_only_what_is_new(tmp_path, mon
     rows = _rows(6)
     shard_dir, out1, out2 = tmp_path / "answers", tmp_path / "run1", tmp_path / "run2"
     args = SimpleNamespace(answers_dir=shard_dir, target="tiny-llama")
-    recipe = SimpleNamespace(max_new_tokens=6)
+    recipe = SimpleNamespace(max_new_tokens=6, answers_per_prompt=1, temperature=0.7)
     out1.mkdir()
     data.generate_answers(target, rows[:4], out1, answers_per_prompt=1, max_new_tokens=6, batch_size=4)
     train_cli._answers_to_shards(args, target, rows, out1, recipe)
     assert shards.summary(shard_dir)["answers"] == 4
     out2.mkdir()
-    train_cli._answers_from_shards(args, target, rows, out2)
+    train_cli._answers_from_shards(args, target, rows, out2, recipe)
     first = data.load_answers(out2)
     assert sorted(r["prompt_index"] for r in first) == [0, 1, 2, 3]
     assert {json.dumps(r["ids"]) for r in first} == {json.dumps(r["ids"]) for r in data.load_answers(out1)}
@@ -160,3 +160,75 @@ def test_heldout_acceptance_options_all_have_help():
                           ("--max-new-tokens", "greedy answer"), ("--cache", "greedy answers"),
                           ("--json", "JSON file")):
         assert option in text and words in text, option
+
+
+def _shard_run(tmp_path, answers_per_prompt=1, temperature=0.7, max_new_tokens=8):
+    """Greedy (and sampled) answers of a tiny target generated at ``max_new_tokens`` and packed
+    into shards, as ``train-draft --answers-dir`` leaves them."""
+    from types import SimpleNamespace
+    from specdemo.interfaces import train_cli
+    model = tiny_llama(seed=3, layers=2)
+    target = LoadedModel("tiny-llama", model, CharTokenizer(), torch.device("cpu"), torch.float32, 0.0, "test")
+    rows = _rows(3)
+    first = tmp_path / "first"
+    first.mkdir()
+    data.generate_answers(target, rows, first, answers_per_prompt=answers_per_prompt,
+                          temperature=temperature, max_new_tokens=max_new_tokens, batch_size=4)
+    args = SimpleNamespace(answers_dir=tmp_path / "answers", target="tiny-llama")
+    train_cli._answers_to_shards(args, target, rows, first, SimpleNamespace(max_new_tokens=max_new_tokens))
+    return train_cli, target, rows, args
+
+
+def test_shard_answers_are_cut_to_a_shorter_max_tokens_and_equal_greedy_generation(tmp_path, capsys):
+    """Shards of 8-token greedy answers used by a run of ``--max-tokens 3``: each answer is cut
+    to 3 tokens, which is exactly what generating 3 greedy tokens gives, and the run says so."""
+    from types import SimpleNamespace
+    train_cli, target, rows, args = _shard_run(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    capsys.readouterr()
+    recipe = SimpleNamespace(max_new_tokens=3, answers_per_prompt=1, temperature=0.7)
+    train_cli._answers_from_shards(args, target, rows, out, recipe)
+    assert "answers cut to --max-tokens 3" in capsys.readouterr().err
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    data.generate_answers(target, rows, fresh, answers_per_prompt=1, max_new_tokens=3, batch_size=4)
+    got = {r["prompt_index"]: r["ids"] for r in data.load_answers(out)}
+    want = {r["prompt_index"]: r["ids"] for r in data.load_answers(fresh)}
+    assert got == want and all(len(ids) - r["n_prompt"] <= 3
+                               for r, ids in zip(data.load_answers(out), got.values()))
+
+
+def test_shards_of_a_shorter_max_tokens_or_another_temperature_are_refused(tmp_path, capsys):
+    """A run wanting longer answers than the shards hold, or sampling answer 1 at another
+    temperature than the shards', stops with one sentence (exit status 2, no traceback)."""
+    from types import SimpleNamespace
+    train_cli, target, rows, args = _shard_run(tmp_path, answers_per_prompt=2, temperature=0.7,
+                                               max_new_tokens=4)
+    out = tmp_path / "run"
+    out.mkdir()
+    capsys.readouterr()  # the generation's bar
+    for recipe, words in ((SimpleNamespace(max_new_tokens=9, answers_per_prompt=2, temperature=0.7),
+                           "holds answers of at most 4 tokens, fewer than this run's --max-tokens 9"),
+                          (SimpleNamespace(max_new_tokens=4, answers_per_prompt=2, temperature=1.1),
+                           "generated at temperature 0.7, but this run generates answer 1 at 1.1")):
+        with pytest.raises(SystemExit) as done:
+            train_cli._answers_from_shards(args, target, rows, out, recipe)
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and words in err and err.count("\n") == 1, err
+        assert not (out / data.ANSWERS).exists()
+    # answer 1 left out (one answer a prompt wanted): its temperature does not matter
+    recipe = SimpleNamespace(max_new_tokens=4, answers_per_prompt=1, temperature=1.1)
+    train_cli._answers_from_shards(args, target, rows, out, recipe)
+    assert sorted(r["answer_index"] for r in data.load_answers(out)) == [0, 0, 0]
+
+
+def test_nothing_left_to_generate_is_one_line_not_an_empty_bar(tmp_path, capsys):
+    """Every answer already there: one line says so, no progress bar is drawn."""
+    model = tiny_llama(seed=3, layers=2)
+    target = LoadedModel("tiny-llama", model, CharTokenizer(), torch.device("cpu"), torch.float32, 0.0, "test")
+    data.generate_answers(target, _rows(2), tmp_path, answers_per_prompt=1, max_new_tokens=3)
+    capsys.readouterr()
+    data.generate_answers(target, _rows(2), tmp_path, answers_per_prompt=1, max_new_tokens=3)
+    err = capsys.readouterr().err
+    assert err == "generating answers: nothing left to generate (2 answers already in answers.jsonl)\n"

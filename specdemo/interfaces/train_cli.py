@@ -316,7 +316,7 @@ def _train(args: argparse.Namespace) -> int:
     t0 = time.time()
     budget_s = None if args.generate_minutes is None else 60 * args.generate_minutes
     if args.answers_dir is not None and args.answers is None:
-        _answers_from_shards(args, target, train_rows, out)
+        _answers_from_shards(args, target, train_rows, out, recipe)
     if args.answers is not None:
         import filecmp
         import shutil
@@ -442,9 +442,56 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _answers_from_shards(args, target, train_rows: list[dict], out: Path) -> None:
+def _fit_shard_answers(answers: list[dict], recipe, directory) -> tuple[list[dict], int, int]:
+    """The shard answers (``shards.read_all``) this run's generation settings allow: answer
+    indices below ``--answers-per-prompt`` (the others dropped, counted), each cut to
+    ``--max-tokens`` (counted). Cutting is sound: decoding draws each token from the target
+    given the tokens before it, and the token limit does not enter, so an answer's first N
+    tokens are what generating N tokens gives (for a greedy answer the same tokens, for a
+    sampled one a sample at the same temperature).
+
+    Returns:
+        (answers, how many were cut, how many were dropped).
+    Raises:
+        SystemExit: one sentence (``decode_cli.fail``) when a shard's answer was generated at
+            another temperature than this run's for its index (answer 0 greedy, answer a > 0 at
+            ``--temperatures``), or with a smaller token limit than ``--max-tokens`` (or none
+            recorded): its answers may stop short of what this run would generate.
+    """
+    from .decode_cli import fail
+    temps = recipe.temperature if isinstance(recipe.temperature, (list, tuple)) \
+        else (recipe.temperature,)
+    limit = recipe.max_new_tokens
+    kept, cut, dropped = [], 0, 0
+    for a in answers:
+        index = a["answer_index"]
+        if index >= recipe.answers_per_prompt:
+            dropped += 1
+            continue
+        want = 0.0 if index == 0 else float(temps[(index - 1) % len(temps)])
+        if abs(a["temperature"] - want) > 1e-3:
+            fail(f"--answers-dir {directory}: {a['shard']} holds answer {index} of a prompt "
+                 f"generated at temperature {a['temperature']:g}, but this run generates answer "
+                 f"{index} at {want:g} (answer 0 greedy, the others at --temperatures): run "
+                 f"with the shards' temperatures or give another --answers-dir")
+        if a["max_new_tokens"] is None or a["max_new_tokens"] < limit:
+            had = ("does not record its --max-tokens" if a["max_new_tokens"] is None
+                   else f"holds answers of at most {a['max_new_tokens']} tokens")
+            fail(f"--answers-dir {directory}: {a['shard']} {had}, fewer than this run's "
+                 f"--max-tokens {limit} (its answers may stop short): run with --max-tokens "
+                 f"{a['max_new_tokens'] or 'N'} or less, or give another --answers-dir")
+        if len(a["answer"]) > limit:
+            a = {**a, "answer": a["answer"][:limit]}
+            cut += 1
+        kept.append(a)
+    return kept, cut, dropped
+
+
+def _answers_from_shards(args, target, train_rows: list[dict], out: Path, recipe) -> None:
     """Add the answers of ``--answers-dir``'s shards (this target's, for these prompts) to
-    ``out/answers.jsonl`` unless they are there, so that generation makes only what is missing."""
+    ``out/answers.jsonl`` unless they are there, so that generation makes only what is missing.
+    The shards must match the run's generation settings (:func:`_fit_shard_answers`: same
+    temperatures, a token limit at least ``--max-tokens``; longer answers are cut to it)."""
     from .decode_cli import fail
     from ..services.training import data, shards
     try:
@@ -453,6 +500,14 @@ def _answers_from_shards(args, target, train_rows: list[dict], out: Path) -> Non
         fail(str(exc))
     for note in notes:
         print(f"--answers-dir: skipped {note}", file=sys.stderr)
+    kept, cut, dropped = _fit_shard_answers(kept, recipe, args.answers_dir)
+    if cut:
+        print(f"--answers-dir: {cut} answers cut to --max-tokens {recipe.max_new_tokens} "
+              "(a greedy answer's first tokens are the shorter greedy answer; a sampled one's a "
+              "sample at the same temperature)", file=sys.stderr)
+    if dropped:
+        print(f"--answers-dir: {dropped} answers left out: their answer index is not below "
+              f"--answers-per-prompt {recipe.answers_per_prompt}", file=sys.stderr)
     rows, mismatched = shards.as_answer_rows(kept, train_rows,
                                              lambda r: data.chat_ids(target.tokenizer, r["prompt"], r.get("messages")))
     if mismatched:

@@ -37,6 +37,15 @@ def chat_ids(tokenizer, prompt: str, messages: list[dict] | None = None) -> list
     return tokenizer.encode(prompt)
 
 
+def _nothing_left(path: Path, done: set) -> bool:
+    """Print one line and return True when no answer is left to generate (instead of an empty
+    progress bar, which tqdm prints once when opened and once when closed)."""
+    import sys
+    print(f"generating answers: nothing left to generate ({len(done)} answers already in "
+          f"{path.name})", file=sys.stderr, flush=True)
+    return True
+
+
 def _done(path: Path) -> set[tuple[int, int]]:
     if not path.exists():
         return set()
@@ -90,6 +99,8 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
     pad = pad if pad is not None else min(target.eos_token_ids)
     eos = target.eos_token_ids
     todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
+    if not todo and _nothing_left(path, done):
+        return path
     prompts = {i: chat_ids(tok, rows[i]["prompt"], rows[i].get("messages")) for i, _ in todo}
     todo.sort(key=lambda ia: (ia[1], len(prompts[ia[0]])))  # similar lengths batch together
     bar = tqdm(total=len(todo), desc="generating answers", unit="answer")
@@ -151,13 +162,15 @@ def generate_answers_native(target, rows: list[dict], out_dir: Path, answers_per
     """
     from ...models import native_backend as nb
 
-    nmodel = nb.native_model(target, weights)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / ANSWERS
     done = _done(path)
+    todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
+    if not todo and _nothing_left(path, done):
+        return path
+    nmodel = nb.native_model(target, weights)
     eos = set(target.eos_token_ids)
     temps = temperature if isinstance(temperature, (list, tuple)) else (temperature,)
-    todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
     prompts = {i: chat_ids(target.tokenizer, rows[i]["prompt"], rows[i].get("messages")) for i, _ in todo}
     todo.sort(key=lambda ia: (ia[1], len(prompts[ia[0]])))
     todo.reverse()  # popped from the end: shortest first
@@ -237,6 +250,8 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
     path = out_dir / ANSWERS
     done = _done(path)
     todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
+    if not todo and _nothing_left(path, done):
+        return path
     temps = temperature if isinstance(temperature, (list, tuple)) else (temperature,)
     base = url.rstrip("/").removesuffix("/v1")
     client = httpx.Client(timeout=timeout_s)

@@ -82,7 +82,8 @@ def shard_paths(directory: Path) -> list[Path]:
 
 def read_all(directory: Path, target: str | None = None) -> tuple[list[dict], list[str]]:
     """Every answer in ``directory``'s shards, as dicts {"key", "answer_index", "temperature",
-    "n_prompt", "answer" (list of ids)}, and one note per shard skipped because another target
+    "n_prompt", "answer" (list of ids), "max_new_tokens" (the generation's token limit from the
+    shard's metadata, None where it does not say), "shard" (the file's name)}, and one note per shard skipped because another target
     wrote it (when ``target`` is given).
 
     Raises:
@@ -101,7 +102,9 @@ def read_all(directory: Path, target: str | None = None) -> tuple[list[dict], li
             answers.append({"key": str(key), "answer_index": int(shard["answer_index"][i]),
                             "temperature": round(float(shard["temperature"][i]), 4),
                             "n_prompt": int(shard["n_prompt"][i]),
-                            "answer": tokens[starts[i]:ends[i]].astype(np.int64).tolist()})
+                            "answer": tokens[starts[i]:ends[i]].astype(np.int64).tolist(),
+                            "max_new_tokens": shard["meta"].get("max_new_tokens"),
+                            "shard": path.name})
     return answers, notes
 
 
