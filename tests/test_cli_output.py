@@ -2,6 +2,7 @@
 given, run and compare say which draft length they used."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,23 @@ def test_gradios_pandas_warnings_are_not_printed_by_the_tests():
         Queue._get_df([{"a": 1.0}, {"a": None}])  # gradio's own call
         warnings.warn("an unrelated deprecation", DeprecationWarning)
     assert [str(w.message) for w in caught] == ["an unrelated deprecation"]
+
+
+def test_listing_presets_loads_no_weights(tmp_path):
+    """``presets`` reads preset files and the machine's memory: it imports no transformers, opens
+    no weights file and draws no "Loading weights" bar (a tester saw one)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, io, contextlib\n"
+            "import safetensors.torch as st\n"
+            "st.load_file = lambda *a, **k: sys.exit('a weights file was loaded')\n"
+            "from specdemo.interfaces.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert main(['presets']) == 0\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]" and "Loading weights" not in out.stderr

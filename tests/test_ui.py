@@ -141,7 +141,8 @@ def test_refused_draft_stops_the_race_before_either_pane_runs(client):
     assert result["speculative"]["status"] == "error"
     assert "cannot serve" in result["speculative"]["error"]
     assert "different tokenizers" in result["speculative"]["error"]
-    assert result["plain"]["status"] == "skipped" and "new_tokens" not in result["plain"]
+    assert result["plain"]["status"] == "skipped" and result["plain"]["new_tokens"] == 0
+    assert set(result["plain"]) == set(result["speculative"])  # the same keys in every lane
     assert result["plain"]["error"].startswith("not run: the speculative run cannot start")
 
 

@@ -287,6 +287,12 @@ def prepare_untimed(pipe, settings, ids, modes) -> None:
             prepare_timed(pipe, speculative, settings.draft_length, ids)
 
 
+def _backend(pipe) -> str:
+    """The forward backend ``pipe``'s target ran on (what ``--backend auto`` chose:
+    ``transformers``, ``ggml``, ``native-w8a8``, ...), for the JSON outputs."""
+    return getattr(pipe.target, "backend", "transformers")
+
+
 def cmd_run(args) -> int:
     resolve_decode_args(args)
     endpoints = _endpoints(args)
@@ -305,7 +311,8 @@ def cmd_run(args) -> int:
     from ..services.pipeline import result_dict  # deferred: imports torch
     layers = offloaded(pipe)
     if args.json:
-        print(json.dumps({**result_dict(result), "offloaded_layers": layers}))
+        print(json.dumps({**result_dict(result), "backend": _backend(pipe),
+                          "offloaded_layers": layers}))
     else:
         print()
         print(format_stats("result", result.stats, args.draft_length if args.draft != "none"
@@ -346,7 +353,7 @@ def run_endpoint(args, endpoints: dict) -> int:
         fail(str(exc))
     from ..services.pipeline import result_dict
     if args.json:
-        print(json.dumps(result_dict(result)))
+        print(json.dumps({**result_dict(result), "backend": None}))  # a server: see engine
     else:
         print()
         print(format_endpoint_stats(endpoint.label, result.stats))
@@ -388,7 +395,7 @@ def compare_endpoints(args, endpoints: dict) -> int:
     snap = race.snapshot()
     errors = [(name, v.error) for name, v in snap.panes.items() if v.status in ("error", "skipped")]
     if args.json:
-        print(json.dumps(snapshot_dict(snap)))
+        print(json.dumps(snapshot_dict(snap, race.settings.draft_length)))
     else:
         _print_race(args, snap, endpoints)
     for name, error in errors:
@@ -458,7 +465,8 @@ def cmd_compare(args) -> int:
         fail(str(exc))
     layers = offloaded(pipe)
     if args.json:
-        print(json.dumps({**comparison.as_dict(), "offloaded_layers": layers}))
+        print(json.dumps({**comparison.as_dict(), "backend": _backend(pipe),
+                          "offloaded_layers": layers}))
         return 0
     print("plain:\n" + comparison.plain.text + "\n")
     print(f"speculative ({args.draft}):\n" + comparison.speculative.text + "\n")

@@ -314,9 +314,11 @@ def clear():
             race_frame(None), acceptance_frame(None), new_conversation(), None)
 
 
-def _pane_dict(view: PaneView) -> dict:
-    """docs/design.md metric names plus text, token_ids, from_draft, status and error."""
-    return racing.pane_dict(view)
+def _pane_dict(view: PaneView, draft_length_setting: int | str | None = None) -> dict:
+    """docs/design.md metric names plus text, token_ids, from_draft, status, error and backend
+    (``race.pane_dict``: the same keys for a lane that did not run; ``draft_length`` "auto"
+    for the speculative lane under auto)."""
+    return racing.pane_dict(view, draft_length_setting)
 
 
 def _note(snap: RaceSnapshot) -> str | None:
@@ -353,9 +355,12 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         "explanation": why the speedup is what it is (``stats.RaceExplanation``'s figures, None
         when a run did not finish), "identical": bool, "first_divergence": i, "warnings": [...], "lossless_expected": bool or
         None, "lossless_note": why greedy outputs may differ in the target's precision or None,
-        "draft_length_setting": "auto" or k (the policy; a pane's ``draft_length`` is the k of
-        its last round only, ``mean_draft_length`` and ``draft_length_min``/``_max`` cover every
-        round)} with docs/design.md metric names; when a run was stopped or failed, ``speedup`` is None and
+        "draft_length_setting": "auto" or k (the policy; the speculative pane's ``draft_length``
+        is "auto" under auto, else the k of its last round; ``mean_draft_length`` and
+        ``draft_length_min``/``_max`` cover every round), "backend": the forward backend both
+        lanes ran on (what ``auto`` chose: ``ggml``, ``native-w8a8``, ...; each pane has its
+        own ``backend`` too, None for a server lane)} with docs/design.md metric names; every
+        pane has the same keys (a skipped one 0 or None where it did not run); when a run was stopped or failed, ``speedup`` is None and
         ``speedup_note`` says "not compared" and why (each pane's
         ``other_cpu_share``; ``warnings`` says when other processes used so much of the CPU
         during a run that the speedup is not reliable); a pane that failed has "error"
@@ -394,8 +399,10 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
                 race.cancel.set()
     finally:
         _forget_cancel(request, race.cancel)
-    return {PLAIN: _pane_dict(snap.panes[PLAIN]), SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE]),
-            "speedup": snap.speedup, "speedup_note": _note(snap),
+    k = settings.draft_length
+    return {PLAIN: _pane_dict(snap.panes[PLAIN], k),
+            SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE], k),
+            "backend": racing.snapshot_dict(snap)["backend"], "speedup": snap.speedup, "speedup_note": _note(snap),
             "explanation": snap.explanation.as_dict() if snap.explanation else None,
             "identical": snap.identical,
             "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,

@@ -114,6 +114,8 @@ class LaneRecord:
         steps: every engine event, in order.
         tokenizer: the target's tokenizer, once the pipeline is loaded (for token pieces).
         speculative: whether the lane decodes speculatively.
+        backend: the forward backend its target runs on once loaded (``transformers``, ``ggml``,
+            ``native-w8a8``, ...: what ``auto`` chose), None for a server lane or before the load.
     """
 
     name: str
@@ -123,6 +125,7 @@ class LaneRecord:
     steps: list[Step] = field(default_factory=list)
     tokenizer: object = None
     prefill: PrefillProgress | None = None
+    backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ class PaneView:
         steps_shown: how many recorded steps this view includes.
         timeline: (seconds since the decode started, new tokens so far) per step shown.
         prefill: while the lane prefills a long prompt, how far it is; else None.
+        backend: the lane's forward backend (``LaneRecord.backend``), None for a server lane.
     """
 
     name: str
@@ -168,6 +172,7 @@ class PaneView:
     steps_shown: int
     timeline: tuple[tuple[float, int], ...] = ()
     prefill: PrefillProgress | None = None
+    backend: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -376,6 +381,8 @@ class Race:
                         other.error = f"not run: the {lane.name} run cannot start ({record.error})"
                 return None
             record.tokenizer = pipes[lane.name].target.tokenizer
+            if not getattr(pipes[lane.name], "is_endpoint", False):  # what auto chose, if asked
+                record.backend = getattr(pipes[lane.name].target, "backend", "transformers")
             if lane.speculative and not getattr(pipes[lane.name], "is_endpoint", False):
                 from .pipeline import target_lossless_expectation
                 self.lossless_expected, self.lossless_note = \
@@ -521,7 +528,7 @@ class Race:
                         "".join(s.text for s in steps), ids, tokens,
                         steps[-1].stats if steps else None, len(steps),
                         tuple((s.t_s, s.stats.new_tokens) for s in steps),
-                        record.prefill if upto is None else None)
+                        record.prefill if upto is None else None, record.backend)
 
     def _snapshot(self, views: dict[str, PaneView], phase: str, clock_s: float | None = None) -> RaceSnapshot:
         from .pipeline import output_divergence, race_warnings
@@ -776,21 +783,35 @@ def endpoint_lane(name: str, endpoint, messages: list[dict]) -> Lane:
     return Lane(name, name == SPECULATIVE, lambda: pipe, messages)
 
 
-def pane_dict(view: PaneView) -> dict:
-    """docs/design.md metric names plus text, token_ids, from_draft, status and error; a server lane
-    adds ``engine`` and ``not_reported`` (its stats' fields)."""
+def pane_dict(view: PaneView, draft_length_setting: int | str | None = None) -> dict:
+    """docs/design.md metric names plus text, token_ids, from_draft, status, error and
+    ``backend`` (the forward backend the lane ran on, None for a server lane or a lane that did
+    not run); a server lane adds ``engine`` and ``not_reported`` (its stats' fields). A lane
+    that did not run (skipped, or failed before its first token) carries the same keys, with
+    the counters 0 and the rest empty or None. Under ``draft_length_setting`` ``auto`` a
+    speculative lane's ``draft_length`` is ``"auto"`` (otherwise it is its last round's k;
+    ``mean_draft_length`` and ``draft_length_min``/``_max`` cover every round)."""
     from ..core.engine import DecodeResult
     from .pipeline import result_dict
     out: dict = {"status": view.status, "error": view.error}
     if view.stats is not None:
         flags = [f for _, f in view.tokens] if view.token_ids else []
         out.update(result_dict(DecodeResult(view.text, list(view.token_ids), flags, view.stats)))
+        out["backend"] = view.backend
+        if view.name == SPECULATIVE and draft_length_setting == "auto":
+            out["draft_length"] = "auto"
+    else:  # did not run: every key of a lane that ran, nothing measured
+        out.update({**result_dict(DecodeResult("", [], [], DecodeStats())), "backend": None})
     return out
 
 
-def snapshot_dict(snap: RaceSnapshot) -> dict:
-    """A finished race as the command line's and ``/race``'s JSON."""
-    return {**{name: pane_dict(view) for name, view in snap.panes.items()},
+def snapshot_dict(snap: RaceSnapshot, draft_length_setting: int | str | None = None) -> dict:
+    """A finished race as the command line's and ``/race``'s JSON: each lane's
+    :func:`pane_dict`, and ``backend``, the forward backend our engine's lanes ran on (None
+    when no lane of ours ran or two ran on different ones)."""
+    ran = {view.backend for view in snap.panes.values() if view.backend and view.stats is not None}
+    return {**{name: pane_dict(view, draft_length_setting) for name, view in snap.panes.items()},
+            "backend": ran.pop() if len(ran) == 1 else None,
             "speedup": snap.speedup,
             "explanation": snap.explanation.as_dict() if snap.explanation else None,
             "identical": snap.identical,
