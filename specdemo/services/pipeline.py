@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from ..core import backend_family
 from ..core.drafters import make_drafter
 from ..core.engine import DecodeEvent, DecodeResult, collect, decode
 from ..core.machine import busy_warning
@@ -194,8 +195,8 @@ GGML_REASON = ("llama.cpp computes a token's numbers differently in a one-token 
 
 def on_llama_cpp(target) -> bool:
     """Whether ``target`` runs on one of the ggml backends (llama.cpp's kernels)."""
-    from ..models.ggml_backend import GGML_BACKENDS, backend_of
-    return backend_of(target) in GGML_BACKENDS
+    from ..models.backends import backend_of
+    return backend_family(backend_of(target)) == "ggml"
 
 
 def target_lossless_expectation(target) -> tuple[bool, str | None]:
@@ -214,7 +215,7 @@ def target_lossless_expectation(target) -> tuple[bool, str | None]:
 
 def self_draft_kv(target):
     """The KV cache ``--draft self`` drafts with on ``target``'s backend: a second cache of the
-    same forward (``ggml_backend.target_kv``) on the ``int8`` and native backends, or None where
+    same forward (``backends.target_kv``) on the ``int8`` and native backends, or None where
     the drafter keeps the transformers model (``transformers``: it is the target's forward;
     ``ggml``: a second llama.cpp context would double its memory).
 
@@ -223,9 +224,8 @@ def self_draft_kv(target):
     acceptance at temperature 0). Drafting with the float32 transformers model instead proposes
     that model's tokens: on ``native-w8a8`` (int8 activations) 11 of 16 drafts were accepted on
     "Say hi", output still identical to plain."""
-    from ..models.native_backend import BACKENDS as NATIVE_BACKENDS
-    from ..models.ggml_backend import target_kv
-    if getattr(target, "backend", "transformers") in ("int8", *NATIVE_BACKENDS):
+    from ..models.backends import target_kv
+    if backend_family(getattr(target, "backend", "transformers")) in ("int8", "native"):
         return target_kv(target)
     return None
 
@@ -247,7 +247,7 @@ class Pipeline:
         self.target = target
         self.draft_spec = draft_spec
         self.draft = draft
-        from ..models.ggml_backend import target_kv
+        from ..models.backends import target_kv
         self.kv = target_kv(target)  # KVModel, or GgmlKV when target.backend is "ggml"
 
     @property
@@ -260,12 +260,12 @@ class Pipeline:
     def new_drafter(self):
         """A fresh drafter of this pipeline (None for ``none``): ``make_drafter``'s, with the
         EAGLE-3 head's steps in C when the target runs on the native backend
-        (``native_backend.head_stepper``), and ``self`` drafting through a second cache of the
+        (``backends.attach_drafter``), and ``self`` drafting through a second cache of the
         target's own backend (:func:`self_draft_kv`)."""
         drafter = make_drafter(self.draft_spec, self.target.model, self.target.vocab_size,
                                self.draft_source)
-        from ..models.native_backend import head_stepper
-        head_stepper(drafter, self.target)  # only on the native backends
+        from ..models.backends import attach_drafter
+        attach_drafter(drafter, self.target)  # the native backends' C head step
         if self.draft_spec == "self":
             own = self_draft_kv(self.target)
             if own is not None:
