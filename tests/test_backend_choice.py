@@ -1,4 +1,4 @@
-"""How ``auto`` picks a backend (specdemo/models/backend_choice.py, ggml_backend.choose_backend):
+"""How ``auto`` picks a backend (specdemo/models/backend_choice.py, backends.choose_backend):
 the probe-then-time rule and the race weighing, with fake timings (no clock is asserted on)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from specdemo.core import machine
 from specdemo.models import backend_choice as bc
-from specdemo.models import ggml_backend as gb
+from specdemo.models import backends as gb
 
 # the issue's busy-machine figures: seconds of one short forward per backend
 PROBES = {"native-w8a8": 0.10, "native": 0.16, "transformers": 0.31, "int8": 3.7}

@@ -66,9 +66,10 @@ def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys, tmp_path):
     # auto: a float32 Llama without a GGUF file has the transformers backend, and the native
     # ones where a C compiler is found (else torch's int8), each measured once; the report is
     # the one auto chose
-    from specdemo.models.native_backend import BACKENDS, unavailable_reason
+    from specdemo.core import family_backends
+    from specdemo.models.native_backend import unavailable_reason
     names = ["transformers"] + (["int8"] if unavailable_reason(_loaded(model))
-                                else list(BACKENDS))
+                                else list(family_backends("native")))
     assert out["backend"] in names
     assert sorted(out["backends"]) == sorted(names)
     assert out["backends"][out["backend"]]["forward_s"] == out["forward_s"]

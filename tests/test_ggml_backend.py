@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdemo.models import backends
 from specdemo.models import ggml_backend as gb
 from specdemo.models.llama_ctypes import unavailable_reason
 from tests.tiny import tiny_llama
@@ -172,8 +173,8 @@ def test_target_kv_follows_the_backend(tiny, tmp_path):
     model, g = tiny
     setattr(model, gb._GGML_ATTR, g)  # as ggml_model() leaves it after loading
     try:
-        assert isinstance(gb.target_kv(_Loaded(model, "x.gguf", backend="ggml")), gb.GgmlKV)
-        assert isinstance(gb.target_kv(_Loaded(model, "x.gguf")), KVModel)
+        assert isinstance(backends.target_kv(_Loaded(model, "x.gguf", backend="ggml")), gb.GgmlKV)
+        assert isinstance(backends.target_kv(_Loaded(model, "x.gguf")), KVModel)
     finally:
         delattr(model, gb._GGML_ATTR)
 
@@ -184,7 +185,7 @@ def test_with_backend_refuses_ggml_without_a_gguf_and_unknown_names(tiny, tmp_pa
     with pytest.raises(gb.GgmlError, match="has no GGUF file"):
         gb.ggml_model(loaded)
     with pytest.raises(ValueError, match="unknown backend 'fast'; use auto, transformers, ggml"):
-        gb.with_backend(loaded, "fast")
+        backends.with_backend(loaded, "fast")
 
 
 def test_ggml_model_loads_a_gguf_target_and_checks_its_vocabulary(tiny, tmp_path):
@@ -215,7 +216,7 @@ def test_ggml_bf16_converts_the_gguf_once_with_llama_quantize(tiny, tmp_path, mo
     path = write_tiny_gguf(model, tmp_path / "t.gguf")
     loaded = _Loaded(model, str(path))
     try:
-        chosen, choice = gb.with_backend(loaded, "ggml-bf16")
+        chosen, choice = backends.with_backend(loaded, "ggml-bf16")
         assert chosen.backend == "ggml-bf16" and choice.reason == "asked for"
         g16 = gb.ggml_model(chosen)
         assert g16.path.parent == tmp_path / "cache" / "ggml" and g16.path.name.endswith(".BF16.gguf")
@@ -223,7 +224,7 @@ def test_ggml_bf16_converts_the_gguf_once_with_llama_quantize(tiny, tmp_path, mo
         stamp = g16.path.stat().st_mtime_ns
         assert gb.converted_gguf(path, "BF16") == g16.path  # made once
         assert g16.path.stat().st_mtime_ns == stamp
-        kv = gb.target_kv(chosen)
+        kv = backends.target_kv(chosen)
         assert isinstance(kv, gb.GgmlKV) and kv.backend == "ggml-bf16"
         ids = [5, 9, 1, 22, 7, 3, 30, 12, 4, 4, 18]
         ours, ref = kv.forward(ids, logits_to_keep=len(ids)), _hf_logits(model, ids)
@@ -270,10 +271,10 @@ def test_auto_leaves_ggml_bf16_out_and_says_why(tiny):
     model, g = tiny
     _attached(model, g)
     try:
-        names, why = gb.candidate_backends(_Loaded(model, str(g.path)))
+        names, why = backends.candidate_backends(_Loaded(model, str(g.path)))
         assert "ggml" in names and "ggml-bf16" not in names
-        assert f"ggml-bf16 not a candidate: {gb.BF16_NOT_AUTO}" in why
-        assert "--backend ggml-bf16" in gb.BF16_NOT_AUTO
+        assert f"ggml-bf16 not a candidate: {backends.BF16_NOT_AUTO}" in why
+        assert "--backend ggml-bf16" in backends.BF16_NOT_AUTO
     finally:
         delattr(model, gb._GGML_ATTR)
 
@@ -324,14 +325,15 @@ def test_auto_probes_every_backend_and_stores_the_choice(tiny, monkeypatch, tmp_
     model, g = tiny
     _attached(model, g)
     try:
-        monkeypatch.setattr(gb, "_choice_path", lambda: tmp_path / "choice.json")
+        monkeypatch.setattr(backends, "_choice_path", lambda: tmp_path / "choice.json")
         monkeypatch.setattr(machine.OtherCpuUse, "share", lambda self: 0.0)  # a quiet machine
         monkeypatch.setenv("SPECDEMO_INT8_COMPILE", "0")  # the int8 candidate, eager
         loaded = _Loaded(model, str(g.path))
-        first = gb.choose_backend(loaded)
+        first = backends.choose_backend(loaded)
         # a float32 Llama: int8 too, and the native backends where a C compiler is found
-        from specdemo.models.native_backend import BACKENDS, unavailable_reason
-        native = set() if unavailable_reason(loaded) else set(BACKENDS)
+        from specdemo.core import family_backends
+        from specdemo.models.native_backend import unavailable_reason
+        native = set() if unavailable_reason(loaded) else set(family_backends("native"))
         # torch's int8 only where the native backends (the same int8 weights in C) are not
         expected = {"transformers", "ggml"} | (native or {"int8"})
         assert first.backend in expected and not first.cached
@@ -339,21 +341,21 @@ def test_auto_probes_every_backend_and_stores_the_choice(tiny, monkeypatch, tmp_
         assert set(first.probe_s) | set(first.dropped) == expected
         assert set(first.cost_s) == set(first.probe_s) - set(first.dropped)
         assert first.backend == min(first.cost_s, key=first.cost_s.get)
-        again = gb.choose_backend(loaded)
+        again = backends.choose_backend(loaded)
         assert again.cached and (again.backend, again.cost_s) == (first.backend, first.cost_s)
         assert again.reason.startswith("measured earlier on this machine (SPECDEMO_BACKEND="
                                        "recalibrate measures again): ")
-        chosen, choice = gb.with_backend(loaded, "auto")
+        chosen, choice = backends.with_backend(loaded, "auto")
         assert chosen.backend == first.backend and choice.cached
         assert "not available" not in first.reason
     finally:
         delattr(model, gb._GGML_ATTR)
     # without llama.cpp the choice is among the others, and says why ggml was not one of them
     monkeypatch.setattr(gb, "unavailable_reason", lambda loaded: "llama.cpp's shared library was not found")
-    without = gb.choose_backend(_Loaded(model, str(g.path)))
+    without = backends.choose_backend(_Loaded(model, str(g.path)))
     assert set(without.probe_s) | set(without.dropped) == {"transformers"} | (native or {"int8"})
     if native:
-        assert f"int8 not a candidate: {gb.INT8_NOT_AUTO}" in gb.candidate_backends(
+        assert f"int8 not a candidate: {backends.INT8_NOT_AUTO}" in backends.candidate_backends(
             _Loaded(model, str(g.path)))[1]
     assert "ggml not available: llama.cpp's shared library was not found" in without.reason
 

@@ -17,7 +17,8 @@ import json
 import pytest
 import torch
 
-from specdemo.models import ggml_backend as gb
+from specdemo.core import family_backends
+from specdemo.models import backends
 from specdemo.models import native_backend as nb
 from tiny import CharTokenizer, LoadedStandIn, bf16_valued, tiny_llama
 
@@ -327,18 +328,18 @@ def test_engine_greedy_speculative_equals_plain_on_the_native_backend(weights):
 def test_backend_selection_and_refusals(tiny, monkeypatch):
     loaded = _Loaded(tiny)
     try:
-        chosen, choice = gb.with_backend(loaded, "native")
+        chosen, choice = backends.with_backend(loaded, "native")
         assert (chosen.backend, choice.reason) == ("native", "asked for")
-        assert isinstance(gb.target_kv(chosen), nb.NativeKV)
+        assert isinstance(backends.target_kv(chosen), nb.NativeKV)
         assert nb.native_model(loaded) is nb.native_model(loaded)  # built once per model
-        assert {"native", "native-int8", "native-w8a8"} <= set(gb.candidate_backends(loaded)[0])
-        chosen, choice = gb.with_backend(loaded, "native-int8")
+        assert {"native", "native-int8", "native-w8a8"} <= set(backends.candidate_backends(loaded)[0])
+        chosen, choice = backends.with_backend(loaded, "native-int8")
         assert (chosen.backend, choice.reason) == ("native-int8", "asked for")
-        kv = gb.target_kv(chosen)
+        kv = backends.target_kv(chosen)
         assert kv.nmodel.weights == "int8" and kv.backend == "native-int8"
         assert kv.nmodel is not nb.native_model(loaded)  # the BF16 one is kept apart
-        chosen, _ = gb.with_backend(loaded, "native-w8a8")
-        kv = gb.target_kv(chosen)
+        chosen, _ = backends.with_backend(loaded, "native-w8a8")
+        kv = backends.target_kv(chosen)
         assert kv.nmodel.weights == "w8a8" and kv.backend == "native-w8a8"
     finally:
         delattr(tiny, nb._ATTR)
@@ -347,7 +348,7 @@ def test_backend_selection_and_refusals(tiny, monkeypatch):
     quantized = _Loaded(tiny)
     quantized.quantization = "int4"
     with pytest.raises(nb.NativeError, match="--quantization int4 is a transformers path"):
-        gb.with_backend(quantized, "native")
+        backends.with_backend(quantized, "native")
     tiny.config.model_type = "gemma"
     try:
         assert nb.unsupported_reason(tiny) == (
@@ -371,11 +372,11 @@ def test_without_a_c_compiler_the_backend_says_so_and_auto_leaves_it_out(monkeyp
     loaded = _Loaded(model)
     reason = nb.unavailable_reason(loaded)
     assert reason.startswith("the native backend needs a C compiler")
-    names, why = gb.candidate_backends(loaded)
-    assert not set(nb.BACKENDS) & set(names)
+    names, why = backends.candidate_backends(loaded)
+    assert not set(family_backends("native")) & set(names)
     assert f"native not available: {reason}" in why
     with pytest.raises(nb.NativeError, match="needs a C compiler"):
-        gb.with_backend(loaded, "native")
+        backends.with_backend(loaded, "native")
 
 
 @needs_library
@@ -439,8 +440,8 @@ def test_an_unknown_kernel_leaves_native_out_of_auto_with_the_reason(monkeypatch
     loaded = _Loaded(tiny_llama(seed=0, layers=1))
     reason = nb.unavailable_reason(loaded)
     assert reason == f"{nb.KERNEL_ENV}=bogus is not a native kernel; use fma or dpbf16"
-    names, why = gb.candidate_backends(loaded)
-    assert not set(nb.BACKENDS) & set(names)
+    names, why = backends.candidate_backends(loaded)
+    assert not set(family_backends("native")) & set(names)
     assert f"native not available: {reason}" in why
 
 

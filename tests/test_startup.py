@@ -222,7 +222,7 @@ def test_a_stored_backend_choice_is_a_note_not_a_step_and_scales_the_later_estim
     """Issue 39.3: a choice read back from its store takes milliseconds, so it shows no step
     with a measuring estimate; the widths it timed scale the warm-up and forward-cost estimates
     of a first start (a fresh clone guessed 8 s for 0.9 s of forward costs)."""
-    from specdemo.models import ggml_backend as gb
+    from specdemo.models import backends as gb
     steps = Steps()
     monkeypatch.setattr(startup, "STEPS", steps)
     monkeypatch.setattr(startup, "_compile_native_once", lambda loaded, backend: None)
@@ -244,7 +244,7 @@ def test_a_stored_backend_choice_is_a_note_not_a_step_and_scales_the_later_estim
 
 
 def test_a_backend_choice_to_measure_is_a_step_weighed_for_the_race(cache, monkeypatch):
-    from specdemo.models import ggml_backend as gb
+    from specdemo.models import backends as gb
     steps = Steps()
     monkeypatch.setattr(startup, "STEPS", steps)
     monkeypatch.setattr(startup, "_compile_native_once", lambda loaded, backend: None)

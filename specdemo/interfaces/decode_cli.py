@@ -8,7 +8,7 @@ import sys
 
 from ..checks import compat, inputs
 from ..services import startup
-from ..checks.compat import NON_MODEL_DRAFTS, is_model_draft  # none, ngram, self: drafters that are not models
+from ..checks.compat import NON_MODEL_DRAFTS  # none, ngram, self: drafters that are not models
 from ..services.endpoints import add_endpoint_flags
 from ..checks.inputs import checked
 from ..core import BACKENDS
@@ -195,23 +195,19 @@ def pipeline_from_args(args):
 
 
 def _load_pipeline(args):
-    from ..services.pipeline import Pipeline  # deferred: imports torch
+    from ..services.pipeline import build_pipeline  # deferred: imports torch
     try:
         target = startup.load_model(args.target, args.device, args.dtype,
                             trust_remote_code=args.trust_remote_code, quantization=args.quantization)
-        draft = None
-        from ..models.learned import is_learned, load_learned  # deferred: imports torch
-        if is_learned(args.draft):  # EAGLE-3 / DFlash / MTP: checked against the target
-            draft = load_learned(args.draft, target)
-            for warning in draft.warnings:
-                print(f"warning: {warning}", file=sys.stderr)
-        elif is_model_draft(args.draft):
-            refuse_incompatible(args.target, args.draft, args.trust_remote_code)
-            draft = startup.load_model(args.draft, str(target.device), args.dtype,
-                               trust_remote_code=args.trust_remote_code)
-        # auto weighs the backends for this drafter (both lanes then run the one chosen)
-        target = _with_backend(target, getattr(args, "backend", "auto"), args.draft, draft)
-        return Pipeline(target, args.draft, draft)
+        return build_pipeline(
+            target, args.draft,
+            load_draft=lambda spec, device: startup.load_model(
+                spec, device, args.dtype, trust_remote_code=args.trust_remote_code),
+            check_draft=lambda spec: refuse_incompatible(args.target, spec, args.trust_remote_code),
+            # auto weighs the backends for this drafter (both lanes then run the one chosen)
+            on_backend=lambda loaded, spec, draft: _with_backend(
+                loaded, getattr(args, "backend", "auto"), spec, draft),
+            warn=lambda warning: print(f"warning: {warning}", file=sys.stderr))
     except ModelLoadError as exc:
         fail(str(exc))
 

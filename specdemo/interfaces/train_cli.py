@@ -21,6 +21,8 @@ from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
+from ..core import TARGET_BACKENDS
+
 
 def _count(flag: str):
     """An argparse type: a whole number >= 1 (specdemo.checks.inputs' words, exit status 2)."""
@@ -334,12 +336,11 @@ def _train(args: argparse.Namespace) -> int:
         except RuntimeError as exc:  # the answers written so far are kept for --resume
             fail(f"--generate-endpoint: {exc}")
     elif _generate_backend(args, target) != "transformers":
-        from ..models.native_backend import BACKENDS as NATIVE
         from ..models.native_backend import NativeError
         try:
             data.generate_answers_native(target, train_rows, out, recipe.answers_per_prompt,
                                          recipe.temperature, recipe.max_new_tokens,
-                                         slots=args.generate_batch, weights=NATIVE[args.generate_backend],
+                                         slots=args.generate_batch, weights=TARGET_BACKENDS[args.generate_backend][1],
                                          budget_s=budget_s)
         except NativeError as exc:
             fail(f"--generate-backend {args.generate_backend}: {exc}")

@@ -21,6 +21,7 @@ import gradio as gr
 
 from .. import PROJECT_DIR
 from ..checks import inputs
+from ..checks.compat import NON_MODEL_DRAFTS
 from ..services import race as racing
 from ..core.machine import ACTIVE_RACES
 from .ui_format import (AXIS_FORMAT, CHART_COLORS, LEGEND, acceptance_frame,  # noqa: F401
@@ -35,7 +36,8 @@ from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, _default_preset_name, 
 
 ASSETS = PROJECT_DIR / "assets"
 CSS_PATH = ASSETS / "specdemo.css"
-NON_MODEL_DRAFTS = ("ngram", "self")
+#: the drafters without a model the app offers (compat.NON_MODEL_DRAFTS less "none": a race has a drafter)
+PLAIN_DRAFTS = tuple(spec for spec in NON_MODEL_DRAFTS if spec != "none")
 DRAFT_LENGTHS = ["auto"] + [str(k) for k in range(1, 17)]
 
 RACE_NOTE = (
@@ -135,7 +137,7 @@ def draft_options(target: str, presets: list) -> tuple[list[tuple[str, str]], li
     models = list(dict.fromkeys(list(kinds) + [p.draft for p in ours if p.draft_is_model]
                                 + [f"builtin:{n}" for n in builtin_names()
                                    if f"builtin:{n}" != target]))
-    choices = [(spec, spec) for spec in NON_MODEL_DRAFTS]
+    choices = [(spec, spec) for spec in PLAIN_DRAFTS]
     refused = []
     for spec in early_exits + models:
         kind = f" ({KIND_LABELS[kinds[spec]]})" if spec in kinds else ""
@@ -220,8 +222,8 @@ def precision_line(dtype: str, quantization: str | None, device: str = "auto") -
 def on_preset(preset_name):
     """Preset changed: draft, draft length and the notes follow (the draft check comes next)."""
     p = _pairing(preset_name)
-    choices = [(d, d) for d in NON_MODEL_DRAFTS]
-    if p["draft"] not in NON_MODEL_DRAFTS:
+    choices = [(d, d) for d in PLAIN_DRAFTS]
+    if p["draft"] not in PLAIN_DRAFTS:
         choices.append((p["draft"], p["draft"]))
     return (gr.update(choices=choices, value=p["draft"]), str(p["draft_length"]),
             preset_info(preset_name), "Checking which drafts fit this target…",
@@ -401,7 +403,7 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
                         load_btn = gr.Button("Load models", size="sm", elem_id="load")
                         recheck_btn = gr.Button("Re-check drafts", size="sm", elem_id="recheck")
                     status = gr.Markdown("", elem_id="model-status")
-                    draft = gr.Dropdown([(d, d) for d in dict.fromkeys([*NON_MODEL_DRAFTS, start["draft"]])],
+                    draft = gr.Dropdown([(d, d) for d in dict.fromkeys([*PLAIN_DRAFTS, start["draft"]])],
                                         value=start["draft"], label="Draft", elem_id="draft",
                                         allow_custom_value=True,
                                         info="compatible drafts only; type a model id or path to check one")

@@ -434,7 +434,7 @@ class LoadedModel:
         load_s: seconds the load took (conversion included on a first built-in load).
         source: where it came from, for display.
         backend: how the engine computes its forward: ``transformers`` (this model) or ``ggml``
-            (llama.cpp over the same GGUF file; see ``specdemo.models.ggml_backend.with_backend``).
+            (llama.cpp over the same GGUF file; see ``specdemo.models.backends.with_backend``).
     """
 
     spec: str

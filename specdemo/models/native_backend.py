@@ -26,7 +26,7 @@ models: the dequantised Q4_1 values) rounded to BF16, so logits differ from the 
 by that rounding; the transformers float32 path stays the reference for losslessness tests, and
 speculative output on this backend is compared with plain output *of this backend*.
 
-``native-int8`` (:data:`BACKENDS`) is the same forward over int8 weights with one float32 scale
+``native-int8`` (:data:`_WEIGHTS`) is the same forward over int8 weights with one float32 scale
 per output row (absmax / 127, round to nearest: weight-only, as gpt-fast's int8 and
 ``compiled_backend``'s), widened to float32 in the ``fma`` kernel: half the bytes a token of
 BF16, for CPUs where reading the weights is what a step waits for. Its logits differ from the
@@ -64,6 +64,7 @@ from pathlib import Path
 
 import torch
 
+from ..core import family_backends
 from ..core.errors import ModelLoadError
 from ..core.kv import RotaryTables, StaticCacheKV, keep_tree_rows
 from ..core.machine import cpu_flags
@@ -71,8 +72,8 @@ from ..core.machine import cpu_flags
 log = logging.getLogger(__name__)
 
 NAME = "native"
-#: backend name -> weight format of the C forward
-BACKENDS = {"native": "bf16", "native-int8": "int8", "native-w8a8": "w8a8"}
+#: the native backends (``core.TARGET_BACKENDS``): name -> weight format of the C forward
+_WEIGHTS = family_backends("native")
 SOURCE = Path(__file__).with_name("native_forward.c")
 ARCHITECTURES = ("llama",)  # transformers model_type values whose forward the C file computes
 MIN_CAPACITY = 512  # cache positions allocated at first; doubled when a forward passes them
@@ -306,12 +307,12 @@ def _bf16(rows: int, *weights: torch.Tensor) -> torch.Tensor:
 
 
 def _check_weights(weights: str) -> str:
-    """``weights`` when it is a weight format of :data:`BACKENDS`.
+    """``weights`` when it is a weight format of :data:`_WEIGHTS`.
 
     Raises:
         ValueError: it is not."""
-    if weights not in BACKENDS.values():
-        raise ValueError(f"weights {weights!r}: use {', '.join(BACKENDS.values())}")
+    if weights not in _WEIGHTS.values():
+        raise ValueError(f"weights {weights!r}: use {', '.join(_WEIGHTS.values())}")
     return weights
 
 
@@ -470,7 +471,7 @@ class NativeKV(StaticCacheKV):
 
     def __init__(self, nmodel: NativeModel, capacity: int = MIN_CAPACITY) -> None:
         self.nmodel = nmodel
-        self.backend = next(name for name, w in BACKENDS.items() if w == nmodel.weights)
+        self.backend = next(name for name, w in _WEIGHTS.items() if w == nmodel.weights)
         self.n_layer = nmodel.n_layer
         self.model = nmodel.model  # what callers read: config, input embeddings
         self.device = torch.device("cpu")
@@ -655,7 +656,7 @@ def unavailable_reason(loaded) -> str | None:
 
 
 def native_model(loaded, weights: str = "bf16") -> NativeModel:
-    """The :class:`NativeModel` of ``loaded`` with ``weights`` (:data:`BACKENDS`' values), built
+    """The :class:`NativeModel` of ``loaded`` with ``weights`` (:data:`_WEIGHTS`' values), built
     once per transformers model and weight format (~1 s for 135M).
 
     Raises:
@@ -721,7 +722,7 @@ def choose_prefetch(nmodel: NativeModel, repeats: int = 12) -> dict:
                           "recalibrate")
     from .builtin import cache_dir, store_cache_entry
     path, key = cache_dir() / PREFETCH_FILE, _prefetch_key(nmodel)
-    # SPECDEMO_BACKEND (ggml_backend.CHOICE_ENV, not imported: ggml_backend imports this module)
+    # SPECDEMO_BACKEND (backends.CHOICE_ENV, not imported: backends imports this module)
     again = "recalibrate" in (asked, os.environ.get("SPECDEMO_BACKEND", "").strip().lower())
     if not again:
         try:
@@ -764,8 +765,8 @@ def choose_prefetch(nmodel: NativeModel, repeats: int = 12) -> dict:
 
 
 def model_of(loaded) -> NativeModel:
-    """The :class:`NativeModel` that ``loaded``'s backend (a :data:`BACKENDS` name) runs."""
-    return native_model(loaded, BACKENDS[loaded.backend])
+    """The :class:`NativeModel` that ``loaded``'s backend (a :data:`_WEIGHTS` name) runs."""
+    return native_model(loaded, _WEIGHTS[loaded.backend])
 
 
 # ----------------------------------------------------------------------------- EAGLE-3 head
@@ -986,12 +987,12 @@ def head_stepper(drafter, loaded) -> None:
     (the torch head is the reference). A head the C step cannot compute keeps the torch step
     (logged once, not an error)."""
     backend = getattr(loaded, "backend", "transformers")
-    if backend not in BACKENDS or drafter is None:
+    if backend not in _WEIGHTS or drafter is None:
         return
     for d in (drafter, getattr(drafter, "learned", None)):
         if d is None or not hasattr(d, "use_stepper") or getattr(d, "stepper", None) is not None:
             continue
         try:
-            d.use_stepper(NativeEagleHead(d.head, weights=BACKENDS[backend]))
+            d.use_stepper(NativeEagleHead(d.head, weights=_WEIGHTS[backend]))
         except NativeError as exc:
             log.info("the EAGLE-3 head keeps its torch step: %s", exc)

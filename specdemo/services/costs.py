@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 from .. import OMP_WAIT
 from .._omp import describe as describe_omp
-from ..core import BACKENDS
+from ..core import BACKENDS, TARGET_BACKENDS, backend_family
 
 COPY_BYTES = 256 << 20  # 256 MiB: larger than the caches of desktop CPUs
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}  # cpu: this thread's CPU time
@@ -144,7 +144,7 @@ def measure_plain_tokens_per_s(loaded, new_tokens: int = 48, context: int = 128,
     ``context`` token ids (EOS does not stop it). With the wall clock this is the engine's
     ``decode_tokens_per_s``."""
     from ..core.engine import generate
-    from ..models.ggml_backend import target_kv
+    from ..models.backends import target_kv
     from ..core.stats import ratio
     kv = target_kv(loaded)
     vocab = loaded.model.get_input_embeddings().num_embeddings
@@ -215,7 +215,8 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
     """
     import torch
     from ..models.fastpath import fastpath_info
-    from ..models.ggml_backend import backend_of, ggml_model, target_kv
+    from ..models.backends import backend_of, target_kv
+    from ..models.ggml_backend import ggml_model
     from ..core.policy import measure_forward_s
     from ..core.stats import ratio
     if clock not in CLOCKS:
@@ -238,12 +239,11 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         forward_s = measure_forward_s(kv, max_n, context=context, repeats=repeats, clock=tick)
     bandwidth = measure_bandwidth_GBps(loaded.device, clock=tick)
     plain = measure_plain_tokens_per_s(loaded, plain_tokens, context, clock=tick)
-    from ..models.native_backend import BACKENDS as NATIVE_BACKENDS
     prefetch = None  # native-w8a8's measured weight-prefetch choice
     if backend == "int8":
         from ..models.compiled_backend import int8_model
         nbytes = int8_model(loaded).weight_bytes
-    elif backend in NATIVE_BACKENDS:
+    elif backend_family(backend) == "native":
         from ..models.native_backend import model_of
         nmodel = model_of(loaded)
         nbytes, prefetch = nmodel.weight_bytes, nmodel.prefetch
@@ -274,7 +274,7 @@ SUMMARY_KEYS = ("forward_s", "forward_ratio", "weight_bytes", "bound_tokens_per_
 def measure_backends(loaded, names: list[str], **kwargs) -> dict[str, CostReport]:
     """:func:`measure_costs` for ``loaded`` on each backend in ``names`` (same weights object,
     one after the other in this process)."""
-    from ..models.ggml_backend import replace_backend
+    from ..models.backends import replace_backend
     return {name: measure_costs(replace_backend(loaded, name), **kwargs) for name in names}
 
 
@@ -309,13 +309,12 @@ def format_report(r: CostReport) -> str:
     """The report as a few lines and a table (the README shows this)."""
     def f(x, spec=".2f"):
         return "n/a" if x is None else format(x, spec)
-    from ..models.ggml_backend import GGML_BACKENDS
     own = {"int8": "int8 weights (from " + r.dtype + ")", "native": "BF16 weights (from "
            + r.dtype + ")", "native-int8": "int8 weights, per-row scales (from " + r.dtype + ")",
            "native-w8a8": "int8 weights, per-row scales (from " + r.dtype + "), int8 activations"}
     # (these backends keep their own copy of torch's weights)
-    weights = (own.get(r.backend, r.dtype) if r.backend not in GGML_BACKENDS  # ggml reads the GGUF
-               else (GGML_BACKENDS[r.backend] or "the GGUF file's own") + " weights")
+    weights = (own.get(r.backend, r.dtype) if backend_family(r.backend) != "ggml"  # ggml: the GGUF
+               else (TARGET_BACKENDS[r.backend][1] or "the GGUF file's own") + " weights")
     lines = [f"{r.target} on {r.device}, {weights}"
              + (f", {r.quantization}" if r.quantization else "")
              + f", backend {r.backend}"
@@ -407,7 +406,8 @@ def cmd_costs(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"error: {exc}\n(python -m specdemo costs --help)", file=sys.stderr)
         return 2
-    from ..models.ggml_backend import candidate_backends, ggml_model, gguf_path, with_backend
+    from ..models.backends import candidate_backends, with_backend
+    from ..models.ggml_backend import ggml_model, gguf_path
     try:
         chosen, choice = with_backend(loaded, args.backend)
         names = [chosen.backend]

@@ -11,6 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from ..checks.compat import is_model_draft
+from ..core import backend_family
 from ..core.drafters import make_drafter
 from ..core.engine import DecodeEvent, DecodeResult, collect, decode
 from ..core.machine import busy_warning
@@ -18,6 +20,8 @@ from ..core.policy import AdaptiveDraftLength, make_policy, measure_forward_s
 from ..core.sampling import SamplingParams
 from ..core.stats import DecodeStats, RaceExplanation, explain, speedup
 from ..core.tree import TreeShape
+from ..models.backends import attach_drafter, backend_of, target_kv
+from ..models.learned import is_learned, load_learned
 
 
 @dataclass(frozen=True)
@@ -194,8 +198,7 @@ GGML_REASON = ("llama.cpp computes a token's numbers differently in a one-token 
 
 def on_llama_cpp(target) -> bool:
     """Whether ``target`` runs on one of the ggml backends (llama.cpp's kernels)."""
-    from ..models.ggml_backend import GGML_BACKENDS, backend_of
-    return backend_of(target) in GGML_BACKENDS
+    return backend_family(backend_of(target)) == "ggml"
 
 
 def target_lossless_expectation(target) -> tuple[bool, str | None]:
@@ -214,7 +217,7 @@ def target_lossless_expectation(target) -> tuple[bool, str | None]:
 
 def self_draft_kv(target):
     """The KV cache ``--draft self`` drafts with on ``target``'s backend: a second cache of the
-    same forward (``ggml_backend.target_kv``) on the ``int8`` and native backends, or None where
+    same forward (``backends.target_kv``) on the ``int8`` and native backends, or None where
     the drafter keeps the transformers model (``transformers``: it is the target's forward;
     ``ggml``: a second llama.cpp context would double its memory).
 
@@ -223,9 +226,7 @@ def self_draft_kv(target):
     acceptance at temperature 0). Drafting with the float32 transformers model instead proposes
     that model's tokens: on ``native-w8a8`` (int8 activations) 11 of 16 drafts were accepted on
     "Say hi", output still identical to plain."""
-    from ..models.native_backend import BACKENDS as NATIVE_BACKENDS
-    from ..models.ggml_backend import target_kv
-    if getattr(target, "backend", "transformers") in ("int8", *NATIVE_BACKENDS):
+    if backend_family(getattr(target, "backend", "transformers")) in ("int8", "native"):
         return target_kv(target)
     return None
 
@@ -247,7 +248,6 @@ class Pipeline:
         self.target = target
         self.draft_spec = draft_spec
         self.draft = draft
-        from ..models.ggml_backend import target_kv
         self.kv = target_kv(target)  # KVModel, or GgmlKV when target.backend is "ggml"
 
     @property
@@ -260,12 +260,11 @@ class Pipeline:
     def new_drafter(self):
         """A fresh drafter of this pipeline (None for ``none``): ``make_drafter``'s, with the
         EAGLE-3 head's steps in C when the target runs on the native backend
-        (``native_backend.head_stepper``), and ``self`` drafting through a second cache of the
+        (``backends.attach_drafter``), and ``self`` drafting through a second cache of the
         target's own backend (:func:`self_draft_kv`)."""
         drafter = make_drafter(self.draft_spec, self.target.model, self.target.vocab_size,
                                self.draft_source)
-        from ..models.native_backend import head_stepper
-        head_stepper(drafter, self.target)  # only on the native backends
+        attach_drafter(drafter, self.target)  # the native backends' C head step
         if self.draft_spec == "self":
             own = self_draft_kv(self.target)
             if own is not None:
@@ -372,3 +371,32 @@ class Pipeline:
         comparison.lossless_expected, comparison.lossless_note = \
             target_lossless_expectation(self.target)
         return comparison
+
+
+def build_pipeline(target, draft_spec: str, *, load_draft: Callable, check_draft: Callable,
+                   on_backend: Callable, warn: Callable[[str], None] | None = None) -> Pipeline:
+    """Target + backend + draft -> :class:`Pipeline`: the one builder of the command line
+    (``interfaces.decode_cli``) and the app (``services.race.PipelineCache``).
+
+    Args:
+        target: the loaded target (``models.loading.LoadedModel``), before a backend is set.
+        draft_spec: the ``--draft`` string (``none``, ``ngram``, a folder, a model id ...).
+        load_draft: ``load_draft(spec, device) -> LoadedModel`` for a draft model.
+        check_draft: ``check_draft(draft_spec)``, run before a draft model loads; raises (or
+            exits) when its tokenizer cannot serve the target.
+        on_backend: ``on_backend(target, draft_spec, draft) -> target`` on its backend
+            (``auto``: weighed for a race with this drafter).
+        warn: called with each warning of a learned drafter (EAGLE-3 / DFlash / MTP).
+
+    Raises:
+        ModelLoadError / DrafterRefused: a draft that cannot load or cannot serve the target.
+    """
+    draft = None
+    if is_learned(draft_spec):  # EAGLE-3 / DFlash / MTP: checked against the target
+        draft = load_learned(draft_spec, target)
+        for warning in (draft.warnings if warn is not None else ()):
+            warn(warning)
+    elif is_model_draft(draft_spec):
+        check_draft(draft_spec)
+        draft = load_draft(draft_spec, str(target.device))
+    return Pipeline(on_backend(target, draft_spec, draft), draft_spec, draft)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..core.kv import Cancelled, prefill_progress, stop_on, warm_prefix
 from ..core.machine import ACTIVE_RACES
-from .startup import GUESS_S, STEPS, prepare_timed
+from .startup import GUESS_S, STEPS, prepare_timed, tokenizer_step
 from ..core.stats import DecodeStats, RaceExplanation, explain, speedup
 
 if TYPE_CHECKING:  # torch loads with the pipeline: only when a race runs, not at import
@@ -707,27 +707,26 @@ class PipelineCache:
     def _build(self, target: str, draft: str, dtype: str, quantization: str | None,
               device: str) -> Pipeline:
         key = (target, draft, dtype, quantization, device)
+        from .pipeline import build_pipeline  # deferred: imports torch (the app starts without it)
         with self.lock:
-            from ..checks.compat import is_model_draft
-            from .pipeline import Pipeline
             if key in self._pipelines:
                 return self._pipelines[key]
             base = self._model(target, device, dtype, quantization)  # before a backend is set
-            draft_model = None
-            from ..models.learned import is_learned, load_learned
-            if is_learned(draft):  # refused with its problems (DrafterRefused) when it cannot serve
-                draft_model = load_learned(draft, base)
-            elif is_model_draft(draft):
-                from .startup import tokenizer_step
-                with STEPS.step(*tokenizer_step(target, draft)):
-                    verdict = self._checker()(target, draft)
+
+            def check_draft(spec: str) -> None:  # refused before the draft model loads
+                with STEPS.step(*tokenizer_step(target, spec)):
+                    verdict = self._checker()(target, spec)
                 if verdict.status == "incompatible":
-                    raise ValueError(f"draft {draft} cannot serve target {target}: "
+                    raise ValueError(f"draft {spec} cannot serve target {target}: "
                                      + "; ".join(verdict.reasons[:2]))
-                draft_model = self._model(draft, str(base.device), dtype, None)
+
+            # a learned drafter that cannot serve is refused with its problems (DrafterRefused);
             # the first pipeline of a target chooses its backend, weighed for its drafter
-            loaded = self._target(target, device, dtype, quantization, draft, draft_model)
-            pipe = Pipeline(loaded, draft, draft_model)
+            pipe = build_pipeline(
+                base, draft, check_draft=check_draft,
+                load_draft=lambda spec, dev: self._model(spec, dev, dtype, None),
+                on_backend=lambda _loaded, spec, draft_model: self._target(
+                    target, device, dtype, quantization, spec, draft_model))
             self._pipelines[key] = pipe
             return pipe
 

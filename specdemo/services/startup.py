@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
+from ..core import backend_family
 from ..models import loading as models
 
 if TYPE_CHECKING:
@@ -416,7 +417,7 @@ def _compile_native_once(loaded, backend: str) -> None:
     """The native backend's first use on a machine compiles its C forward (~2-10 s): a step of
     its own, so the start-up says what it waits for (a failure is said by the backend choice)."""
     from ..models import native_backend
-    if (backend != "auto" and backend not in native_backend.BACKENDS) or loaded.device.type != "cpu":
+    if (backend != "auto" and backend_family(backend) != "native") or loaded.device.type != "cpu":
         return
     if native_backend.unsupported_reason(loaded.model) or native_backend.library_path().exists():
         return
@@ -478,7 +479,7 @@ def lane_facts(loaded, draft_spec: str, draft, backend: str):
     ``backend_choice.acceptance_of`` its per-position counts, its drafting seconds per drafted
     token. Returns a ``backend_choice.LaneFacts``."""
     from ..models.backend_choice import LaneFacts, acceptance_of
-    from ..models.ggml_backend import replace_backend
+    from ..models.backends import replace_backend
     from .pipeline import DecodeSettings, Pipeline
     pipe = Pipeline(replace_backend(loaded, backend), draft_spec, draft)
     ids = pipe.prompt_ids(FACTS_PROMPT)
@@ -493,7 +494,7 @@ def lane_facts(loaded, draft_spec: str, draft, backend: str):
 
 
 def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, draft=None):
-    """``loaded`` set to run on ``backend`` (``ggml_backend.with_backend``), as a named step:
+    """``loaded`` set to run on ``backend`` (``backends.with_backend``), as a named step:
     loading the GGUF into llama.cpp, and for ``auto`` on a CPU the first choice on this machine
     (a probe of every candidate, the survivors timed and weighed for a race with ``draft_spec``:
     :func:`race_lane`; stored, later starts read it). The choice and what was weighed are a
@@ -504,7 +505,7 @@ def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, dr
     Raises:
         GgmlError: ``ggml`` asked for and unavailable for this target; ValueError: unknown name.
     """
-    from ..models.ggml_backend import replace_backend, stored_choice, with_backend
+    from ..models.backends import replace_backend, stored_choice, with_backend
     backend = backend or "auto"
     if backend == "transformers":
         return with_backend(loaded, "transformers")

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ...core import family_backends
 from ...core.drafters.features import capture
 
 ANSWERS = "answers.jsonl"
@@ -176,7 +177,7 @@ def generate_answers_native(target, rows: list[dict], out_dir: Path, answers_per
     todo.reverse()  # popped from the end: shortest first
     longest = max((len(p) for p in prompts.values()), default=1)
     batch = nb.NativeBatch(nmodel, slots, longest + max_new_tokens)
-    source = next(name for name, w in nb.BACKENDS.items() if w == weights)
+    source = next(name for name, w in family_backends("native").items() if w == weights)
     live: dict[int, dict] = {}  # slot -> {"i", "a", "temp", "answer", "gen"}
     bar = tqdm(total=len(todo), desc=f"generating answers ({source}, {slots} at once)", unit="answer")
     began = time.perf_counter()

@@ -1,0 +1,156 @@
+"""Counts of how readable the repository is (issue 41): print each count and how it is counted.
+
+Run from a checkout: ``python scripts/repo_counts.py`` (``--json`` for one JSON object).
+Every count reads the files ``git ls-files`` lists, so a checkout of any commit can be compared
+with another (e.g. a ``git worktree`` at main beside a branch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path.cwd()
+# the patterns of tests/test_repo_hygiene.py, written with character classes so that this file
+# does not name what it counts
+WORDS = re.compile(r"(?<![\w])(s[e]ssions?|w[a]ves?|s[i]ttings?)\d*(?![\w])", re.IGNORECASE)
+PATHS = re.compile(r"(?<![\w.~-])/(?:w[o]rk|r[o]ot|t[m]p)/|(?<![\w.~-])/(?:h[o]me|U[s]ers)/\w"
+                   r"|\b[A-Za-z]:\\U[s]ers\\")
+BACKEND_NAMES = {"transformers", "ggml", "ggml-bf16", "int8", "native", "native-int8", "native-w8a8"}
+#: data, not prose (as in tests/test_repo_hygiene.py): user requests that may use any word or path
+DATA_FILES = ("assets/train/prompts.jsonl", "assets/train/handwritten.jsonl")
+PARSE_CALLS = {"startswith", "removeprefix", "split", "partition", "rpartition", "match",
+               "fullmatch"}
+
+
+def tracked() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+    return [p for p in out.stdout.decode().split("\0") if p and (ROOT / p).is_file()]
+
+
+def text(path: str) -> str | None:
+    data = (ROOT / path).read_bytes()
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def python_files(files: list[str]) -> dict[str, ast.Module]:
+    return {p: ast.parse((ROOT / p).read_text(), p) for p in files
+            if p.startswith("specdemo/") and p.endswith(".py")}
+
+
+def functions(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def strings(node: ast.AST) -> list[str]:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def own_import(node: ast.AST) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level > 0 or (node.module or "").split(".")[0] == "specdemo"
+    if isinstance(node, ast.Import):
+        return any(a.name.split(".")[0] == "specdemo" for a in node.names)
+    return False
+
+
+def counts() -> list[tuple[str, object, str]]:
+    files = tracked()
+    docs = [p for p in files if p.startswith("docs/")]
+    texts = {p: text(p) for p in files}
+    trees = python_files(files)
+    out = [("docs files", len(docs), "git ls-files docs/ | wc -l"),
+           ("docs bytes", sum((ROOT / p).stat().st_size for p in docs),
+            "sum of the sizes of the files git ls-files lists under docs/")]
+    for name, pattern in (("files naming a stint (hygiene test's words)", WORDS),
+                          ("files with an absolute machine path", PATHS)):
+        hits = [p for p, t in texts.items() if p not in DATA_FILES
+                and (pattern.search(p) or (t and pattern.search(t)))]
+        out.append((name, len(hits), "tracked text files (or their paths) matching the pattern "
+                    "of tests/test_repo_hygiene.py, its two data files aside"))
+    readme = texts.get("README.md") or ""
+    out.append(("README lines", len(readme.splitlines()), "wc -l README.md"))
+    engine = trees.get("specdemo/core/engine.py")
+    decode = next((f for f in functions(engine) if f.name == "decode"), None) if engine else None
+    out.append(("core/engine.py decode lines",
+                decode.end_lineno - decode.lineno + 1 if decode else None,
+                "lines of the def of decode in specdemo/core/engine.py, signature to last line"))
+    lists = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+                parts = [k for k in value.keys if k is not None] if isinstance(value, ast.Dict) \
+                    else [value]
+                named = BACKEND_NAMES & {s for part in parts for s in strings(part)}
+                if len(named) >= 2:
+                    lists.append(f"{path}:{node.lineno}")
+    out.append(("backend name lists", len(lists), "assignments in specdemo/ of a tuple, list, set "
+                "or dict literal holding 2 or more backend names as strings (elements or keys): "
+                + ", ".join(lists)))
+    parsers = []
+    for path, tree in trees.items():
+        for f in functions(tree):
+            # a function's own body, not the functions nested in it (those are counted apart)
+            own = [n for n in ast.walk(f) if n is f or not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            says = any(isinstance(n, ast.Constant) and isinstance(n.value, str)
+                       and n.value.startswith("early-exit") for n in own)
+            parses = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                         and n.func.attr in PARSE_CALLS for n in own)
+            if says and parses:
+                parsers.append(f"{path}:{f.name}")
+    out.append(("places parsing a draft spec's early-exit:N", len(parsers),
+                "functions in specdemo/ whose body holds a string starting with early-exit and "
+                "calls startswith/removeprefix/split/partition/match: " + ", ".join(sorted(parsers))))
+    defs = [f"{p}:{n.lineno}" for p, tree in trees.items() for n in tree.body
+            if isinstance(n, (ast.Assign, ast.AnnAssign)) and any(
+                isinstance(t, ast.Name) and t.id == "NON_MODEL_DRAFTS"
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    out.append(("NON_MODEL_DRAFTS definitions", len(defs), "module-level assignments: " + ", ".join(defs)))
+    inner, bare = 0, 0
+    for path, tree in trees.items():
+        lines = (ROOT / path).read_text().splitlines()
+        seen = set()
+        for f in functions(tree):
+            for n in ast.walk(f):
+                if own_import(n) and id(n) not in seen:
+                    seen.add(id(n))
+                    inner += 1
+                    # a comment on the import's line or the line above it says why
+                    here = lines[n.lineno - 1]
+                    above = lines[n.lineno - 2].strip() if n.lineno > 1 else ""
+                    bare += "#" not in here and not above.startswith("#")
+    out.append(("in-function imports of own modules", inner, "import statements of specdemo "
+                "modules (relative or absolute) inside a def, in specdemo/"))
+    out.append(("... of them without a comment saying why", bare, "the same, without a # "
+                "comment on the import's line or a comment line just above it"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="one JSON object: name -> count")
+    args = parser.parse_args(argv)
+    rows = counts()
+    if args.json:
+        json.dump({name: value for name, value, _ in rows}, sys.stdout, indent=1)
+        print()
+        return
+    for name, value, how in rows:
+        print(f"{name}: {value}\n    how: {how}")
+
+
+if __name__ == "__main__":
+    main()
