@@ -290,7 +290,10 @@ def test_a_bad_min_survival_setting_is_refused(target, tmp_path, monkeypatch):
     assert load_learned(str(folder), loaded(target)).min_survival == 0.5
 
 
-def test_compare_races_a_dspark_folder_and_stays_identical(tmp_path, capsys):
+@pytest.mark.parametrize("backend", ["transformers", "auto"])
+def test_compare_races_a_dspark_folder_and_stays_identical(tmp_path, capsys, backend):
+    """Greedy output with a DSpark folder equals plain decoding on the reference backend and on
+    the one ``auto`` picks (``compare --draft DIR``)."""
     from specdemo.interfaces import cli
     from test_learned_presets import save_target
     model = tiny_llama(seed=11, vocab_size=64, layers=2)
@@ -298,9 +301,33 @@ def test_compare_races_a_dspark_folder_and_stays_identical(tmp_path, capsys):
     folder = dspark.save_dspark(tiny_dspark(model, seed=2), tmp_path / "draft")
     code = cli.main(["compare", "--target", str(tmp_path / "target"), "--draft", str(folder),
                      "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "8",
-                     "--prompt", "w1 w2 w3 w1 w2", "--json"])
+                     "--backend", backend, "--prompt", "w1 w2 w3 w1 w2", "--json"])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and result["identical"] is True
     spec = result["speculative"]
     assert spec["drafted_by"] == {str(folder): spec["drafted"]} and spec["drafted"] > 0
     assert len(spec["per_position_acceptance"]) == len(spec["position_drafted"]) >= 1
+
+
+def test_the_dropdown_lists_a_compatible_dspark_folder(tmp_path, monkeypatch):
+    """ui.draft_options offers a DSpark folder paired with the target, labelled with its family
+    (checked against the target's weights), and refuses one built for another target, with the
+    reason."""
+    from types import SimpleNamespace
+    from specdemo.interfaces import ui
+    from specdemo.models import loading
+    from test_learned_presets import save_target
+    model = tiny_llama(seed=11, vocab_size=64, layers=2)
+    save_target(model, tmp_path / "target")
+    good = dspark.save_dspark(tiny_dspark(model, seed=2), tmp_path / "good")
+    other = tiny_llama(seed=12, vocab_size=64, layers=2, hidden=48)
+    bad = dspark.save_dspark(tiny_dspark(other, seed=2), tmp_path / "bad")
+    monkeypatch.setattr(loading, "builtin_names", lambda: [])  # no built-in models to check
+    monkeypatch.setattr(ui, "_VERDICTS", {})
+    target_spec = str(tmp_path / "target")
+    presets = [SimpleNamespace(target=target_spec, draft=str(d), draft_is_learned=True,
+                               draft_is_model=True, draft_kind="dspark") for d in (good, bad)]
+    choices, refused = ui.draft_options(target_spec, presets)
+    assert (f"{good} (DSpark)", str(good)) in choices
+    assert [spec for spec, _ in refused] == [str(bad)]
+    assert str(bad) not in [spec for _, spec in choices]
