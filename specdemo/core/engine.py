@@ -19,7 +19,7 @@ import torch
 from .clock import read_on_host
 from .clock import sync as _sync
 from .drafters import Drafter, Proposal, wants_features
-from .drafters.base import CatchesUp, StackedDrafter, StopsEarly, TreeDrafter
+from .drafters.base import CatchesUp, KeepGoing, StackedDrafter, StopsEarly, TreeDrafter
 from .kv import Cancelled, KVModel, stop_on
 from .machine import OtherCpuUse
 from .policy import (ConfidencePolicy, CostModelPolicy, DraftLengthPolicy, FixedDraftLength,
@@ -490,7 +490,7 @@ def _longest_draft(policy) -> int:
     return policy.k if isinstance(policy, FixedLength) else 1
 
 
-def _asker(policy, k: int, source: str | None):
+def _asker(policy, k: int, source: str | None) -> KeepGoing:
     """``keep_going(confidence) -> bool`` for a drafter that stops early: ``policy.more``."""
     return lambda confidence: policy.more(confidence, k, source)
 

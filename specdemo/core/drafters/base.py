@@ -81,7 +81,15 @@ class StackedDrafter(Protocol):
     def prefers(self, found: Proposal | None, k: int) -> bool: ...
 
     def propose_learned(self, context: list[int], k: int, params: SamplingParams,
-                        generator: torch.Generator | None, keep_going=None) -> Proposal: ...
+                        generator: torch.Generator | None,
+                        keep_going: KeepGoing | None = None) -> Proposal: ...
+
+
+class KeepGoing(Protocol):
+    """Asked by a drafter that stops early after each drafted token with the confidences so
+    far (``Proposal.confidence``): True to draft another (``AdaptiveDraftLength.more``)."""
+
+    def __call__(self, confidence: list[float]) -> bool: ...
 
 
 @runtime_checkable
