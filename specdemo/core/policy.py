@@ -55,6 +55,12 @@ from .clock import sync
 
 
 class DraftLengthPolicy(Protocol):
+    """What the engine asks every policy; the flags say which optional capabilities are on
+    (``PerSourcePolicy``, ``ConfidencePolicy``), the others are declared below as Protocols."""
+
+    per_source: bool  # the policy counts each draft source apart (``PerSourcePolicy``)
+    use_confidence: bool  # the policy weighs the drafter's confidence (``ConfidencePolicy``)
+
     def choose(self, source: str | None = None) -> int: ...
 
     def limit(self, n_proposed: int, source: str | None = None,
@@ -116,6 +122,7 @@ class FixedDraftLength:
         self.k = k
 
     per_source = False  # the engine asks the drafter as usual (no separate lookup round)
+    use_confidence = False  # every proposed token is verified, whatever the drafter's confidence
 
     def choose(self, source: str | None = None) -> int:
         return self.k
