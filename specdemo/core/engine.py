@@ -19,13 +19,15 @@ import torch
 from .clock import read_on_host
 from .clock import sync as _sync
 from .drafters import Drafter, Proposal, wants_features
+from .drafters.base import CatchesUp, KeepGoing, StackedDrafter, StopsEarly, TreeDrafter
 from .kv import Cancelled, KVModel, stop_on
 from .machine import OtherCpuUse
-from .policy import DraftLengthPolicy, FixedDraftLength
+from .policy import (ConfidencePolicy, CostModelPolicy, DraftLengthPolicy, FixedDraftLength,
+                     FixedLength, PerSourcePolicy)
 from .sampling import (Generators, SamplingParams, choose, next_token_probs, penalize, verify,
                        verify_greedy)
 from .stats import DecodeStats
-from .tree import TreeOrChain, TreeShape, verify_tree_greedy
+from .tree import DraftTree, TreeOrChain, TreeShape, TreeTarget, verify_tree_greedy
 
 
 @dataclass
@@ -161,207 +163,287 @@ def decode(
         raise ValueError("the prompt is empty: nothing to condition on")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    policy = policy or FixedDraftLength(4)
-    # one seeded generator per device: drafters sample on the target's device, verification
-    # (sampling mode) on the CPU
-    generator = Generators(params.seed) if params.seed is not None else None
-    device = target.device
-    stats = DecodeStats(prompt_tokens=len(prompt_ids),
-                        extra_memory_bytes=drafter.extra_memory_bytes if drafter else 0)
-    context = list(prompt_ids)
-    text = TextTracker(tokenizer, stop_strings)
-    penalised = params.repetition_penalty != 1.0
+    run = _Decoding(target, prompt_ids, tokenizer, drafter, policy or FixedDraftLength(4), params,
+                    max_new_tokens, eos_token_ids, stop_strings, tree)
+    try:
+        with stop_on(cancel):  # the prompt goes in chunks; Stop is honoured between them
+            logits, features = run.prefill()
+    except Cancelled:
+        yield run.cancelled()
+        return
+    yield run.first(logits, features)
+    while run.stats.finish_reason is None:
+        if cancel is not None and cancel.is_set():
+            yield run.cancelled()
+            return
+        t0 = time.perf_counter()
+        room = max_new_tokens - run.stats.new_tokens - 1
+        try:
+            with stop_on(cancel):  # a draft model's first proposal feeds it the whole prompt
+                draft = run.propose(room)
+        except Cancelled:
+            yield run.cancelled()
+            return
+        verify = run.verify_chain if draft.tree is None else run.verify_tree
+        yield run.settle(verify(draft, t0))
 
-    def probs_at(logits: torch.Tensor, upto: list[int]) -> torch.Tensor:
-        seen = torch.tensor(upto, device=logits.device) if penalised else _NO_IDS
-        return next_token_probs(logits, seen, params).cpu()
 
-    def emit(tokens: list[int], flags: list[bool]) -> DecodeEvent:
+@dataclass
+class _Draft:
+    """One round's proposal: a chain (``proposal``, the k asked for) or a ``tree``, and the
+    policy's name for its source (None: the drafter as a whole)."""
+
+    proposal: Proposal | None = None
+    k: int = 0
+    source: str | None = None
+    tree: DraftTree | None = None
+
+
+@dataclass
+class _Verified:
+    """One verified round: ``drafts`` (a chain's verified drafts; a tree's accepted branch),
+    ``n_accepted`` of them kept, the target's ``next_token``, and the round's clock readings
+    (t0 drafting began, t1 verification began, t2 it ended)."""
+
+    drafts: list[int]
+    n_accepted: int
+    next_token: int
+    times: tuple[float, float, float]
+    draft: _Draft
+
+
+class _Decoding:
+    """The state of one :func:`decode` and its steps: prefill, propose (prompt lookup, a chain,
+    a tree), verify (a chain, a tree) and one bookkeeping step per round (:meth:`settle`)."""
+
+    def __init__(self, target: KVModel, prompt_ids: list[int], tokenizer, drafter: Drafter | None,
+                 policy: DraftLengthPolicy, params: SamplingParams, max_new_tokens: int,
+                 eos_token_ids: frozenset[int], stop_strings: tuple[str, ...],
+                 tree: TreeShape | None) -> None:
+        self.target, self.drafter, self.policy, self.params = target, drafter, policy, params
+        self.max_new_tokens, self.eos_token_ids = max_new_tokens, eos_token_ids
+        # one seeded generator per device: drafters sample on the target's device, verification
+        # (sampling mode) on the CPU
+        self.generator = Generators(params.seed) if params.seed is not None else None
+        self.device = target.device
+        self.stats = DecodeStats(prompt_tokens=len(prompt_ids),
+                                 extra_memory_bytes=drafter.extra_memory_bytes if drafter else 0)
+        self.context = list(prompt_ids)
+        self.text = TextTracker(tokenizer, stop_strings)
+        self.penalised = params.repetition_penalty != 1.0
+        self.layers = wants_features(drafter)
+        if tree is not None:
+            why_not = tree_unusable_reason(drafter, target, params)
+            if not why_not and isinstance(policy, FixedLength) and isinstance(policy.k, int):
+                tree = tree.cut(policy.k)  # a fixed draft length k: the tree's depth is at most k
+            self.stats.tree = f"not used: {why_not}" if why_not else tree.describe()
+            tree = None if why_not else tree
+        self.tree = tree
+        # under auto the tree is kept only while it beats the draft-length rule here (TreeOrChain)
+        self.shape_choice = (TreeOrChain(adaptive=isinstance(policy, CostModelPolicy)) if tree
+                             else None)
+        # A stacked drafter (prompt lookup over a learned one) under a per-source policy: the
+        # free lookup is weighed at its own acceptance and cost against the learned drafter's
+        # best (policy.py), and the policy learns each source's figures apart.
+        self.stacked = (isinstance(policy, PerSourcePolicy) and policy.per_source
+                        and isinstance(drafter, StackedDrafter))
+        # a token-by-token drafter asks the policy after each token (policy.more: the
+        # drafter's confidence against the cost model)
+        self.asks = (isinstance(policy, ConfidencePolicy) and policy.use_confidence
+                     and isinstance(drafter, StopsEarly) and drafter.stops_early)
+
+    def probs_at(self, logits: torch.Tensor, upto: list[int]) -> torch.Tensor:
+        seen = torch.tensor(upto, device=logits.device) if self.penalised else _NO_IDS
+        return next_token_probs(logits, seen, self.params).cpu()
+
+    def greedy_ids(self, logits: torch.Tensor, drafts: list[int]) -> list[int]:
+        """The target's k+1 argmaxes (after the repetition penalty) as ids, in one transfer."""
+        rows = logits[:len(drafts) + 1].float()
+        if self.penalised:
+            seen = torch.tensor(self.context + drafts, device=logits.device)
+            rows = torch.stack([penalize(rows[i], seen[:len(self.context) + i],
+                                         self.params.repetition_penalty)
+                                for i in range(len(rows))])
+        return _argmax_rows(rows)
+
+    def target_forward(self, ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(keep, V) logits and, for a drafter that reads hidden states, (len(ids), F) features."""
+        if self.layers:
+            return self.target.forward_features(ids, keep, self.layers)
+        return self.target.forward(ids, logits_to_keep=keep), None
+
+    def emit(self, tokens: list[int], flags: list[bool]) -> DecodeEvent:
         """Append tokens one at a time, stopping exactly where plain decoding would."""
-        kept = 0
+        stats, kept = self.stats, 0
         for token in tokens:
-            context.append(token)
-            text.add(token)
+            self.context.append(token)
+            self.text.add(token)
             kept += 1
             stats.new_tokens += 1
-            if token in eos_token_ids:
+            if token in self.eos_token_ids:
                 stats.finish_reason = "eos"
-            elif text.stopped:
+            elif self.text.stopped:
                 stats.finish_reason = "stop"
-            elif stats.new_tokens >= max_new_tokens:
+            elif stats.new_tokens >= self.max_new_tokens:
                 stats.finish_reason = "length"
             if stats.finish_reason:
                 break
-        _sync(device)
+        _sync(self.device)
         now = time.perf_counter()
-        stats.elapsed_s = now - start
+        stats.elapsed_s = now - self.start
         if stats.ttft_s is None:
             stats.ttft_s = stats.elapsed_s
         done = stats.finish_reason is not None
         if done:
-            stats.other_cpu_share = others.share_if_measurable()
-        return DecodeEvent(tokens[:kept], flags[:kept], text.delta(final=done), stats.copy(), done)
+            stats.other_cpu_share = self.others.share_if_measurable()
+        return DecodeEvent(tokens[:kept], flags[:kept], self.text.delta(final=done), stats.copy(),
+                           done)
 
-    def greedy_ids(logits: torch.Tensor, drafts: list[int]) -> list[int]:
-        """The target's k+1 argmaxes (after the repetition penalty) as ids, in one transfer."""
-        rows = logits[:len(drafts) + 1].float()
-        if penalised:
-            seen = torch.tensor(context + drafts, device=logits.device)
-            rows = torch.stack([penalize(rows[i], seen[:len(context) + i],
-                                         params.repetition_penalty) for i in range(len(rows))])
-        return _argmax_rows(rows)
+    def cancelled(self) -> DecodeEvent:
+        self.stats.finish_reason = "cancelled"
+        self.stats.other_cpu_share = self.others.share_if_measurable()
+        return DecodeEvent([], [], self.text.delta(final=True), self.stats.copy(), True)
 
-    layers = wants_features(drafter)
-    if tree is not None:
-        why_not = tree_unusable_reason(drafter, target, params)
-        if not why_not and isinstance(getattr(policy, "k", None), int):
-            tree = tree.cut(policy.k)  # a fixed draft length k: the tree's depth is at most k
-        stats.tree = f"not used: {why_not}" if why_not else tree.describe()
-        tree = None if why_not else tree
-    # under auto the tree is kept only while it beats the draft-length rule here (TreeOrChain)
-    shape_choice = TreeOrChain(adaptive=hasattr(policy, "forward_time")) if tree else None
+    def prefill(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Reset the target and run it over the prompt: (1, V) last logits, features or None."""
+        self.others = OtherCpuUse()  # how busy the machine is while this decode is timed
+        self.start = time.perf_counter()
+        self.target.reset()
+        return self.target_forward(self.context, 1)
 
-    def target_forward(ids: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(keep, V) logits and, for a drafter that reads hidden states, (len(ids), F) features."""
-        if layers:
-            return target.forward_features(ids, keep, layers)
-        return target.forward(ids, logits_to_keep=keep), None
+    def first(self, logits: torch.Tensor, features: torch.Tensor | None) -> DecodeEvent:
+        """After the prefill: the drafter told of the prompt, the first new token chosen."""
+        if features is not None:
+            self.drafter.observe(features)  # features of every prompt position, chunks joined
+        if isinstance(self.drafter, CatchesUp):  # draft models: catch-up widths
+            self.drafter.begin(len(self.context), _longest_draft(self.policy))
+        first = choose(self.probs_at(logits[-1], self.context), self.params, self.generator)
+        self.stats.prefill_s = time.perf_counter() - self.start
+        return self.emit([first], [False])
 
-    def cancelled() -> DecodeEvent:
-        stats.finish_reason = "cancelled"
-        stats.other_cpu_share = others.share_if_measurable()
-        return DecodeEvent([], [], text.delta(final=True), stats.copy(), True)
-
-    others = OtherCpuUse()  # how busy the machine is while this decode is timed
-    start = time.perf_counter()
-    target.reset()
-    try:
-        with stop_on(cancel):  # the prompt goes in chunks; Stop is honoured between them
-            logits, features = target_forward(context, 1)
-    except Cancelled:
-        yield cancelled()
-        return
-    if features is not None:
-        drafter.observe(features)  # features of every prompt position, all chunks joined
-    begin = getattr(drafter, "begin", None)  # draft models: catch-up widths (ModelDrafter.begin)
-    if begin is not None:
-        begin(len(context), getattr(policy, "max_k", getattr(policy, "k", 1)))
-    first = choose(probs_at(logits[-1], context), params, generator)
-    stats.prefill_s = time.perf_counter() - start
-    yield emit([first], [False])
-
-    while stats.finish_reason is None:
-        if cancel is not None and cancel.is_set():
-            yield cancelled()
-            return
-        t0 = time.perf_counter()
-        room = max_new_tokens - stats.new_tokens - 1
-        # A stacked drafter (prompt lookup over a learned one) under a per-source policy: the
-        # free lookup is weighed at its own acceptance and cost against the learned drafter's
-        # best (policy.py), and the policy learns each source's figures apart.
-        stacked = (drafter is not None and getattr(policy, "per_source", False)
-                   and hasattr(drafter, "lookup"))
-        source = "learned" if stacked else None  # the policy's name for this round's source
-        proposal, k, draft_tree = None, 0, None
+    def propose(self, room: int) -> _Draft:
+        """This round's draft: prompt lookup's (a stacked drafter), else a tree, else a chain of
+        up to ``room`` tokens (k = 0 without a drafter: a plain step)."""
+        source = "learned" if self.stacked else None  # the policy's name for this round's source
         # a tree round for the learned drafter? Under auto only where it may beat the chain's
         # (or a plain step's) expected rate (TreeOrChain)
-        use_tree = shape_choice is not None and room > 0 and shape_choice.use_tree(
-            *_tree_rivals(policy, tree, source))
-        try:
-            with stop_on(cancel):  # a draft model's first proposal feeds it the whole prompt
-                if stacked and room > 0:
-                    found = drafter.lookup(context, min(policy.max_k, room), params, generator)
-                    m = policy.limit(len(found.ids), "lookup") if found is not None else 0
-                    rival = policy.best("learned")[1]
-                    if use_tree:
-                        rival = shape_choice.rate or rival
-                    if m > 0 and policy.expected_rate(m, "lookup") >= rival:
-                        probs = found.probs[:m] if found.probs is not None else None
-                        proposal = drafter.use(Proposal(found.ids[:m], probs, found.source))
-                        k, source = m, "lookup"
-                if (tree is not None and not stacked and room > 0
-                        and hasattr(drafter, "lookup")):  # a stacked drafter's own rule
-                    kk = min(policy.choose(None), room)
-                    found = drafter.lookup(context, kk, params, generator)
-                    if drafter.prefers(found, kk):
-                        proposal = drafter.use(found)
-                        k = len(proposal.ids)
-                if proposal is None and use_tree:
-                    draft_tree = drafter.propose_tree(context, tree)
-                if proposal is None and draft_tree is None:
-                    k = min(policy.choose(source), room) if drafter else 0
-                    if k > 0:
-                        propose = drafter.propose_learned if stacked else drafter.propose
-                        if (getattr(policy, "use_confidence", False)
-                                and getattr(drafter, "stops_early", False)):
-                            # a token-by-token drafter asks the policy after each token
-                            # (policy.more: the drafter's confidence against the cost model)
-                            k = policy.draft_budget(k, room)
-                            proposal = propose(context, k, params, generator,
-                                               keep_going=_asker(policy, k, source))
-                        else:
-                            proposal = propose(context, k, params, generator)
-        except Cancelled:
-            yield cancelled()
-            return
-        if draft_tree is not None:
-            _sync(device)
-            t1 = time.perf_counter()
-            depth, anc = draft_tree.rows()
-            logits, features = target.forward_tree([context[-1]] + draft_tree.ids, depth, anc,
-                                                   layers)
-            rows, next_token = verify_tree_greedy(draft_tree, _argmax_rows(logits.float()))
-            start_row = len(context) - 1
-            target.keep_rows(start_row, [0] + rows)
-            accepted = [draft_tree.ids[r - 1] for r in rows]
-            if features is not None:
-                drafter.observe(features[[0] + rows])
-            _sync(device)
-            t2 = time.perf_counter()
-            stats.draft_s += t1 - t0
-            stats.verify_s += t2 - t1
-            shape_choice.record(len(rows) + 1, t2 - t0)
-            drafter.feedback(len(rows))
-            event = emit(accepted + [next_token], [True] * len(rows) + [False])
-            stats.record_tree_round(len(draft_tree.ids), tree.depth, len(rows),
-                                    len(event.token_ids), draft_tree.source)
-            stats.extra_memory_bytes = drafter.extra_memory_bytes
-            event.stats = stats.copy()
-            yield event
-            continue
+        use_tree = self.shape_choice is not None and room > 0 and self.shape_choice.use_tree(
+            *_tree_rivals(self.policy, self.tree, source))
+        draft = None
+        if room > 0 and (self.stacked or self.tree is not None):
+            draft = self.lookup(room, use_tree)
+        if draft is None and use_tree:
+            return _Draft(tree=self.drafter.propose_tree(self.context, self.tree), source=source)
+        return draft or self.chain(room, source)
+
+    def lookup(self, room: int, use_tree: bool) -> _Draft | None:
+        """Prompt lookup's proposal of a stacked drafter when it is taken, else None: weighed by
+        a per-source policy against the learned drafter's best (or the tree's rate), else by the
+        stacked drafter's own rule (``CombinedDrafter.prefers``)."""
+        drafter, policy, context = self.drafter, self.policy, self.context
+        if not isinstance(drafter, StackedDrafter):
+            return None
+        if not self.stacked:  # a stacked drafter's own rule
+            k = min(policy.choose(None), room)
+            found = drafter.lookup(context, k, self.params, self.generator)
+            if drafter.prefers(found, k):
+                proposal = drafter.use(found)
+                return _Draft(proposal, len(proposal.ids))
+            return None
+        found = drafter.lookup(context, min(policy.max_k, room), self.params, self.generator)
+        m = policy.limit(len(found.ids), "lookup") if found is not None else 0
+        rival = policy.best("learned")[1]
+        if use_tree:
+            rival = self.shape_choice.rate or rival
+        if m > 0 and policy.expected_rate(m, "lookup") >= rival:
+            probs = found.probs[:m] if found.probs is not None else None
+            return _Draft(drafter.use(Proposal(found.ids[:m], probs, found.source)), m, "lookup")
+        return None
+
+    def chain(self, room: int, source: str | None) -> _Draft:
+        """A chain of the k the policy chooses (within ``room``); no proposal when k = 0."""
+        drafter, policy = self.drafter, self.policy
+        k = min(policy.choose(source), room) if drafter else 0
+        if k <= 0:
+            return _Draft(None, k, source)
+        propose = drafter.propose_learned if self.stacked else drafter.propose
+        if not self.asks:
+            return _Draft(propose(self.context, k, self.params, self.generator), k, source)
+        k = policy.draft_budget(k, room)
+        return _Draft(propose(self.context, k, self.params, self.generator,
+                              keep_going=_asker(policy, k, source)), k, source)
+
+    def verify_chain(self, draft: _Draft, t0: float) -> _Verified:
+        """One target forward over [last token, drafts]: the kept prefix and the next token (the
+        speculative-sampling rule; greedy: the argmaxes); the caches rolled back past it."""
+        proposal, context, params = draft.proposal, self.context, self.params
         confidence = proposal.confidence if proposal else None
-        drafts = (proposal.ids[:policy.limit(min(k, len(proposal.ids)), source, confidence)]
-                  if proposal else [])
-        _sync(device)
+        drafts = (proposal.ids[:self.policy.limit(min(draft.k, len(proposal.ids)), draft.source,
+                                                  confidence)] if proposal else [])
+        _sync(self.device)
         t1 = time.perf_counter()
-        logits, features = target_forward([context[-1]] + drafts, len(drafts) + 1)
+        logits, features = self.target_forward([context[-1]] + drafts, len(drafts) + 1)
         if params.greedy:  # only the argmaxes leave the device, in one transfer
-            n_accepted, next_token = verify_greedy(drafts, greedy_ids(logits, drafts))
+            n_accepted, next_token = verify_greedy(drafts, self.greedy_ids(logits, drafts))
         else:
-            target_probs = torch.stack([probs_at(logits[i], context + drafts[:i])
+            target_probs = torch.stack([self.probs_at(logits[i], context + drafts[:i])
                                         for i in range(len(drafts) + 1)])  # (k+1, V)
             q = (proposal.probs[:len(drafts)].cpu() if proposal and proposal.probs is not None
                  else None)
-            n_accepted, next_token = verify(drafts, q, target_probs, params, generator)
-        target.rollback(len(context) + n_accepted)  # keep last token + accepted drafts
+            n_accepted, next_token = verify(drafts, q, target_probs, params, self.generator)
+        self.target.rollback(len(context) + n_accepted)  # keep last token + accepted drafts
         if features is not None:  # the same positions the target keeps
-            drafter.observe(features[:n_accepted + 1])
-        _sync(device)
-        t2 = time.perf_counter()
+            self.drafter.observe(features[:n_accepted + 1])
+        _sync(self.device)
+        return _Verified(drafts, n_accepted, next_token, (t0, t1, time.perf_counter()), draft)
+
+    def verify_tree(self, draft: _Draft, t0: float) -> _Verified:
+        """One tree-attention forward over the draft tree: the longest branch the target's
+        greedy choices follow, its KV rows kept (``verify_tree_greedy``)."""
+        tree, context = draft.tree, self.context
+        _sync(self.device)
+        t1 = time.perf_counter()
+        depth, anc = tree.rows()
+        logits, features = self.target.forward_tree([context[-1]] + tree.ids, depth, anc,
+                                                    self.layers)
+        rows, next_token = verify_tree_greedy(tree, _argmax_rows(logits.float()))
+        self.target.keep_rows(len(context) - 1, [0] + rows)
+        if features is not None:
+            self.drafter.observe(features[[0] + rows])
+        _sync(self.device)
+        accepted = [tree.ids[r - 1] for r in rows]
+        return _Verified(accepted, len(rows), next_token, (t0, t1, time.perf_counter()), draft)
+
+    def settle(self, v: _Verified) -> DecodeEvent:
+        """The round's bookkeeping, one for every kind: timings, what the policy (or the tree's
+        chooser) and the drafter learn, the tokens emitted, the round's counters."""
+        stats, drafter, draft = self.stats, self.drafter, v.draft
+        t0, t1, t2 = v.times
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
+        proposal = draft.proposal
+        if draft.tree is not None:
+            self.shape_choice.record(v.n_accepted + 1, t2 - t0)
+        elif drafter:
+            confidence = proposal.confidence if proposal else None
+            self.policy.update(len(v.drafts) + 1, t2 - t1, len(v.drafts), v.n_accepted, t1 - t0,
+                               draft.source,
+                               confidence=confidence[:len(v.drafts)] if confidence else None,
+                               n_proposed=len(proposal.ids) if proposal else 0)
         if drafter:
-            policy.update(len(drafts) + 1, t2 - t1, len(drafts), n_accepted, t1 - t0, source,
-                          confidence=confidence[:len(drafts)] if confidence else None,
-                          n_proposed=len(proposal.ids) if proposal else 0)
-            drafter.feedback(n_accepted)
-        event = emit(drafts[:n_accepted] + [next_token], [True] * n_accepted + [False])
+            drafter.feedback(v.n_accepted)
+        event = self.emit(v.drafts[:v.n_accepted] + [v.next_token],
+                          [True] * v.n_accepted + [False])
         # Drafts after a stop point (EOS, stop string, length) count neither way.
-        stats.record_round(len(drafts), n_accepted, len(event.token_ids),
-                           proposal.source if proposal else None)
+        if draft.tree is not None:
+            stats.record_tree_round(len(draft.tree.ids), self.tree.depth, v.n_accepted,
+                                    len(event.token_ids), draft.tree.source)
+        else:
+            stats.record_round(len(v.drafts), v.n_accepted, len(event.token_ids),
+                               proposal.source if proposal else None)
         stats.extra_memory_bytes = drafter.extra_memory_bytes if drafter else 0
         event.stats = stats.copy()
-        yield event
+        return event
 
 
 _NO_IDS = torch.empty(0, dtype=torch.long)
@@ -384,9 +466,9 @@ def tree_unusable_reason(drafter, target, params: SamplingParams) -> str | None:
         return "sampling keeps the chain (trees are verified greedily only)"
     if params.repetition_penalty != 1.0:
         return "a repetition penalty keeps the chain"
-    if not (hasattr(drafter, "propose_tree") and getattr(drafter, "drafts_trees", True)):
-        return f"the drafter {getattr(drafter, 'name', '')} drafts chains only (trees: EAGLE-3)"
-    if not hasattr(target, "forward_tree"):
+    if not (isinstance(drafter, TreeDrafter) and drafter.drafts_trees):
+        return f"the drafter {drafter.name} drafts chains only (trees: EAGLE-3)"
+    if not isinstance(target, TreeTarget):
         backend = getattr(target, "backend", None) or type(target).__name__
         return f"the target's {backend} forward has no tree attention"
     return None
@@ -396,12 +478,19 @@ def _tree_rivals(policy, tree: TreeShape, source: str | None) -> tuple[float | N
     """(rival, bound) for ``TreeOrChain.use_tree``: under a cost-model policy (``auto``) the
     best expected tokens per second of its own choice (a chain of k, or a plain step) and the
     tree's best case; (None, None) under a fixed draft length (the tree, as asked)."""
-    if not hasattr(policy, "tree_rate_bound"):
+    if not isinstance(policy, CostModelPolicy):
         return None, None
     return policy.best(source)[1], policy.tree_rate_bound(tree.size, tree.depth, source)
 
 
-def _asker(policy, k: int, source: str | None):
+def _longest_draft(policy) -> int:
+    """The longest draft the decode may ask for: ``max_k`` of a cost model, else k, else 1."""
+    if isinstance(policy, CostModelPolicy):
+        return policy.max_k
+    return policy.k if isinstance(policy, FixedLength) else 1
+
+
+def _asker(policy, k: int, source: str | None) -> KeepGoing:
     """``keep_going(confidence) -> bool`` for a drafter that stops early: ``policy.more``."""
     return lambda confidence: policy.more(confidence, k, source)
 

@@ -49,12 +49,18 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .clock import sync
 
 
 class DraftLengthPolicy(Protocol):
+    """What the engine asks every policy; the flags say which optional capabilities are on
+    (``PerSourcePolicy``, ``ConfidencePolicy``), the others are declared below as Protocols."""
+
+    per_source: bool  # the policy counts each draft source apart (``PerSourcePolicy``)
+    use_confidence: bool  # the policy weighs the drafter's confidence (``ConfidencePolicy``)
+
     def choose(self, source: str | None = None) -> int: ...
 
     def limit(self, n_proposed: int, source: str | None = None,
@@ -63,6 +69,48 @@ class DraftLengthPolicy(Protocol):
     def update(self, n_forward_tokens: int, forward_s: float, n_drafted: int, n_accepted: int,
                draft_s: float, source: str | None = None, confidence: list[float] | None = None,
                n_proposed: int | None = None) -> None: ...
+
+
+@runtime_checkable
+class FixedLength(Protocol):
+    """A policy with one fixed draft length ``k`` (``FixedDraftLength``)."""
+
+    k: int
+
+
+@runtime_checkable
+class CostModelPolicy(Protocol):
+    """A policy that times the target (``AdaptiveDraftLength``, ``auto``): forward seconds per
+    width, the best expected tokens/s, a tree's best case; ``max_k`` the longest draft."""
+
+    max_k: int
+
+    def forward_time(self, n: int) -> float: ...
+
+    def best(self, source: str | None = None) -> tuple[int, float]: ...
+
+    def expected_rate(self, k: int, source: str | None = None) -> float: ...
+
+    def tree_rate_bound(self, nodes: int, depth: int, source: str | None = None) -> float: ...
+
+
+@runtime_checkable
+class PerSourcePolicy(CostModelPolicy, Protocol):
+    """A cost-model policy that learns each source (prompt lookup, learned) apart when
+    ``per_source`` is true: the engine may then weigh a stacked drafter's lookup itself."""
+
+    per_source: bool
+
+
+@runtime_checkable
+class ConfidencePolicy(Protocol):
+    """A policy that asks a drafter's confidence after each token when ``use_confidence``."""
+
+    use_confidence: bool
+
+    def draft_budget(self, k: int, room: int) -> int: ...
+
+    def more(self, confidence: list[float], k: int, source: str | None = None) -> bool: ...
 
 
 class FixedDraftLength:
@@ -74,6 +122,7 @@ class FixedDraftLength:
         self.k = k
 
     per_source = False  # the engine asks the drafter as usual (no separate lookup round)
+    use_confidence = False  # every proposed token is verified, whatever the drafter's confidence
 
     def choose(self, source: str | None = None) -> int:
         return self.k

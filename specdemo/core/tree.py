@@ -19,8 +19,19 @@ rule is exact; a tree with sampling needs SpecInfer's multi-draft rule, not buil
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 MAX_NODES = 63  # with the root: 64 rows, one uint64 ancestor mask per row in the C forward
+
+
+@runtime_checkable
+class TreeTarget(Protocol):
+    """A target with tree attention: ``forward_tree(ids, depth, ancestors, layers)`` ->
+    (n, V) logits and (n, F) features or None; ``keep_rows(start, rows)`` keeps those KV rows."""
+
+    def forward_tree(self, ids: list[int], depth, ancestors, layers): ...
+
+    def keep_rows(self, start: int, rows: list[int]) -> None: ...
 
 
 @dataclass(frozen=True)

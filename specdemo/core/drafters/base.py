@@ -58,6 +58,57 @@ class Drafter(Protocol):
 
 
 @runtime_checkable
+class TreeDrafter(Protocol):
+    """A drafter that drafts a tree of candidates (EAGLE-3; a stacked drafter over one):
+    ``propose_tree(context, shape) -> core.tree.DraftTree``; ``drafts_trees`` says whether it
+    does here (a stacked drafter over a chain drafter does not)."""
+
+    drafts_trees: bool
+
+    def propose_tree(self, context: list[int], shape): ...
+
+
+@runtime_checkable
+class StackedDrafter(Protocol):
+    """Prompt lookup stacked over a learned drafter (``CombinedDrafter``): the engine may weigh
+    the free ``lookup`` against ``propose_learned`` itself, then ``use`` the one it took."""
+
+    def lookup(self, context: list[int], k: int, params: SamplingParams,
+               generator: torch.Generator | None) -> Proposal | None: ...
+
+    def use(self, proposal: Proposal) -> Proposal: ...
+
+    def prefers(self, found: Proposal | None, k: int) -> bool: ...
+
+    def propose_learned(self, context: list[int], k: int, params: SamplingParams,
+                        generator: torch.Generator | None,
+                        keep_going: KeepGoing | None = None) -> Proposal: ...
+
+
+class KeepGoing(Protocol):
+    """Asked by a drafter that stops early after each drafted token with the confidences so
+    far (``Proposal.confidence``): True to draft another (``AdaptiveDraftLength.more``)."""
+
+    def __call__(self, confidence: list[float]) -> bool: ...
+
+
+@runtime_checkable
+class CatchesUp(Protocol):
+    """A draft model that feeds itself the prompt in pieces: ``begin(prompt_length, max_k)``
+    before the first round (``ModelDrafter.begin``)."""
+
+    def begin(self, prompt_length: int, max_k: int) -> None: ...
+
+
+@runtime_checkable
+class StopsEarly(Protocol):
+    """A token-by-token drafter whose ``propose`` takes ``keep_going(confidence) -> bool``
+    (asked after each token) when ``stops_early`` is true."""
+
+    stops_early: bool
+
+
+@runtime_checkable
 class FeatureDrafter(Protocol):
     """A drafter that reads target hidden states.
 

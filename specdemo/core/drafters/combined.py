@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams
-from .base import Proposal, wants_features
+from .base import CatchesUp, Proposal, StopsEarly, TreeDrafter, wants_features
 from .ngram import NgramDrafter
 
 
@@ -42,9 +42,8 @@ class CombinedDrafter:
 
     def begin(self, prompt_length: int, max_k: int) -> None:
         """Passed on to the learned drafter when it takes it (``ModelDrafter.begin``)."""
-        begin = getattr(self.learned, "begin", None)
-        if begin is not None:
-            begin(prompt_length, max_k)
+        if isinstance(self.learned, CatchesUp):
+            self.learned.begin(prompt_length, max_k)
 
     def observe(self, features: torch.Tensor) -> None:
         self.learned.observe(features)
@@ -79,7 +78,7 @@ class CombinedDrafter:
     @property
     def stops_early(self) -> bool:
         """Whether :meth:`propose_learned` takes ``keep_going`` (the learned drafter's does)."""
-        return bool(getattr(self.learned, "stops_early", False))
+        return isinstance(self.learned, StopsEarly) and bool(self.learned.stops_early)
 
     def propose_learned(self, context: list[int], k: int, params: SamplingParams,
                         generator: torch.Generator | None, keep_going=None) -> Proposal:
@@ -102,7 +101,7 @@ class CombinedDrafter:
     @property
     def drafts_trees(self) -> bool:
         """Whether the learned drafter drafts trees (:meth:`propose_tree`)."""
-        return hasattr(self.learned, "propose_tree")
+        return isinstance(self.learned, TreeDrafter) and bool(self.learned.drafts_trees)
 
     def propose_tree(self, context: list[int], shape):
         """The learned drafter's draft tree (``Eagle3Drafter.propose_tree``), recorded as this

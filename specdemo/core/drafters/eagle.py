@@ -362,6 +362,7 @@ class Eagle3Drafter:
         return logits[0, -1]
 
     stops_early = True  # propose takes keep_going (engine.decode, policy.more)
+    drafts_trees = True  # propose_tree (base.TreeDrafter)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams,
