@@ -60,7 +60,7 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
     parser.add_argument("--seed", default=None, type=checked(inputs.number, "seed", integer=True))
     parser.add_argument("--draft-length", type=draft_length_arg, default=None,
                         help="draft tokens per round, 1..64, or auto (default 4, or the "
-                             "preset's: the app and the presets use auto)")
+                             "preset's; the app and the default preset use auto)")
     parser.add_argument("--draft-tree", type=draft_tree_arg, default=None, metavar="SHAPE",
                         help="verify a tree of the EAGLE-3 drafter's guesses a round instead of "
                              "a chain (greedy only): 'default' (the shape tuned on the shipped "
