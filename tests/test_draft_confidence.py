@@ -7,10 +7,9 @@ import torch
 from specdemo.core import engine
 from specdemo.core.drafters.base import DraftSampler, Proposal
 from specdemo.core.engine import generate
-from specdemo.core.kv import KVModel
 from specdemo.core.policy import AdaptiveDraftLength
 from specdemo.core.sampling import SamplingParams
-from tiny import CharTokenizer, tiny_llama
+from tiny import CharTokenizer, FakeClock, TimedKV, tiny_llama
 
 
 def test_greedy_confidence_is_the_top_probability():
@@ -71,34 +70,14 @@ class _Oracle:
         pass
 
 
-class _Clock:
-    """A fake ``time`` for the engine: a target forward over n tokens takes ``costs[n]``."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-
-class _TimedKV(KVModel):
-    def __init__(self, model, clock: _Clock, costs: dict[int, float]) -> None:
-        super().__init__(model)
-        self.clock, self.costs = clock, costs
-
-    def _run(self, ids, keep, layers):
-        self.clock.now += self.costs[min(len(ids), max(self.costs))]
-        return super()._run(ids, keep, layers)
-
-
 def test_engine_verifies_the_sure_tokens_and_stays_lossless(monkeypatch):
     # forward times on a fake clock: on the real one a busy machine's noise made wide forwards
     # look as cheap as narrow ones, and the drafter was let on past its doubtful token
-    clock = _Clock()
+    clock = FakeClock()
     monkeypatch.setattr(engine, "time", clock)
     costs = {n: 0.010 + 0.001 * n for n in range(1, 18)}
     target = tiny_llama(seed=5, layers=2)
-    tok, kv = CharTokenizer(), _TimedKV(target, clock, costs)
+    tok, kv = CharTokenizer(), TimedKV(target, clock, lambda n: costs[min(n, max(costs))])
     prompt = tok.encode("made visible")
     plain = generate(kv, prompt, tok, max_new_tokens=40)
     drafter = _Oracle(plain.token_ids[1:], len(prompt) + 1)

@@ -1,7 +1,7 @@
 """Draft length ``auto`` never makes speculative decoding slower than plain decoding, for every
 kind of drafter: where verifying costs more than it can gain it drafts nothing (k = 0, a plain
 step, with rare probes), where verifying is cheap it drafts. The target's forwards take time on a
-fake clock (``_TimedKV``), so the figures are the same however busy the machine is: nothing here
+fake clock (``tiny.TimedKV``), so the figures are the same however busy the machine is: nothing here
 reads a real clock."""
 
 import pytest
@@ -13,37 +13,17 @@ from specdemo.core.drafters.draft_model import ModelDrafter
 from specdemo.core.engine import generate
 from specdemo.core.kv import KVModel
 from specdemo.core.policy import PROBE_BUDGET, AdaptiveDraftLength
-from tiny import CharTokenizer, tiny_llama
+from tiny import CharTokenizer, FakeClock, TimedKV, tiny_llama
 
 PROMPT = CharTokenizer().encode("speculative decoding, made visible")
 STEP_S = 0.010  # a one-token forward on the fake clock
 N = 96  # new tokens
 
 
-class _Clock:
-    """A fake ``time`` for the engine: seconds pass only where a test says so."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-
-class _TimedKV(KVModel):
+def timed_kv(model, clock: FakeClock, extra: float) -> TimedKV:
     """A target whose forward over n tokens takes STEP_S * (1 + extra * (n - 1)) on ``clock``:
     ``extra`` is what each further token costs in one-token forwards."""
-
-    def __init__(self, model, clock: _Clock, extra: float) -> None:
-        super().__init__(model)
-        self.clock, self.extra = clock, extra
-
-    def _run(self, ids, keep, layers):
-        self.clock.now += self.seconds(len(ids))
-        return super()._run(ids, keep, layers)
-
-    def seconds(self, n: int) -> float:
-        return STEP_S * (1 + self.extra * (n - 1))
+    return TimedKV(model, clock, lambda n: STEP_S * (1 + extra * (n - 1)))
 
 
 class _Oracle:
@@ -53,7 +33,7 @@ class _Oracle:
     feature_layers = ()
     extra_memory_bytes = 0
 
-    def __init__(self, answer: list[int], clock: _Clock, draft_s: float = 0.001,
+    def __init__(self, answer: list[int], clock: FakeClock, draft_s: float = 0.001,
                  wrong=lambda position: False, name: str = "oracle") -> None:
         self.answer, self.clock, self.draft_s, self.wrong, self.name = (answer, clock, draft_s,
                                                                          wrong, name)
@@ -93,9 +73,9 @@ def drafter_of(kind: str, target, answer, clock, **kw):
 
 def race(target, answer, kind: str, extra: float, monkeypatch, **kw):
     """(plain, speculative) results with ``auto`` seeded with the fake forward costs."""
-    clock = _Clock()
+    clock = FakeClock()
     monkeypatch.setattr(engine, "time", clock)
-    kv = _TimedKV(target, clock, extra)
+    kv = timed_kv(target, clock, extra)
     plain = generate(kv, PROMPT, CharTokenizer(), max_new_tokens=N)
     policy = AdaptiveDraftLength(forward_s={n: kv.seconds(n) for n in range(1, 18)})
     spec = generate(kv, PROMPT, CharTokenizer(), drafter=drafter_of(kind, target, answer, clock, **kw),
@@ -193,9 +173,9 @@ def test_explanation_figures_from_a_known_cost_table(target, answer, wrong, monk
     round (its last rounds draft fewer than 4: fewer tokens are left to generate)."""
     from specdemo.interfaces.ui_format import explanation_text
     from specdemo.services.pipeline import Comparison
-    clock = _Clock()
+    clock = FakeClock()
     monkeypatch.setattr(engine, "time", clock)
-    kv = _TimedKV(target, clock, 0.5)
+    kv = timed_kv(target, clock, 0.5)
     plain = generate(kv, PROMPT, CharTokenizer(), max_new_tokens=N)
     oracle = _Oracle(answer, clock, draft_s=0.1 * STEP_S,
                      **({"wrong": lambda position: True} if wrong else {}))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from specdemo.core.kv import KVModel
+
 
 class CharTokenizer:
     """A minimal tokenizer over a fixed alphabet: id i <-> ALPHABET[i]; id 0 is EOS."""
@@ -197,3 +199,26 @@ def bf16_valued(module):
         for p in module.parameters():
             p.copy_(p.to(torch.bfloat16).float())
     return module
+
+
+class FakeClock:
+    """A fake ``time`` for the engine (``monkeypatch.setattr(engine, "time", clock)``): seconds
+    pass only where a test says so, so timed figures are the same however busy the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class TimedKV(KVModel):
+    """A target whose forward over n tokens takes ``seconds(n)`` on ``clock``."""
+
+    def __init__(self, model, clock: FakeClock, seconds) -> None:
+        super().__init__(model)
+        self.clock, self.seconds = clock, seconds
+
+    def _run(self, ids, keep, layers):
+        self.clock.now += self.seconds(len(ids))
+        return super()._run(ids, keep, layers)
