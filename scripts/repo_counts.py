@@ -15,14 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path.cwd()
-# the patterns of tests/test_repo_hygiene.py, written with character classes so that this file
-# does not name what it counts
+ROOT = Path(__file__).resolve().parent.parent
+# the patterns tests/test_repo_hygiene.py forbids (it reads them from here), written with
+# character classes so that this file does not name what it counts
 WORDS = re.compile(r"(?<![\w])(s[e]ssions?|w[a]ves?|s[i]ttings?)\d*(?![\w])", re.IGNORECASE)
 PATHS = re.compile(r"(?<![\w.~-])/(?:w[o]rk|r[o]ot|t[m]p)/|(?<![\w.~-])/(?:h[o]me|U[s]ers)/\w"
                    r"|\b[A-Za-z]:\\U[s]ers\\")
 BACKEND_NAMES = {"transformers", "ggml", "ggml-bf16", "int8", "native", "native-int8", "native-w8a8"}
-#: data, not prose (as in tests/test_repo_hygiene.py): user requests that may use any word or path
+#: data, not prose: user requests that may use any word or path (the hygiene test skips them too)
 DATA_FILES = ("assets/train/prompts.jsonl", "assets/train/handwritten.jsonl")
 PARSE_CALLS = {"startswith", "removeprefix", "split", "partition", "rpartition", "match",
                "fullmatch"}
@@ -34,7 +34,11 @@ def tracked() -> list[str]:
 
 
 def text(path: str) -> str | None:
-    data = (ROOT / path).read_bytes()
+    """The file's text, or None when it is not UTF-8 text (or no longer on disk)."""
+    try:
+        data = (ROOT / path).read_bytes()
+    except OSError:
+        return None
     if b"\0" in data:
         return None
     try:
