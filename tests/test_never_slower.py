@@ -238,3 +238,29 @@ def test_the_page_and_race_json_carry_the_explanation_once_both_lanes_finished()
     assert explanation_text(e).split(";")[0] in page
     assert snapshot_dict(final)["explanation"] == e.as_dict()
     assert "sd-explain" not in verdict_html(snaps[-2], 0.0)
+
+
+def test_first_draft_of_a_source_is_a_probe_of_the_cheapest_length():
+    """Before a source was ever verified its figures are priors: its first draft is the
+    cheapest probe (verified whole), not the prior's best k; once measured, the best k."""
+    cheap = AdaptiveDraftLength(forward_s={n: 1.0 for n in range(1, 18)})
+    assert cheap.best("learned")[0] > 1  # the prior alone would draft long here
+    assert cheap.choose("learned") == 1 and cheap.limit(1, "learned") == 1  # a probe, verified
+    cheap.update(2, 1.0, 1, 1, 0.0, "learned")  # accepted
+    assert cheap.choose("learned") == cheap.best("learned")[0] > 1
+    assert cheap.choose("lookup") == 1  # each source starts with its own probe
+
+
+def test_expected_rates_match_the_formula_and_follow_updates():
+    """``rates`` (one pass, kept until an update) equals E[tokens | k] / round_s(k) for every k,
+    and ``best`` / ``limit`` pick the highest rate, the shortest draft among equals."""
+    policy = AdaptiveDraftLength(max_k=8, forward_s={1: 1.0, 2: 1.3, 3: 1.5, 5: 2.4, 9: 4.0})
+    for accepted in (2, 0, 1, 3):
+        policy.update(accepted + 2, 1.5, accepted + 1, accepted, 0.01, "learned")
+        rates = policy.rates("learned")
+        formula = [policy.expected_tokens(k, "learned") / policy.round_s(k, "learned")
+                   for k in range(9)]
+        assert rates == pytest.approx(formula, rel=1e-12)
+        best = max(range(9), key=lambda k: (formula[k], -k))
+        assert policy.best("learned") == (best, pytest.approx(formula[best]))
+        assert policy.limit(3, "learned") == max(range(4), key=lambda k: (formula[k], -k))

@@ -15,7 +15,7 @@ a CPU it grows with n (1.2-2.3x for a few tokens), so the rule drafts less or no
 While k = 0 wins, it still probes with the cheapest draft now and then, so that it notices when the
 text becomes predictable again. A probe is expected to lose time, so probes are spaced so that
 their expected loss stays within ``PROBE_BUDGET`` of the plain steps between them (a probe that
-costs one step more than it gains waits 50 plain steps), and never closer than a wait that doubles
+costs one step more than it gains waits 100 plain steps), and never closer than a wait that doubles
 after each probe that did not bring drafting back (exponential back-off, 8 to 128 rounds).
 
 The same rule serves every drafter: prompt lookup, draft models, learned heads, a stack of
@@ -170,7 +170,7 @@ class Calibration:
 
 #: the share of a decode's time that probes (drafting while plain steps are expected to win) may
 #: be expected to lose (``AdaptiveDraftLength.probe_wait``)
-PROBE_BUDGET = 0.02
+PROBE_BUDGET = 0.01
 
 
 class _SourceStats:
@@ -221,6 +221,9 @@ class AdaptiveDraftLength:
         self._probe_every = 8
         self._probing = False  # this round's k is a probe: verify it whatever limit() would say
         self._times: dict[int, float] = {}  # forward_time's answers until the next update
+        self._floor: float | None = None  # the cheapest width measured, once 1 is (forward_time)
+        # per source: (what the rates were computed from, expected rate of k = 0..max_k)
+        self._rates: dict[str | None, tuple[tuple, list[float]]] = {}
 
     def _source(self, source: str | None) -> _SourceStats:
         if source not in self.sources:
@@ -251,17 +254,29 @@ class AdaptiveDraftLength:
         disturbance would otherwise make every draft length look free next to it (``auto`` once
         drafted 16 tokens a round, accepting 1%, for a whole decode).
         """
-        if n not in self._times:
-            floor = min(self.forward_s.values()) if 1 in self.forward_s else None
-            t = self._forward_time(n)
-            self._times[n] = t if floor is None else (floor if n == 1 else max(t, floor))
-        return self._times[n]
+        if not self._times:  # every width the rules ask for, in one pass after each update
+            self._fill_times()
+        t = self._times.get(n)
+        if t is None:  # wider than a chain (a draft tree's forward)
+            t = self._times[n] = self._floored(n, self._forward_time(n))
+        return t
 
-    def _forward_time(self, n: int) -> float:
+    def _floored(self, n: int, t: float) -> float:
+        floor = self._floor
+        return t if floor is None else (floor if n == 1 else max(t, floor))
+
+    def _fill_times(self) -> None:
+        """``_times`` for n = 1..max_k + 1 (the widths of a chain) from ``forward_s``."""
+        self._floor = min(self.forward_s.values()) if 1 in self.forward_s else None
+        known = sorted(self.forward_s)
+        for n in range(1, self.max_k + 2):
+            self._times[n] = self._floored(n, self._forward_time(n, known))
+
+    def _forward_time(self, n: int, known: list[int] | None = None) -> float:
         if n in self.forward_s:
             return self.forward_s[n]
         t1 = self.forward_s.get(1)
-        known = sorted(self.forward_s)
+        known = sorted(self.forward_s) if known is None else known
         if t1 is None:
             if not known:
                 return 1.0 + self.prior_slope * (n - 1)
@@ -291,7 +306,40 @@ class AdaptiveDraftLength:
 
     def expected_rate(self, k: int, source: str | None = None) -> float:
         """Expected new tokens per second with draft length k from ``source``."""
+        if 0 <= k <= self.max_k:
+            return self.rates(source)[k]
         return self.expected_tokens(k, source) / self.round_s(k, source)
+
+    def rates(self, source: str | None = None) -> list[float]:
+        """Expected new tokens per second of every draft length k = 0..max_k from ``source``
+        (E[tokens | k] / round_s(k), the module docstring's rule), in one pass over the
+        positions; kept until the estimates change (the engine asks several times a round, and
+        on a CPU step of ~10 ms a quadratic pass each time cost 2-3% of the decode)."""
+        stats = self._source(source)
+        key = (tuple(stats.acceptance), stats.draft_token_s)
+        cached = self._rates.get(source)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if not self._times:
+            self._fill_times()
+        times, draft_s = self._times, stats.draft_token_s  # round_s(k), inlined
+        out = [1.0 / times[1]]
+        tokens, survive = 1.0, 1.0
+        for k in range(1, self.max_k + 1):
+            survive *= stats.acceptance[k - 1]
+            tokens += survive
+            out.append(tokens / (times[k + 1] + k * draft_s))
+        self._rates[source] = (key, out)
+        return out
+
+    @staticmethod
+    def _argmax(rates: list[float]) -> int:
+        """The index of the highest rate, the first (shortest draft) among equals."""
+        best = 0
+        for k in range(1, len(rates)):
+            if rates[k] > rates[best]:
+                best = k
+        return best
 
     def tree_rate_bound(self, nodes: int, depth: int, source: str | None = None) -> float:
         """The most new tokens per second a draft tree of ``nodes`` nodes and ``depth`` levels
@@ -305,14 +353,21 @@ class AdaptiveDraftLength:
     def best(self, source: str | None = None) -> tuple[int, float]:
         """The draft length with the best expected rate for ``source`` and that rate (tokens/s),
         k = 0 (a plain step) included; no side effects (``choose`` also probes)."""
-        k = max(range(self.max_k + 1), key=lambda k: (self.expected_rate(k, source), -k))
-        return k, self.expected_rate(k, source)
+        rates = self.rates(source)
+        k = self._argmax(rates)
+        return k, rates[k]
 
     def choose(self, source: str | None = None) -> int:
         self._probing = False
         if 1 not in self.forward_s:
             return 0  # measure a plain step first: the baseline every choice is compared with
         k, _ = self.best(source)  # ties go to the shorter draft, so k > 0 strictly beats plain
+        if k > 0 and not any(self._source(source).seen):
+            # a source never verified drafts first as a probe of the cheapest length: what
+            # drafting and acceptance cost here is known only from the priors (on a 2-core
+            # CPU the first draft of a learned head also feeds it the whole prompt)
+            self._idle_rounds, self._probing = 0, True
+            return self.probe_length()
         if k > 0:
             self._idle_rounds, self._probe_every = 0, 8
             return k
@@ -351,6 +406,8 @@ class AdaptiveDraftLength:
             return n_proposed
         if self.use_confidence and confidence is not None and len(confidence) >= n_proposed:
             return self._best_prefix(confidence[:n_proposed], self._source(source))[0]
+        if n_proposed <= self.max_k:
+            return self._argmax(self.rates(source)[:n_proposed + 1])
         return max(range(n_proposed + 1), key=lambda m: (self.expected_rate(m, source), -m))
 
     def _best_prefix(self, confidence: list[float], stats: _SourceStats) -> tuple[int, float]:
@@ -418,6 +475,7 @@ class AdaptiveDraftLength:
         self._probing = False
         self.forward_s[n_forward_tokens] = self._avg(self.forward_s.get(n_forward_tokens), forward_s)
         self._times.clear()
+        self._rates.clear()
         n_proposed = max(n_drafted, n_proposed or 0)
         stats = self._source(source)
         if n_proposed:
