@@ -141,3 +141,5 @@ def test_cli_trains_dspark_and_reports_it(target, tmp_path, monkeypatch):
     report = json.loads((out / "report.json").read_text())
     assert set(report["heldout"]) == {"plain", "dspark", "ngram"}
     assert report["heldout"]["dspark"]["k"] == 4
+    assert 0 < report["heldout"]["dspark"]["drafted_per_round"] <= 4  # B = 4 drafts at most
+    assert report["heldout"]["plain"]["drafted_per_round"] == 0.0  # plain rounds draft nothing
