@@ -151,7 +151,7 @@ def test_auto_times_only_the_survivors_and_weighs_them_for_the_race(chooser):
     assert set(choice.dropped) == {"transformers", "int8"}
     # w8a8 has the cheaper step, native the cheaper verification: the race picks native
     assert choice.backend == "native" and choice.draft_length == {"native-w8a8": 0, "native": 4}
-    assert "weighed for a race with draft ngram" in choice.reason
+    assert "weighed for a race with a drafter not measured per backend" in choice.reason
     assert "ruled out by a 5-token probe: transformers (its probe took 310 ms, 3.1x" in choice.reason
     plain = gb.choose_backend(loaded, bc.RaceLane("none"))  # another race: its own measurement
     assert plain.backend == "native-w8a8" and "weighed for a plain decode" in plain.reason
@@ -169,8 +169,8 @@ def test_a_busy_machines_choice_is_stored_marked_and_read_back(chooser):
                                    "43% of the CPU (SPECDEMO_BACKEND=recalibrate measures again): ")
     assert again.forward_s == first.forward_s and again.dropped == first.dropped
     state["share"] = 0.0
-    quiet = gb.choose_backend(loaded, bc.RaceLane("self"))
-    stored = gb.choose_backend(loaded, bc.RaceLane("self"))
+    quiet = gb.choose_backend(loaded, bc.RaceLane("none"))  # a plain decode: another entry
+    stored = gb.choose_backend(loaded, bc.RaceLane("none"))
     assert stored.reason.startswith("measured earlier on this machine (SPECDEMO_BACKEND=")
     assert stored.backend == quiet.backend
 
@@ -213,3 +213,31 @@ def test_a_near_tie_is_timed_again_and_a_disturbed_first_timing_does_not_decide(
     assert choice.backend == "native-w8a8" and choice.forward_s["native-w8a8"][1] == 0.0099
     assert bc.close_runners_up({"a": 1.0, "b": 1.2, "c": 1.1}) == ["c"]
     assert bc.close_runners_up({"a": 1.0}) == []
+
+
+def test_run_and_compare_read_one_stored_choice_for_a_target(chooser, monkeypatch):
+    """A new user's report: ``run`` measured again and got one backend, ``compare`` minutes later
+    read another from the store: a plain run was keyed (and weighed) apart from compare's race.
+    Now a plain run is weighed as the race's plain lane and every drafter not measured per
+    backend shares its entry: whichever command comes first measures, the others read it."""
+    from specdemo.interfaces.decode_cli import _with_backend
+    from specdemo.services import startup
+    loaded, state = chooser
+    loaded.model, loaded.vocab_size = None, 32
+    monkeypatch.setattr(startup, "STEPS", startup.Steps())
+    monkeypatch.setattr(startup, "_compile_native_once", lambda loaded, backend: None)
+    # w8a8 has the cheaper one-token step, native the cheaper verification (the fixture's
+    # tables): weighed for a plain decode alone they disagree, as the user saw
+    assert gb.choose_backend(loaded, bc.RaceLane("none")).backend == "native-w8a8"
+    state["timed"].clear()
+    ran = _with_backend(loaded, "auto", "none")  # run's single lane (its default draft)
+    timed = len(state["timed"])
+    assert timed > 0  # measured once ...
+    compared = _with_backend(loaded, "auto", "ngram")  # compare's default race
+    assert len(state["timed"]) == timed  # ... and read back
+    assert ran.backend == compared.backend == "native"
+    assert gb.stored_choice(loaded, startup.race_lane(loaded, "none")).backend == "native"
+    notes = [d.name for d in startup.STEPS.recent() if d.note]
+    assert notes[-1].startswith("forward backend of tiny: native (measured earlier on this "
+                                "machine") and "a plain run is weighed as this race's plain lane" \
+        in notes[-1]

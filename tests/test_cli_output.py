@@ -135,3 +135,29 @@ def test_listing_presets_loads_no_weights(tmp_path):
                          timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]" and "Loading weights" not in out.stderr
+
+
+def test_check_draws_no_loading_weights_bar(tmp_path, monkeypatch, capsys):
+    """A new user's report: ``check`` of a learned drafter loads the target and transformers drew
+    a bare "Loading weights" bar on stderr. That bar is hidden wherever a model loads (the
+    commands say what loads in their own step line); transformers' other bars still show."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from specdemo.core.drafters import eagle_io
+    from test_compat import make_tokenizer
+    from tiny import tiny_eagle, tiny_llama
+    monkeypatch.setattr(hf_logging, "_tqdm_hook", None)  # as in a fresh process
+    target = tiny_llama(seed=3, vocab_size=32, layers=4)
+    target.save_pretrained(tmp_path / "target")
+    make_tokenizer().save_pretrained(tmp_path / "target")
+    eagle_io.save_head(tiny_eagle(target, 20, seed=4), tmp_path / "head", dtype=torch.float32)
+    capsys.readouterr()
+    assert main(["check", "--target", str(tmp_path / "target"), "--draft",
+                 str(tmp_path / "head")]) == 0
+    out = capsys.readouterr()
+    assert "compatible with warnings" in out.out and "EAGLE-3 head" in out.out
+    assert "Loading weights" not in out.err
+    for _ in hf_logging.tqdm(range(2), desc="another bar"):
+        pass
+    assert "another bar" in capsys.readouterr().err

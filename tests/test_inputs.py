@@ -33,10 +33,10 @@ def test_lone_surrogate_prompt_is_refused_before_any_model_loads(capsys, monkeyp
                                "got 'abc'"),
     (["--top-p", "0"], "top p must be a number above 0 and at most 1, got '0'"),
     (["--max-new-tokens", "2.5"], "max new tokens must be a whole number of at least 1, got '2.5'"),
-    (["--draft", "early-exit:zero"], "early-exit needs a layer count of at least 1"),
+    (["--draft", "early-exit:zero"], "early-exit's layer count 'zero' is not a whole number"),
+    (["--draft", "early-exit:0"], "early-exit needs a layer count of at least 1"),
     (["--draft", "builtin:nope"], "'builtin:nope' is not a built-in model or drafter; valid forms: none, ngram, "
-                                  "self, early-exit:<layers>, builtin:<name> (gemma3-270m, "
-                                  "smollm2-135m)"),
+                                  "self, early-exit:<layers>, mtp, builtin:<name>"),
     (["--system", "\udcff"], "system has a character that is not valid text at position 0"),
 ])
 def test_cli_names_the_field_and_the_valid_values(capsys, argv, message):
@@ -75,7 +75,7 @@ def test_the_page_refuses_with_the_same_words():
     with pytest.raises(gr.Error, match="draft length must be 'auto' or a whole number from 1 to 64, "
                                        "got '0'"):
         next(ui.send("hi", "", None, "ngram", "0", 0.0, 1.0, 8, -1, True, None, request))
-    with pytest.raises(gr.Error, match="draft 'early-exit:x': early-exit needs a layer count"):
+    with pytest.raises(gr.Error, match="draft 'early-exit:x': early-exit's layer count 'x' is not a whole number"):
         next(ui.send("hi", "", None, "early-exit:x", "4", 0.0, 1.0, 8, -1, True, None, request))
     with pytest.raises(gr.Error, match="system prompt has a character that is not valid text"):
         next(ui.send("hi", "\udcff", None, "ngram", "4", 0.0, 1.0, 8, -1, True, None, request))
@@ -130,10 +130,8 @@ def offline_empty_cache(tmp_path, monkeypatch):
     return tmp_path / "empty-cache"
 
 
-FORMS = ("valid forms: none, ngram, self, early-exit:<layers>, builtin:<name> (gemma3-270m, "
-         "smollm2-135m), a local model folder, a .gguf file or a Hugging Face id like org/name; "
-         "a learned drafter (builtin:smollm2-135m-eagle3, an EAGLE-3/DFlash/DSpark folder or hub "
-         "id, mtp), and a learned drafter with +ngram")
+FORMS = ("valid forms: none, ngram, self, early-exit:<layers>, mtp, builtin:<name>, a local model "
+         "or learned-drafter folder or .gguf file, a Hugging Face id org/name, <learned>+ngram")
 NGRM = ("error: argument --draft: draft 'ngrm' is not a known name, a local file or folder, or a "
         f"model in the local Hugging Face cache (did you mean ngram?); {FORMS}")
 

@@ -67,3 +67,37 @@ def test_run_and_compare_json_name_the_backend(command, loaded, monkeypatch, cap
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["backend"] == "transformers"
+
+
+def test_every_lane_names_its_backend_and_auto_in_run_compare_and_race(loaded, monkeypatch,
+                                                                      capsys, tmp_path):
+    """A new user's report: ``compare --json``'s lanes had no ``backend`` and the speculative
+    lane's ``draft_length`` was its last round's k under auto. Now each lane of ``run --json``,
+    ``compare --json`` and ``/race`` carries the backend it ran on and ``draft_length`` "auto"
+    (the speculative one), and the per-round k stays in ``mean_draft_length`` & co."""
+    from specdemo.interfaces import ui_race
+    monkeypatch.setattr(startup, "load_model", lambda spec, *a, **k: loaded)
+    monkeypatch.setattr(startup, "prepare_timed", lambda *args, **kwargs: None)
+    flags = ["--target", str(tmp_path), "--draft", "ngram", "--prompt", PROMPT,
+             "--max-new-tokens", "8", "--draft-length", "auto", "--backend", "transformers",
+             "--json"]
+    assert main(["compare", *flags]) == 0
+    compared = json.loads(capsys.readouterr().out)
+    assert main(["run", *flags]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    monkeypatch.setattr(ui_race, "_new_race", lambda prompt, system, preset, draft, settings,
+                        conv, request: Race(lanes(loaded), settings))
+    raced = ui_race.race_api(PROMPT, max_new_tokens=8, draft_length="auto")
+    for out in (compared, raced):
+        assert out[PLAIN]["backend"] == out[SPECULATIVE]["backend"] == out["backend"]
+        assert out[SPECULATIVE]["draft_length"] == "auto"
+        assert isinstance(out[PLAIN]["draft_length"], int)
+        # the same keys per lane (a /race pane adds its status and error)
+        assert set(out[SPECULATIVE]) - {"status", "error"} == set(compared[SPECULATIVE])
+    assert compared["backend"] == ran["backend"] == "transformers"
+    assert ran["draft_length"] == "auto" and set(ran) == set(compared[SPECULATIVE]) | {
+        "offloaded_layers"}
+    spec = compared[SPECULATIVE]
+    assert spec["rounds"] > 0 and spec["mean_draft_length"] == pytest.approx(
+        spec["draft_length_sum"] / spec["rounds"])
+    assert 0 <= spec["draft_length_min"] <= spec["draft_length_max"]

@@ -277,4 +277,5 @@ def test_a_learned_drafters_lane_is_timed_with_its_features_and_measured_per_bac
     assert facts.drafted > 0 and 0.0 <= facts.acceptance <= 1.0 and facts.draft_s > 0
     plain = startup.race_lane(loaded, "ngram")
     assert (plain.layers, plain.facts) == ((), None)  # lookup: the same on every backend
-    assert not startup.race_lane(loaded, "none").speculative
+    # a plain run is weighed as the plain lane of a race with prompt lookup (one stored choice)
+    assert startup.race_lane(loaded, "none") == plain

@@ -154,7 +154,7 @@ def test_refused_draft_stops_the_race_before_either_pane_runs(client):
     ({"preset": "nope"}, "preset 'nope' does not exist; valid presets: gemma2-9b-2b, "),
     ({"temperature": "abc"}, "temperature must be a number of at least 0, got 'abc'"),
     ({"max_new_tokens": "many"}, "max_new_tokens must be a whole number of at least 1, got 'many'"),
-    ({"draft": "early-exit:x"}, "early-exit needs a layer count of at least 1"),
+    ({"draft": "early-exit:x"}, "early-exit's layer count 'x' is not a whole number"),
 ])
 @pytest.mark.slow
 def test_race_api_refuses_bad_values_with_the_field_and_valid_values(client, kwargs, message):

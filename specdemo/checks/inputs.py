@@ -14,12 +14,11 @@ import math
 import re
 from pathlib import Path
 
+from ..core.draft_spec import COMBINE, FORMS, DraftSpec, DraftSpecError, looks_like_path
 from ..models import loading as models
 from ..models.builtin import BUILTIN_DRAFTERS
 
 DRAFT_LENGTH_MAX = 64  # the engine's limit (policy.make_policy)
-NON_MODEL_DRAFT_FORMS = ("none", "ngram", "self", "early-exit:<layers>")
-COMBINE = "+ngram"  # models.learned.COMBINE (that module imports torch)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 
 
@@ -125,10 +124,7 @@ def preset(name: str, names: list[str]) -> str:
     return name
 
 
-def _looks_like_path(spec: str) -> bool:
-    """A local path rather than a hub id (``org/name``) or a named drafter."""
-    return (spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
-            or spec.lower().endswith(".gguf"))
+_looks_like_path = looks_like_path  # text only: core/draft_spec.py
 
 
 def _is_hub_id(spec: str) -> bool:
@@ -142,15 +138,8 @@ def _model_forms() -> str:
             "file or a Hugging Face id like org/name")
 
 
-def _drafter_forms() -> str:
-    """The learned-drafter forms a draft spec may also take (no torch imported)."""
-    shipped = ", ".join(f"builtin:{n}" for n in BUILTIN_DRAFTERS)
-    return (f"a learned drafter ({shipped}, an EAGLE-3/DFlash/DSpark folder or hub id, mtp), and a "
-            "learned drafter with +ngram")
-
-
 def _draft_forms() -> str:
-    return ", ".join(NON_MODEL_DRAFT_FORMS) + ", " + _model_forms() + "; " + _drafter_forms()
+    return FORMS
 
 
 def _missing_path(field: str, spec: str, forms: str) -> None:
@@ -236,22 +225,21 @@ def draft(field: str, spec) -> str:
     """
     spec = text(field, spec).strip()
     forms = _draft_forms()
-    if spec.startswith("early-exit"):
-        _, _, layers = spec.partition(":")
-        if not layers.isdigit() or int(layers) < 1:
-            raise InputError(f"{field} {spec!r}: early-exit needs a layer count of at least 1, "
-                             f"e.g. early-exit:8; valid forms: {forms}")
+    try:
+        parsed = DraftSpec.parse(spec)
+    except DraftSpecError as exc:
+        raise InputError(f"{field} {spec!r}: {exc}; valid forms: {forms}") from None
+    if not parsed.is_model:
         return spec
     _missing_path(field, spec, forms)
     shipped = [f"builtin:{n}" for n in BUILTIN_DRAFTERS]
     builtins = [f"builtin:{n}" for n in models.builtin_names()] + shipped
-    if spec.startswith("builtin:") and spec not in builtins and spec.removesuffix(COMBINE) not in shipped:
+    if parsed.kind == "builtin" and spec not in builtins and parsed.base not in shipped:
         raise InputError(f"{field} {spec!r} is not a built-in model or drafter"
                          f"{_did_you_mean(spec, builtins)}; valid forms: {forms}; built-in "
                          "drafters: " + ", ".join(shipped))
     names = ["none", "ngram", "self", "mtp", "mtp" + COMBINE, "early-exit:8"] + builtins
-    _unknown_name(field, spec.removesuffix(COMBINE) if spec.endswith(COMBINE) else spec,
-                  names, forms)
+    _unknown_name(field, parsed.base, names, forms)
     return spec
 
 

@@ -11,6 +11,10 @@ from ..services.bench import __doc__ as _PACKAGE_DOC
 from ..services.bench.config import BenchConfig, parse_draft_lengths, parse_ints, parse_tasks
 from ..services.bench.report import summary_text, write_outputs
 from ..services.bench.run import run_sweep
+from .decode_cli import (add_backend_flag, chosen_preset, draft_tree_arg, fail, pipeline_from_args,
+                         preset_models)
+from ..services.endpoints import EndpointError, add_endpoint_flags, endpoints_from_args
+from ..services.presets import PresetError, default_preset
 
 
 def register(sub) -> None:
@@ -24,7 +28,6 @@ def register(sub) -> None:
                        help="ngram, self, early-exit:N or a draft model")
     bench.add_argument("--tasks", default=",".join(TASKS), help="comma-separated (default %(default)s)")
     bench.add_argument("--draft-lengths", default="1,2,4,8,auto", help="(default %(default)s)")
-    from .decode_cli import draft_tree_arg
     bench.add_argument("--draft-tree", type=draft_tree_arg, default=None, metavar="SHAPE",
                        help="as for run: default, off, or rank paths (default off)")
     bench.add_argument("--max-new-tokens", type=int, default=128)
@@ -44,10 +47,8 @@ def register(sub) -> None:
     bench.add_argument("--device", default="auto")
     bench.add_argument("--quantization", default=None, choices=["4bit", "8bit", "int8", "int4"])
     bench.add_argument("--trust-remote-code", action="store_true")
-    from .decode_cli import add_backend_flag
     add_backend_flag(bench)
     bench.add_argument("--out", required=True, help="folder for bench.csv, bench.json, *.png, report.md")
-    from ..services.endpoints import add_endpoint_flags
     add_endpoint_flags(bench)
     bench.add_argument("--note", default="", help="a line for the server report (e.g. how the "
                        "servers were started)")
@@ -61,8 +62,6 @@ def resolve_models(args) -> tuple[str, str, str, str | None]:
         ValueError: --preset together with --target/--draft.
         PresetError: an unknown preset.
     """
-    from ..services.presets import default_preset
-    from .decode_cli import chosen_preset, preset_models
     preset = chosen_preset(args)
     if preset is None and not args.target:
         preset = default_preset()
@@ -72,8 +71,6 @@ def resolve_models(args) -> tuple[str, str, str, str | None]:
 
 
 def cmd_bench(args) -> int:
-    from .decode_cli import fail, pipeline_from_args
-    from ..services.presets import PresetError
     try:
         config = BenchConfig(tasks=parse_tasks(args.tasks),
                              draft_lengths=parse_draft_lengths(args.draft_lengths),
@@ -84,13 +81,12 @@ def cmd_bench(args) -> int:
                              system=args.system, tree=args.draft_tree)
         prompts = load_prompts(config.tasks)
         if args.plain_endpoint or args.spec_endpoint:  # servers: the concurrency sweep
-            from ..services.endpoint_bench import cmd
-            from ..services.endpoints import EndpointError, endpoints_from_args
+            from ..services import endpoint_bench  # lazy: server lanes only (--help stays fast)
             try:
                 endpoints = endpoints_from_args(args)
             except EndpointError as exc:
                 fail(str(exc))
-            return cmd(args, endpoints, config)
+            return endpoint_bench.cmd(args, endpoints, config)
         args.target, args.draft, args.dtype, args.quantization = resolve_models(args)
     except (ValueError, PresetError, FileNotFoundError) as exc:
         fail(str(exc))

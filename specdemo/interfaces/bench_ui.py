@@ -18,6 +18,9 @@ import gradio as gr
 from .. import PROJECT_DIR
 from ..services import bench
 from ..services.prompts import TASKS, load_prompts
+from ..services.presets import PresetError, list_presets
+from ..services.startup import about
+from ..models.loading import cache_dir
 
 DRAFT_LENGTH_CHOICES = ["1", "2", "3", "4", "6", "8", "12", "16", "auto"]
 CONCURRENCY_CHOICES = ["1", "2", "4", "8", "16"]
@@ -68,14 +71,13 @@ def pipelines():
     race page's (``ui_state.CACHE``), so a pairing the page has loaded is not prepared again."""
     global _PIPELINES
     if _PIPELINES is None:
-        from .ui_state import CACHE
+        from .ui_state import CACHE  # lazy: imports torch
         _PIPELINES = CACHE
     return _PIPELINES
 
 
 def _presets() -> tuple[list, str | None]:
     """(presets, default preset name); a broken preset file leaves the list empty."""
-    from ..services.presets import PresetError, list_presets
     try:
         presets = list(list_presets())
     except PresetError:
@@ -163,7 +165,6 @@ def estimate_text(tasks, draft_lengths, max_new_tokens, repeats, prompts_per_tas
     text = f"This sweep: {decodes} decodes of up to {int(max_new_tokens)} new tokens"
     if rate is None or not decodes:
         return text + "."
-    from ..services.startup import about
     extra = " plus the concurrency sweep" if concurrency else ""
     return (f"{text}; at most {about(tokens * rate)}{extra} at {rate:.3f} s per token "
             f"({source}; a bigger model or a busy machine takes longer).")
@@ -174,7 +175,6 @@ def output_dir() -> Path:
     not a new temporary one per run."""
     import shutil
 
-    from ..models.loading import cache_dir
     out = cache_dir() / "benchmark-tab"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -192,7 +192,7 @@ def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_toke
         config = config_from_inputs(tasks, draft_lengths, max_new_tokens, repeats,
                                     prompts_per_task, temperature, reference, concurrency)
     except ValueError as exc:
-        from .ui_race import refusal
+        from .ui_race import refusal  # lazy: imports torch
         raise refusal(str(exc)) from None
     pair = pairing(preset_name)
     target, draft = (target or pair["target"]).strip(), (draft or pair["draft"]).strip()
@@ -210,7 +210,7 @@ def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_toke
                                                          progress=report),
                           lambda done, total, desc: progress((done, total), desc=desc))
     except Exception as exc:  # noqa: BLE001 - ModelLoadError, incompatible draft, out of memory
-        from ..services.race import describe_error
+        from ..services.race import describe_error  # lazy: imports torch
         raise gr.Error(describe_error(exc))
     tokens = sum(r.new_tokens for r in sweep.runs)
     if tokens:
@@ -237,7 +237,7 @@ def on_device(job: Callable[[Callable], object], progress: Callable[[int, int, s
     Returns:
         What ``job`` returned (its exception is raised here).
     """
-    from ..services.race import DEVICE
+    from ..services.race import DEVICE  # lazy: imports torch
     if DEVICE.on_device():
         return job(progress)
     updates: queue.SimpleQueue = queue.SimpleQueue()

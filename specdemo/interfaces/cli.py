@@ -1,6 +1,7 @@
 """Command line: ``python -m specdemo {run,compare,bench,check,presets,costs,serve}``.
 
-Each subcommand lives in the module that owns it; a module takes part by defining
+Each subcommand lives in a module of ``interfaces/`` (``<concern>_cli.py``, the logic below
+it in ``services/`` or ``checks/``); a module takes part by defining
 ``register(subparsers)`` which adds its parser and sets ``func`` (args -> exit status).
 Imports are lazy: ``--help`` loads no model and imports no torch.
 """
@@ -11,15 +12,17 @@ import argparse
 import importlib
 import sys
 
+from ..checks.inputs import closest_name
+
 # Modules that define ``register(subparsers)``; one line each.
 COMMAND_MODULES = (
     "specdemo.interfaces.decode_cli",
-    "specdemo.services.presets",
-    "specdemo.checks.compat",
+    "specdemo.interfaces.presets_cli",
+    "specdemo.interfaces.compat_cli",
     "specdemo.interfaces.bench_cli",
     "specdemo.interfaces.train_cli",
-    "specdemo.services.costs",
-    "specdemo.services.serve",
+    "specdemo.interfaces.costs_cli",
+    "specdemo.interfaces.serve_cli",
 )
 
 
@@ -37,7 +40,6 @@ class Parser(argparse.ArgumentParser):
         try:
             super()._check_value(action, value)
         except argparse.ArgumentError as exc:
-            from ..checks.inputs import closest_name
             close = closest_name(str(value), [str(c) for c in action.choices or ()])
             if not close:
                 raise

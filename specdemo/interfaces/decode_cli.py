@@ -9,17 +9,21 @@ import sys
 from ..checks import compat, inputs
 from ..services import startup
 from ..checks.compat import NON_MODEL_DRAFTS  # none, ngram, self: drafters that are not models
-from ..services.endpoints import add_endpoint_flags
+from ..services.endpoints import (EndpointError, EndpointPipeline, add_endpoint_flags,
+                                  endpoints_from_args, format_endpoint_stats)
 from ..checks.inputs import checked
 from ..core import BACKENDS
 from ..models.loading import ModelLoadError
 from ..models.quantize import QUANTIZATION_CHOICES
+from ..core.tree import named_shape
+from ..services.presets import get_preset
+from ..services.startup import use_backend
+from .cli import refuse
 
 
 def draft_tree_arg(value: str):
     """``--draft-tree``: off, default, or rank paths (``core.tree.parse_shape``)."""
     import argparse
-    from ..core.tree import named_shape
     try:
         return named_shape(value)
     except ValueError as exc:
@@ -95,7 +99,6 @@ def chosen_preset(args):
         return None
     if args.target or args.draft:
         raise ValueError("give either --preset or --target/--draft, not both")
-    from ..services.presets import get_preset
     return get_preset(args.preset)
 
 
@@ -118,7 +121,6 @@ def resolve_decode_args(args) -> None:
     try:
         preset = chosen_preset(args)
     except ValueError as exc:  # PresetError included
-        from .cli import refuse
         refuse(str(exc), f"python -m specdemo {args.command}")
     if preset is not None:
         args.target, args.draft, args.dtype, args.quantization = preset_models(preset, args)
@@ -185,7 +187,6 @@ def pipeline_from_args(args):
     try:  # after every flag's own check, before anything loads (the /race API runs it too)
         compat.before_load(args.target, args.draft, trust_remote_code=args.trust_remote_code)
     except inputs.InputError as exc:  # refused like a flag: the sentence and where --help is
-        from .cli import refuse
         refuse(str(exc), f"python -m specdemo {getattr(args, 'command', None) or 'run'}")
     with startup.printed():
         pipe = _load_pipeline(args)
@@ -215,8 +216,7 @@ def _load_pipeline(args):
 def _with_backend(target, backend: str, draft_spec: str = "none", draft=None):
     """The target on ``backend`` (``auto``: weighed for a race with ``draft_spec``); exits
     with the reason when ``ggml`` cannot serve it."""
-    from ..models.ggml_backend import GgmlError
-    from ..services.startup import use_backend
+    from ..models.ggml_backend import GgmlError  # lazy: imports torch; --help stays fast
     if not hasattr(target, "backend"):  # not a models.LoadedModel (tests inject stand-ins)
         return target
     try:
@@ -252,7 +252,6 @@ def fail(message: str) -> None:
 
 def _endpoints(args) -> dict:
     """The lanes' endpoints from the flags; exit status 2 with the reason when one is refused."""
-    from ..services.endpoints import EndpointError, endpoints_from_args
     try:
         return endpoints_from_args(args)
     except EndpointError as exc:
@@ -263,6 +262,7 @@ def precision_notice(pipe) -> str | None:
     """The line ``run``/``compare`` print before timing when greedy outputs are not expected to
     be identical in the target's precision (bfloat16, float16, quantised), naming
     ``--dtype float32`` for an exact check; None in float32."""
+    # lazy: imports torch; --help stays fast
     from ..services.pipeline import on_llama_cpp, target_lossless_expectation
     expected, why = target_lossless_expectation(pipe.target)
     if expected:
@@ -277,16 +277,27 @@ def precision_notice(pipe) -> str | None:
 def prepare_untimed(pipe, settings, ids, modes) -> None:
     """Warm every mode in ``modes`` (False plain, True speculative) before any clock starts
     (``startup.prepare_timed``), printing the steps to stderr."""
-    from ..services.startup import prepare_timed, printed
-    with printed():
+    with startup.printed():
         for speculative in modes:
-            prepare_timed(pipe, speculative, settings.draft_length, ids)
+            startup.prepare_timed(pipe, speculative, settings.draft_length, ids)
 
 
 def _backend(pipe) -> str:
     """The forward backend ``pipe``'s target ran on (what ``--backend auto`` chose:
     ``transformers``, ``ggml``, ``native-w8a8``, ...), for the JSON outputs."""
     return getattr(pipe.target, "backend", "transformers")
+
+
+def lane_json(lane: dict, backend: str | None, speculative: bool,
+              draft_length: int | str | None) -> dict:
+    """One lane of ``run --json``/``compare --json`` with the keys ``/race``'s panes have
+    (``race.pane_dict``): ``backend``, the forward backend that lane ran on, and for a
+    speculative lane under ``auto`` ``draft_length`` "auto" (the setting, not its last round's
+    k; ``mean_draft_length`` and ``draft_length_min``/``_max``/``_sum`` cover every round)."""
+    out = {**lane, "backend": backend}
+    if speculative and draft_length == "auto":
+        out["draft_length"] = "auto"
+    return out
 
 
 def cmd_run(args) -> int:
@@ -307,8 +318,9 @@ def cmd_run(args) -> int:
     from ..services.pipeline import result_dict  # deferred: imports torch
     layers = offloaded(pipe)
     if args.json:
-        print(json.dumps({**result_dict(result), "backend": _backend(pipe),
-                          "offloaded_layers": layers}))
+        lane = lane_json(result_dict(result), _backend(pipe), args.draft != "none",
+                         args.draft_length)
+        print(json.dumps({**lane, "offloaded_layers": layers}))
     else:
         print()
         print(format_stats("result", result.stats, args.draft_length if args.draft != "none"
@@ -329,8 +341,7 @@ def stream_to_terminal(pipe, ids, settings, speculative):
 
 def run_endpoint(args, endpoints: dict) -> int:
     """``run`` against one server: stream its answer, then its stats (exit 2 on its error)."""
-    from ..services.endpoints import EndpointError, EndpointPipeline, format_endpoint_stats
-    from ..core.engine import collect
+    from ..core.engine import collect  # lazy: imports torch; --help stays fast
     if endpoints["plain"] and endpoints["speculative"]:
         fail("run decodes one lane: give --plain-endpoint or --spec-endpoint, not both "
              "(compare races both)")
@@ -347,7 +358,7 @@ def run_endpoint(args, endpoints: dict) -> int:
         if not args.json:
             print()
         fail(str(exc))
-    from ..services.pipeline import result_dict
+    from ..services.pipeline import result_dict  # lazy: imports torch; --help stays fast
     if args.json:
         print(json.dumps({**result_dict(result), "backend": None}))  # a server: see engine
     else:
@@ -366,6 +377,7 @@ def _echo(events):
 def compare_lanes(args, endpoints: dict):
     """The race's two lanes: a server where an endpoint is given, else our engine (plain: the
     target alone; speculative: the target with ``--draft``, plain decoding when it is none)."""
+    # lazy: imports torch; --help stays fast
     from ..services.race import PLAIN, SPECULATIVE, Lane, endpoint_lane
     messages = [{"role": "user", "content": args.prompt}]
     pipe = None
@@ -384,7 +396,7 @@ def compare_lanes(args, endpoints: dict):
 def compare_endpoints(args, endpoints: dict) -> int:
     """``compare`` with a server in one lane or both: the race runs here (one lane after the
     other), each lane's error stays in that lane; exit status 2 when a lane failed."""
-    from ..services.race import Race, snapshot_dict
+    from ..services.race import Race, snapshot_dict  # lazy: imports torch; --help stays fast
     lanes = compare_lanes(args, endpoints)
     race = Race(lanes, settings_from_args(args), args.system)
     race.run_here()
@@ -413,7 +425,6 @@ def cut_mark(view) -> str:
 
 
 def _print_race(args, snap, endpoints: dict) -> None:
-    from ..services.endpoints import format_endpoint_stats
     for name, view in snap.panes.items():
         who = endpoints[name].label if endpoints[name] else (
             f"specdemo, draft {args.draft}" if name == "speculative" else "specdemo")
@@ -437,7 +448,7 @@ def _print_race(args, snap, endpoints: dict) -> None:
                                                   f"{snap.divergence_unit} {snap.first_divergence}")
         print(f"speedup: {speed}   identical: {same}")
     if snap.explanation is not None:
-        from .ui_format import explanation_text
+        from .ui_format import explanation_text  # lazy: imports torch; --help stays fast
         print("why: " + explanation_text(snap.explanation))
     for warning in snap.warnings:
         print(f"warning: {warning}")
@@ -461,8 +472,10 @@ def cmd_compare(args) -> int:
         fail(str(exc))
     layers = offloaded(pipe)
     if args.json:
-        print(json.dumps({**comparison.as_dict(), "backend": _backend(pipe),
-                          "offloaded_layers": layers}))
+        out, backend = comparison.as_dict(), _backend(pipe)
+        for name in ("plain", "speculative"):  # both lanes ran on pipe's backend
+            out[name] = lane_json(out[name], backend, name == "speculative", args.draft_length)
+        print(json.dumps({**out, "backend": backend, "offloaded_layers": layers}))
         return 0
     print("plain:\n" + comparison.plain.text + "\n")
     print(f"speculative ({args.draft}):\n" + comparison.speculative.text + "\n")
@@ -472,10 +485,10 @@ def cmd_compare(args) -> int:
     same = "yes" if comparison.identical else f"no, first divergence at token {comparison.first_divergence}"
     print(f"speedup: {speed}   identical: {same}")
     if comparison.explanation is not None:
-        from .ui_format import explanation_text
+        from .ui_format import explanation_text  # lazy: imports torch; --help stays fast
         print("why: " + explanation_text(comparison.explanation))
     if notice:
-        from ..services.pipeline import on_llama_cpp
+        from ..services.pipeline import on_llama_cpp  # lazy: imports torch; --help stays fast
         print("lossless expected: no (" + comparison.lossless_note + "; "
               + ("--backend transformers" if on_llama_cpp(pipe.target) else "--dtype float32")
               + " for an exact check)")
@@ -492,7 +505,7 @@ def draft_length_text(policy: int | str, s) -> str:
     """The draft-length policy and the k the run used: ``"auto (k used: mean 3.2, range 0-8,
     over 12 rounds)"``, ``"4 (k used: mean 3.9, range 1-4, ...)"``; n-gram lookup and the end
     of a run can verify fewer tokens than k."""
-    from ..core.policy import confidence_requested
+    from ..core.policy import confidence_requested  # lazy: imports torch; --help stays fast
     if policy == "auto" and confidence_requested():
         policy = "auto, weighing the drafter's confidence (SPECDEMO_DRAFT_CONFIDENCE=1)"
     if not s.rounds:

@@ -22,12 +22,14 @@ from importlib import metadata
 from pathlib import Path
 
 from ..core import TARGET_BACKENDS
+from ..checks import inputs
+from .decode_cli import checked, fail
+from ..core import machine
+from ..models import loading
 
 
 def _count(flag: str):
     """An argparse type: a whole number >= 1 (specdemo.checks.inputs' words, exit status 2)."""
-    from ..checks import inputs
-    from .decode_cli import checked
     return checked(inputs.number, flag, minimum=1, integer=True)
 
 
@@ -36,6 +38,7 @@ def _generate_backend(args, target) -> str:
     (native-w8a8 where the native forward runs the target, else transformers); written back
     to ``args`` so that train.json names it."""
     if args.generate_backend == "auto":
+        # lazy: imports torch; --help stays fast
         from ..models.native_backend import unavailable_reason
         runs = target.device.type == "cpu" and unavailable_reason(target) is None
         args.generate_backend = "native-w8a8" if runs else "transformers"
@@ -209,7 +212,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
     """The recipe of this run (the saved one on --resume)."""
+    # lazy: imports torch; --help stays fast
     from ..core.drafters.features import eagle3_default_layers, num_layers
+    # lazy: imports torch; --help stays fast
     from ..services.training import dflash_train, dspark_train, train
     saved = json.loads(recipe_file.read_text()) if args.resume and recipe_file.exists() else None
     if saved:
@@ -266,7 +271,6 @@ def _recipe_json(recipe) -> str:
 
 
 def _k_list(text: str) -> list[int]:
-    from .decode_cli import fail
     try:
         ks = [int(k) for k in text.split(",") if k.strip()]
     except ValueError:
@@ -277,7 +281,6 @@ def _k_list(text: str) -> list[int]:
 
 
 def _fractions(text: str | None) -> list[float]:
-    from .decode_cli import fail
     if not text:
         return [1.0]
     try:
@@ -290,9 +293,7 @@ def _fractions(text: str | None) -> list[float]:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .decode_cli import fail
-    from ..models.loading import ModelLoadError, load_model
-    from ..services.training import data, dflash_train, dspark_train, train
+    from ..services.training import data, dflash_train, dspark_train, train  # lazy: imports torch
     temperature = _temperatures(args.temperatures)  # refused before any work
     rows = check_inputs(args)  # before any work: nothing loaded, nothing written
     out = args.out
@@ -302,8 +303,8 @@ def _train(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     try:
-        target = load_model(args.target, args.device, "float32")
-    except ModelLoadError as exc:
+        target = loading.load_model(args.target, args.device, "float32")
+    except loading.ModelLoadError as exc:
         fail(str(exc))
     train_rows = data.split_rows(rows, heldout=False)[:args.max_prompts]
     recipe_file = out / "recipe.json"
@@ -336,11 +337,11 @@ def _train(args: argparse.Namespace) -> int:
         except RuntimeError as exc:  # the answers written so far are kept for --resume
             fail(f"--generate-endpoint: {exc}")
     elif _generate_backend(args, target) != "transformers":
-        from ..models.native_backend import NativeError
+        from ..models.native_backend import NativeError  # lazy: imports torch; --help stays fast
         try:
             data.generate_answers_native(target, train_rows, out, recipe.answers_per_prompt,
                                          recipe.temperature, recipe.max_new_tokens,
-                                         slots=args.generate_batch, weights=TARGET_BACKENDS[args.generate_backend][1],
+                                         slots=args.generate_batch, weights=TARGET_BACKENDS[args.generate_backend].weights,
                                          budget_s=budget_s)
         except NativeError as exc:
             fail(f"--generate-backend {args.generate_backend}: {exc}")
@@ -367,7 +368,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         shards = data.capture_features(target, answers, recipe.feature_layers, out,
                                        backend=args.capture_backend)
-    except ModelLoadError as exc:  # native unavailable here (no compiler, another architecture)
+    except loading.ModelLoadError as exc:  # native unavailable here (no compiler, another architecture)
         fail(f"--capture-backend {args.capture_backend}: {exc}")
     timings["capture_s"] = time.time() - t0
     on = (f"the target on {device}" if args.capture_backend == "transformers"
@@ -459,7 +460,6 @@ def _fit_shard_answers(answers: list[dict], recipe, directory) -> tuple[list[dic
             ``--temperatures``), or with a smaller token limit than ``--max-tokens`` (or none
             recorded): its answers may stop short of what this run would generate.
     """
-    from .decode_cli import fail
     temps = recipe.temperature if isinstance(recipe.temperature, (list, tuple)) \
         else (recipe.temperature,)
     limit = recipe.max_new_tokens
@@ -493,8 +493,7 @@ def _answers_from_shards(args, target, train_rows: list[dict], out: Path, recipe
     ``out/answers.jsonl`` unless they are there, so that generation makes only what is missing.
     The shards must match the run's generation settings (:func:`_fit_shard_answers`: same
     temperatures, a token limit at least ``--max-tokens``; longer answers are cut to it)."""
-    from .decode_cli import fail
-    from ..services.training import data, shards
+    from ..services.training import data, shards  # lazy: imports torch; --help stays fast
     try:
         kept, notes = shards.read_all(args.answers_dir, target=args.target)
     except shards.ShardError as exc:
@@ -526,7 +525,7 @@ def _answers_from_shards(args, target, train_rows: list[dict], out: Path, recipe
 
 def _answers_to_shards(args, target, train_rows: list[dict], out: Path, recipe) -> None:
     """Pack the answers generated in ``out`` that ``--answers-dir`` lacks into new shards."""
-    from ..services.training import data, shards
+    from ..services.training import data, shards  # lazy: imports torch; --help stays fast
     if not (out / data.ANSWERS).exists():
         return
     have, _ = shards.read_all(args.answers_dir, target=args.target)
@@ -547,7 +546,7 @@ def _init_folder(folder: Path) -> Path:
     """``builtin:NAME`` -> the shipped drafter's folder; any other value as given."""
     text = str(folder)
     if text.startswith("builtin:"):
-        from ..models.learned import BUILTIN_DIR
+        from ..models.learned import BUILTIN_DIR  # lazy: imports torch; --help stays fast
         return BUILTIN_DIR / text.split(":", 1)[1]
     return folder
 
@@ -620,7 +619,7 @@ def warm_start(drafter, folder: Path, keep_vocab: bool = False) -> str | None:
     if not remap:
         drafter.load_state_dict(saved)
         return None
-    from ..core.drafters.vocab import target_ids
+    from ..core.drafters.vocab import target_ids  # lazy: imports torch; --help stays fast
     theirs_ids = target_ids(saved["d2t"]).cpu()
     ours_ids = target_ids(mine["d2t"]).cpu()
     row_of = torch.full((int(max(theirs_ids.max(), ours_ids.max())) + 1,), -1, dtype=torch.long)
@@ -643,7 +642,6 @@ def check_init(args: argparse.Namespace) -> None:
     Raises:
         SystemExit(2) with one sentence.
     """
-    from .decode_cli import fail
     keep = getattr(args, "keep_draft_vocab", False)
     if keep and (args.init is None or args.kind != "eagle3"):
         fail("--keep-draft-vocab keeps the draft vocabulary of the EAGLE-3 head given with "
@@ -675,7 +673,6 @@ def out_kind(out: Path) -> str | None:
     Raises:
         SystemExit(2): a recipe.json that cannot be read as one (one sentence).
     """
-    from .decode_cli import fail
     recipe = out / "recipe.json"
     if recipe.is_file():
         try:
@@ -708,8 +705,7 @@ def check_inputs(args: argparse.Namespace) -> list[dict]:
             UTF-8 text, has a line that is not a JSON object with a non-empty "prompt", or
             holds no training prompt.
     """
-    from .decode_cli import fail
-    from ..services.training import data, prompt_set
+    from ..services.training import data, prompt_set  # lazy: imports torch; --help stays fast
     out = args.out
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file, not a folder: give a folder for the drafter (it is created "
@@ -745,8 +741,8 @@ def save(kind: str, drafter, out: Path, recipe, target, answers, timings, state,
          where: dict) -> dict:
     """Write the drafter folder and train.json (``where``: where generation, capture and
     training ran); returns the train.json content."""
-    from ..core.drafters import eagle_io
-    from ..services.training import dflash_train
+    from ..core.drafters import eagle_io  # lazy: imports torch; --help stays fast
+    from ..services.training import dflash_train  # lazy: imports torch; --help stays fast
     info = {
         "recipe": json.loads(_recipe_json(recipe)), "target": target.spec, "kind": kind,
         "data": {"answers": len(answers), "answer_tokens": sum(len(a["ids"]) - a["n_prompt"] for a in answers),
@@ -763,10 +759,10 @@ def save(kind: str, drafter, out: Path, recipe, target, answers, timings, state,
     if kind == "eagle3":
         eagle_io.save_head(drafter, out, dtype=torch_bf16(), speculative_tokens=recipe.ttt_steps + 1)
     elif kind == "dspark":
-        from ..services.training import dspark_train
+        from ..services.training import dspark_train  # lazy: imports torch; --help stays fast
         dspark_train.save(drafter, out, dtype=torch_bf16(), verifier=_hub_id(target))
     else:
-        from ..models.learned import BUILTIN_ALIASES
+        from ..models.learned import BUILTIN_ALIASES  # lazy: imports torch; --help stays fast
         hub_id = BUILTIN_ALIASES.get(target.spec, (target.spec,))[0]  # not builtin: or a path
         dflash_train.save(drafter, out, target, dtype=torch_bf16(), verifier=hub_id)
     (out / "train.json").write_text(json.dumps(info, indent=1))
@@ -785,7 +781,7 @@ def _a(name: str) -> str:
 def _hub_id(target) -> str:
     """The target's name recorded as a saved drafter's verifier: its hub id, never builtin: or a
     path on this machine."""
-    from ..models.learned import verifier_name
+    from ..models.learned import verifier_name  # lazy: imports torch; --help stays fast
     return verifier_name(target)
 
 
@@ -801,8 +797,7 @@ def slow_bf16_note(device: str, train_dtype: str) -> str | None:
         return None
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
-    from ..core.machine import cpu_flags
-    flags = cpu_flags().split()
+    flags = machine.cpu_flags().split()
     # a real x86 flags list (Linux) names sse2; elsewhere cpu_flags() is platform.machine() only,
     # which says nothing about bfloat16
     if "sse2" not in flags or any(f in flags for f in BF16_FLAGS):
@@ -818,7 +813,7 @@ def torch_bf16():
 
 def heldout_prompts(rows: list[dict], n: int) -> list[dict]:
     """``n`` held-out rows, round-robin over tasks."""
-    from ..services.training import data
+    from ..services.training import data  # lazy: imports torch; --help stays fast
     held = data.split_rows(rows, heldout=True)
     by_task: dict[str, list[dict]] = {}
     for row in held:
@@ -835,14 +830,15 @@ def report(kind: str, out: Path, target, drafter, rows: list[dict], n: int, info
            ks: list[int] = (4,)) -> tuple[Path, dict]:
     """Held-out evaluation against ngram and plain decoding (report.md / report.json in
     ``out``) at each draft length of ``ks``; returns (the markdown path, the results at ks[0])."""
-    from ..core.drafters.dflash import LoadedDFlash
-    from ..models.learned import LoadedEagle3
-    from ..services.pipeline import Pipeline
-    from ..services.training.report import evaluate, write
+    from ..core.drafters.dflash import LoadedDFlash  # lazy: imports torch; --help stays fast
+    from ..models.learned import LoadedEagle3  # lazy: imports torch; --help stays fast
+    from ..services.pipeline import Pipeline  # lazy: imports torch; --help stays fast
+    from ..services.training.report import evaluate, write  # lazy: imports tqdm (--help)
     picked = heldout_prompts(rows, n)
     if kind == "eagle3":
         learned = LoadedEagle3(str(out), drafter, {"layout": "speculators", "missing": []})
     elif kind == "dspark":
+        # lazy: imports torch; --help stays fast
         from ..core.drafters.dspark import LoadedDSpark, min_survival_setting
         learned = LoadedDSpark(str(out), drafter.float().eval(),
                                {"layout": "speculators", "config": drafter.config},

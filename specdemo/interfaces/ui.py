@@ -21,7 +21,7 @@ import gradio as gr
 
 from .. import PROJECT_DIR
 from ..checks import inputs
-from ..checks.compat import NON_MODEL_DRAFTS
+from ..checks.compat import NON_MODEL_DRAFTS, is_early_exit, non_model_verdict
 from ..services import race as racing
 from ..core.machine import ACTIVE_RACES
 from .ui_format import (AXIS_FORMAT, CHART_COLORS, LEGEND, acceptance_frame,  # noqa: F401
@@ -33,6 +33,16 @@ from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, _default_preset_name, 
                        _pairing, _presets, engine_imports, follow_startup, loaded_backend,
                        model_status, preload,
                        start_preload, startup_done, wait_until_ready)
+from ..models.learned import BUILTIN_DRAFTERS, is_learned
+from ..models import hardware
+from ..models.loading import ModelLoadError, resolve_device, resolve_dtype
+from ..services.pipeline import lossless_expectation
+from .ui_format import EXACT_CHECK
+from ..checks import compat
+from ..models import loading
+from ..services.check_worker import CheckWorker
+from ..services.prompts import TASKS, load_prompts
+from .ui_engines import engines_controls
 
 ASSETS = PROJECT_DIR / "assets"
 CSS_PATH = ASSETS / "specdemo.css"
@@ -91,17 +101,15 @@ def _verdict(target: str, draft: str):
     while a race is queued or timed, and a race sent meanwhile lets the one in progress end
     before its first lane's clock starts (``ACTIVE_RACES.background``).
     """
-    from ..checks.compat import check_specs, is_model_draft
-    from ..models.learned import is_learned
     key = (target, draft)
     if key not in _VERDICTS:
-        if is_model_draft(draft) and not is_learned(draft):
+        if compat.is_model_draft(draft) and not is_learned(draft):
             _VERDICTS[key] = _worker().verdict(target, draft)
             return _VERDICTS[key]
         with LOAD_LOCK:  # not while models load...
             pass
         with ACTIVE_RACES.background():  # ...nor while a race is queued or timed
-            _VERDICTS[key] = _checks().submit(check_specs, target, draft).result()
+            _VERDICTS[key] = _checks().submit(compat.check_specs, target, draft).result()
     return _VERDICTS[key]
 
 
@@ -112,7 +120,6 @@ def _worker():
     """The one check process of this app (started on first use)."""
     with _CHECKS_LOCK:
         if not _WORKER:
-            from ..services.check_worker import CheckWorker
             _WORKER.append(CheckWorker())
         return _WORKER[0]
 
@@ -127,15 +134,12 @@ def draft_options(target: str, presets: list) -> tuple[list[tuple[str, str]], li
     tokenizers (no weights), early-exit layer counts against the target's config, learned
     drafters against the target's weights (``drafters.learned``).
     """
-    from ..checks.compat import is_early_exit
-    from ..models.learned import BUILTIN_DRAFTERS
-    from ..models.loading import ModelLoadError, builtin_names
     ours = [p for p in presets if p.target == target]
     early_exits = sorted({p.draft for p in ours if is_early_exit(p.draft)})
     kinds = {f"builtin:{n}": "eagle3" for n, t in BUILTIN_DRAFTERS.items() if t == target}
     kinds.update({p.draft: p.draft_kind for p in ours if p.draft_is_learned})
     models = list(dict.fromkeys(list(kinds) + [p.draft for p in ours if p.draft_is_model]
-                                + [f"builtin:{n}" for n in builtin_names()
+                                + [f"builtin:{n}" for n in loading.builtin_names()
                                    if f"builtin:{n}" != target]))
     choices = [(spec, spec) for spec in PLAIN_DRAFTS]
     refused = []
@@ -157,7 +161,6 @@ def draft_options(target: str, presets: list) -> tuple[list[tuple[str, str]], li
 
 def _cannot_check(spec: str, exc: Exception, learned: bool = False) -> str:
     """Why ``spec`` could not be checked, for the draft list and the draft note."""
-    from ..checks.compat import is_early_exit
     if is_early_exit(spec):
         return str(exc)  # "cannot check early-exit:N: the layer count of T is unknown (...)"
     return f"cannot check {'it' if learned else 'its tokenizer'} ({exc})"
@@ -192,7 +195,6 @@ def preset_info(preset_name: str | None) -> str:
     p = _pairing(preset_name)["preset"]
     if p is None:
         return f"Target `{FALLBACK_TARGET}`."
-    from ..models import hardware
     try:
         ok, reason = hardware.fits(p, hardware.detect(), alternatives=presets)
     except Exception as exc:  # hardware probing must not break the page
@@ -208,9 +210,6 @@ def precision_line(dtype: str, quantization: str | None, device: str = "auto") -
     """``""`` when a preset races in float32; else a line saying, before any race, that greedy
     outputs may differ in its precision (``auto`` is bfloat16 on CUDA), why, and that float32
     gives an exact check where memory allows."""
-    from ..models.loading import ModelLoadError, resolve_device, resolve_dtype
-    from ..services.pipeline import lossless_expectation
-    from .ui_format import EXACT_CHECK
     try:
         resolved = resolve_dtype(dtype, resolve_device(device))
     except ModelLoadError:
@@ -264,7 +263,6 @@ def on_draft(preset_name, draft):
         inputs.draft("draft", draft)
     except inputs.InputError as exc:
         return f"✗ {exc}"
-    from ..checks.compat import non_model_verdict
     verdict = non_model_verdict(draft)
     if verdict is None:
         try:
@@ -325,7 +323,6 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
 
 
 def _examples(prompt: gr.Textbox) -> None:
-    from ..services.prompts import TASKS, load_prompts
     try:
         prompts = load_prompts()
     except (OSError, ValueError) as exc:
@@ -397,7 +394,6 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
                     preset = gr.Dropdown(names, value=preset_name, label="Preset", elem_id="preset",
                                          interactive=bool(names))
                     info = gr.Markdown(f"⚠ {preset_error}" if preset_error else "", elem_id="preset-info")
-                    from .ui_engines import engines_controls
                     engine_inputs = list(engines_controls())
                     with gr.Row():
                         load_btn = gr.Button("Load models", size="sm", elem_id="load")
@@ -496,7 +492,7 @@ def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
 def _benchmark_builder():
     """``bench_ui.build_benchmark_tab`` when that module is installed, else None."""
     try:
-        from .bench_ui import build_benchmark_tab
+        from .bench_ui import build_benchmark_tab  # lazy: an optional module (ImportError below)
     except ImportError:
         return None
     return build_benchmark_tab

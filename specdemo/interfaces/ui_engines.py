@@ -13,6 +13,7 @@ import threading
 import gradio as gr
 
 from .ui_race import ENGINE_CHOICES
+from ..services.serve import LlamaServer, ServeError
 
 _SERVERS: dict[str, object] = {}  # lane -> serve.LlamaServer started from this page
 _SERVERS_LOCK = threading.Lock()
@@ -48,7 +49,6 @@ def engines_controls() -> tuple:
 
 def start_servers():
     """Start llama-server twice on builtin:smollm2-135m (plain; ``--spec-type ngram-simple``)."""
-    from ..services.serve import LlamaServer, ServeError
     with _SERVERS_LOCK:
         try:
             for lane, draft in (("plain", "none"), ("speculative", "ngram")):

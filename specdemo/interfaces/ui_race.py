@@ -22,6 +22,9 @@ from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, n
                         race_frame, verdict_html)
 from .ui_state import (CACHE, LOAD_LOCK, _default_preset_name, _pairing, _presets, engine_imports,
                        model_status)
+from ..services.pipeline import DecodeSettings
+from ..core.tree import named_shape
+from ..services.endpoints import Endpoint, EndpointError
 
 #: gradio's session_hash (one per browser tab) -> Stop events of its runs
 _CANCELS: dict[str, set[threading.Event]] = {}
@@ -125,11 +128,9 @@ def _settings(temperature, top_p, max_new_tokens, seed, draft_length, names: dic
     Raises:
         gr.Error: a value out of range or not a number.
     """
-    from ..services.pipeline import DecodeSettings
     names = {"temperature": "temperature", "top_p": "top-p", "max_new_tokens": "max new tokens",
              "seed": "seed", "draft_length": "draft length", **(names or {})}
     seed = _valid(inputs.number, names["seed"], -1 if seed in (None, "") else seed, integer=True)
-    from ..core.tree import named_shape
     try:
         tree = named_shape(None if draft_tree == "" else draft_tree)  # "": not given (the API's rule)
     except ValueError as exc:
@@ -174,7 +175,6 @@ def _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_
         gr.Error: a malformed URL, a remote one without the tick, an unset key variable, or
             servers chosen with no URL (the same sentences as the command line).
     """
-    from ..services.endpoints import Endpoint, EndpointError
     urls = {PLAIN: (plain_endpoint or "").strip(), SPECULATIVE: (spec_endpoint or "").strip()}
     if engines != ENGINE_CHOICES[0] and not any(urls.values()):
         pairing = _pairing(preset_name)

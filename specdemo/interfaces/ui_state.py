@@ -11,10 +11,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..core import TARGET_BACKENDS
 from ..services import race as racing
 from ..services.race import PipelineCache
 from ..services.startup import STEPS, prepare_timed
 from .ui_format import startup_html
+from ..services.presets import PresetError, default_preset, list_presets
+from ..services import startup
 
 FALLBACK_TARGET = "builtin:smollm2-135m"
 
@@ -30,7 +33,6 @@ _IMPORTED = threading.Event()
 
 def _presets() -> tuple[list, str | None]:
     """(presets, error message or None); a broken preset file must not break the page."""
-    from ..services.presets import PresetError, list_presets
     try:
         return list(list_presets()), None
     except PresetError as exc:
@@ -54,7 +56,6 @@ APP_PRESET: list[str | None] = [None]  # the preset app.py was started with (--p
 
 def _default_preset_name(name: str | None) -> str | None:
     """``name``, else the preset the app was started with, else the default preset."""
-    from ..services.presets import PresetError, default_preset
     if name:
         return name
     if APP_PRESET[0]:
@@ -74,29 +75,25 @@ def engine_imports() -> None:
     """
     if _IMPORTED.is_set():
         return
-    from ..services.startup import GUESS_S, STEPS
     with LOAD_LOCK:
         if _IMPORTED.is_set():
             return
-        with STEPS.step("imports", "importing torch and transformers (once per start)",
-                        GUESS_S["imports"]):
+        with startup.STEPS.step("imports", "importing torch and transformers (once per start)",
+                                startup.GUESS_S["imports"]):
             import transformers
 
-            from ..checks import compat
-            from ..models import loading as models
-            from ..services import pipeline  # noqa: F401
+            # lazy: imported inside the timed "imports" step, under the load lock
+            from ..checks import compat  # noqa: F401
+            from ..models import loading as models  # noqa: F401  (lazy: timed step, above)
+            from ..services import pipeline  # noqa: F401  (lazy: imports torch)
             transformers.AutoTokenizer, transformers.AutoModelForCausalLM, transformers.AutoConfig
         _IMPORTED.set()
 
 
-BACKEND_WORDS = {
-    "native": "BF16 weights in our C forward",
-    "native-int8": "int8 weights in our C forward",
-    "native-w8a8": "int8 weights and int8 activations in our C forward",
-    "int8": "int8 weights in torch",
-    "ggml": "llama.cpp's kernels over the GGUF's quantised weights",
-    "ggml-bf16": "llama.cpp's kernels over BF16 weights",
-}
+#: backend name -> what its forward computes in, for the page (``core.TARGET_BACKENDS``'
+#: ``page_words``; transformers is described by its dtype instead)
+BACKEND_WORDS = {name: facts.page_words for name, facts in TARGET_BACKENDS.items()
+                 if facts.page_words}
 
 
 def runs_on(target) -> str:

@@ -30,13 +30,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..core import TARGET_BACKENDS
+
 #: a candidate whose probe costs more than this times the best probe so far is not timed fully
 PROBE_RATIO = 3.0
 #: ... nor one whose untimed first forward alone already costs more than this times it
 HOPELESS_RATIO = 10.0
-#: the order candidates are probed in: the fastest measured so far first (docs/cpu-backends.md),
-#: so the best probe is known early and slow candidates are ruled out after one short forward
-PROBE_ORDER = ("native-w8a8", "native", "native-int8", "ggml", "transformers", "int8")
+#: the order candidates are probed in (``core.TARGET_BACKENDS``' ``probe_rank``): the fastest
+#: measured so far first (docs/cpu-backends.md), so the best probe is known early and slow
+#: candidates are ruled out after one short forward; ggml-bf16 is never a candidate
+PROBE_ORDER = tuple(sorted((name for name, facts in TARGET_BACKENDS.items()
+                            if facts.probe_rank is not None),
+                           key=lambda name: TARGET_BACKENDS[name].probe_rank))
 PROBE_CONTEXT = 8  # tokens fed (untimed) before the probe's forward
 PROBE_WIDTH = 5  # tokens of the probe's forward: a verification of 4 drafted tokens
 RACE_WIDTHS = (1, 5, 9)  # a plain step, verifying 4 drafted tokens, verifying 8

@@ -90,8 +90,8 @@ def _row(name: str, family: str, weights: str | None) -> Backend:
 
 
 #: the table of target backends: name (``core.TARGET_BACKENDS``, ``auto`` aside) -> its row
-TABLE: dict[str, Backend] = {name: _row(name, family, weights)
-                             for name, (family, weights) in TARGET_BACKENDS.items()}
+TABLE: dict[str, Backend] = {name: _row(name, facts.family, facts.weights)
+                             for name, facts in TARGET_BACKENDS.items()}
 
 
 def backend_of(loaded) -> str:
@@ -175,8 +175,12 @@ def _choice_key(loaded, candidates: tuple[str, ...], lane) -> str:
     parts = [_cpu_name(), torch.__version__, torch.get_num_threads(), machine.default_threads(),
              loaded.spec, str(loaded.dtype), st.st_size if st else None,
              int(st.st_mtime) if st else None, bc.RACE_WIDTHS, list(candidates),
-             # what the race was weighed for: the drafter, the path its verification takes
-             lane.draft, list(lane.layers), lane.facts is not None]
+             # what the race was weighed for: the path its verification takes, and the drafter
+             # only where it was measured on each backend (a learned head); every other lane
+             # (prompt lookup, self, a draft model, a plain run: startup.race_lane) is weighed
+             # alike, so run, compare, bench, costs and the app share one entry per target
+             lane.draft if lane.facts is not None else "prior", lane.speculative,
+             list(lane.layers), lane.facts is not None]
     # how OpenMP threads wait changes every backend's costs (2.5-3.3x for ggml: specdemo/_omp.py)
     parts.append([os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")])
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
@@ -269,7 +273,10 @@ def _weighed(choice: BackendChoice, lane) -> str:
                if lane.facts is not None else
                f"acceptance {bc.PRIOR_ACCEPTANCE} assumed (the auto policy's prior), drafting "
                "cost the same on every backend")
-        what = (f"weighed for a race with draft {lane.draft}: plain step plus speculative lane's "
+        who = (f"draft {lane.draft}" if lane.facts is not None else
+               "a drafter not measured per backend (prompt lookup, self, a draft model; a "
+               "plain run is weighed as this race's plain lane)")
+        what = (f"weighed for a race with {who}: plain step plus speculative lane's "
                 f"best k of 0/4/8 per token, from {widths}-token forwards"
                 + (" with the drafter's features" if lane.layers else "") + f", {how}: ")
     else:
@@ -292,7 +299,8 @@ def choose_backend(loaded, lane=None) -> BackendChoice:
 
     Candidates on a CPU (:func:`candidate_backends`): transformers; ggml for a GGUF target;
     the native backends for a Llama where a C compiler is found (``native_backend.py``), else
-    int8 for a float32 Llama (``compiled_backend.py``; :data:`INT8_NOT_AUTO`). The result is stored per machine, target, candidate set and drafter
+    int8 for a float32 Llama (``compiled_backend.py``; :data:`INT8_NOT_AUTO`). The result is stored per machine, target, candidate set and
+    learned drafter (every lane without ``facts`` shares one entry: :func:`_choice_key`)
     in ``models.cache_dir()/backend-choice.json`` (``SPECDEMO_BACKEND=recalibrate`` measures
     again), also when other processes used more than ``machine.BUSY_SHARE`` of the CPU
     meanwhile (marked so: the reason says it when it is read back), so restarts do not pay again.

@@ -31,8 +31,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from ..core.errors import ModelLoadError
-from ..core.errors import reason as _reason
+from ..core.errors import ModelLoadError, reason as _reason
+from .ggufread import block_count, shared_reading
 
 if TYPE_CHECKING:
     import torch
@@ -261,10 +261,36 @@ def _swap_in(staged: Path, folder: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+WEIGHTS_BAR = "Loading weights"  # transformers' tqdm bar of every model load (5.x)
+
+
+def quiet_weight_loading_bar() -> None:
+    """Hide transformers' bare "Loading weights" progress bar on stderr, once per process: the
+    command line and the page say what loads as a start-up step of their own (``… loading
+    <spec>``). Only bars with that ``desc`` are drawn disabled (through
+    ``transformers.utils.logging.set_tqdm_hook``, chaining a hook set before); transformers'
+    other bars still show. A no-op where transformers has no such hook."""
+    from transformers.utils import logging as hf_logging
+    if not hasattr(hf_logging, "set_tqdm_hook"):
+        return
+    previous = hf_logging.set_tqdm_hook(None)
+    if getattr(previous, "hides_weights_bar", False):  # installed already
+        hf_logging.set_tqdm_hook(previous)
+        return
+
+    def hook(factory, args, kwargs):
+        if kwargs.get("desc") == WEIGHTS_BAR:
+            kwargs = {**kwargs, "disable": True}
+        return previous(factory, args, kwargs) if previous else factory(*args, **kwargs)
+    hook.hides_weights_bar = True
+    hf_logging.set_tqdm_hook(hook)
+
+
 def _convert_gguf(gguf: Path) -> torch.nn.Module:
     """Dequantise a GGUF file to a float32 transformers model (tens of s)."""
     import torch
     from transformers import AutoModelForCausalLM
+    quiet_weight_loading_bar()
     return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                 dtype=torch.float32)
 
@@ -386,7 +412,6 @@ def builtin_layer_count(b: Builtin) -> int:
     if _stale_reason(folder, _fingerprint(parts)) is None:
         from transformers import AutoConfig
         return int(AutoConfig.from_pretrained(folder).get_text_config().num_hidden_layers)
-    from .ggufread import block_count
     return block_count(parts)
 
 
@@ -416,7 +441,6 @@ def _build_builtin(b: Builtin, parts: list[Path], folder: Path) -> None:
         workdir = staged / "source"
         workdir.mkdir()
         gguf = _assemble(b, parts, workdir)
-        from .ggufread import shared_reading
         with shared_reading():  # parse the GGUF once for tokenizer, config and weights
             _stage_tokenizer(b, parts, gguf, staged)
             model = _convert_gguf(gguf)

@@ -52,6 +52,8 @@ import torch.nn.functional as F
 
 from ..core.errors import ModelLoadError
 from ..core.kv import RotaryTables, StaticCacheKV
+from ..core import machine
+from .builtin import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +190,7 @@ def onednn_exact() -> bool:
     import platform
     if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
         return True
-    from ..core.machine import cpu_flags
-    return any(flag in cpu_flags().split() for flag in VNNI_FLAGS)
+    return any(flag in machine.cpu_flags().split() for flag in VNNI_FLAGS)
 
 
 def default_kernel() -> str:
@@ -587,7 +588,6 @@ def compile_layer():
     with _COMPILE_LOCK:
         if _COMPILED is None:
             from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-            from .builtin import cache_dir
             if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
             import torch._inductor.config as inductor_config

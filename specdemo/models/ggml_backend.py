@@ -38,6 +38,9 @@ from ..core import family_backends
 from ..core.errors import ModelLoadError
 from ..core.kv import PREFILL_CHUNK, feed_in_chunks, unknown_hidden_states
 from ..core.machine import default_threads
+from . import builtin, llama_ctypes
+from .llama_ctypes import (clear_errors, last_error, library, meta_string,
+                           unavailable_reason as library_reason)
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,6 @@ class GgmlModel:
     """
 
     def __init__(self, path: Path | str, threads: int | None = None) -> None:
-        from .llama_ctypes import clear_errors, last_error, library, meta_string
         try:
             self.lib = library()
         except OSError as exc:
@@ -336,7 +338,6 @@ def gguf_path(spec: str) -> Path | None:
     """The GGUF file of a target spec, or None when it has none: a ``.gguf`` path itself; a
     built-in's file from its wheel (a file in parts is assembled once into
     ``models.cache_dir()/ggml/``)."""
-    from . import builtin
     if spec.lower().endswith(".gguf"):
         path = Path(spec).expanduser()
         return path if path.is_file() else None
@@ -374,14 +375,12 @@ def converted_gguf(src: Path, weight_type: str) -> Path:
     """
     import shutil
     import subprocess
-    from . import builtin
-    from .llama_ctypes import library_dir
     st = src.stat()
     folder = builtin.cache_dir() / "ggml"
     out = folder / f"{src.stem}.{st.st_size}-{int(st.st_mtime)}.{weight_type}.gguf"
     if out.is_file():
         return out
-    tool = (library_dir() or Path("/nonexistent")) / "llama-quantize"
+    tool = (llama_ctypes.library_dir() or Path("/nonexistent")) / "llama-quantize"
     if not tool.is_file():
         raise GgmlError(f"llama-quantize is not installed next to llama.cpp's library ({tool.parent})")
     folder.mkdir(parents=True, exist_ok=True)
@@ -421,7 +420,6 @@ def unavailable_reason(loaded) -> str | None:
     """Why ``loaded`` (a ``models.LoadedModel``) cannot run on the ggml backend; None when it
     can (the library loads, the target has a GGUF file, no other quantisation was asked for,
     it runs on the CPU)."""
-    from .llama_ctypes import unavailable_reason as library_reason
     if loaded.device.type != "cpu":
         return f"the ggml backend runs on the CPU; this target is on {loaded.device.type}"
     if getattr(loaded, "quantization", None):

@@ -19,6 +19,8 @@ from typing import Any, Protocol, Sequence
 
 import psutil
 
+from . import quantize
+
 
 class Preset(Protocol):
     """What a fit reads of a preset (``specdemo.services.presets.Preset`` has it); named here so that
@@ -129,9 +131,8 @@ def quantization_support(hw: HardwareInfo, quantization: str = "4bit") -> tuple[
     """Whether ``quantization`` can work here, and why (not): bitsandbytes 4bit/8bit (CUDA), or
     torchao int8/int4 (see :mod:`specdemo.models.quantize`)."""
     if quantization not in ("4bit", "8bit"):
-        from .quantize import describe, unavailable_reason
-        why = unavailable_reason(quantization, hw.kind)
-        return (False, why) if why else (True, f"{describe(quantization)} available")
+        why = quantize.unavailable_reason(quantization, hw.kind)
+        return (False, why) if why else (True, f"{quantize.describe(quantization)} available")
     if hw.kind != "cuda":
         return False, (f"4-bit/8-bit loading uses bitsandbytes, which needs an NVIDIA GPU (CUDA); "
                        f"this machine runs on {hw.kind}")

@@ -30,6 +30,8 @@ from ..core.drafters.vocab import map_problems
 
 BUILTIN_DIR = PACKAGE_DIR / "builtin_drafters"
 from .builtin import BUILTIN_DRAFTERS  # noqa: E402,F401  (kept in builtin: no torch to name them)
+from ..core.drafters.base import param_bytes
+from ..core.drafters.combined import CombinedDrafter
 
 
 def _family(config: dict) -> str | None:
@@ -132,7 +134,6 @@ class LoadedEagle3:
 
     @property
     def weight_bytes(self) -> int:
-        from ..core.drafters.base import param_bytes
         return param_bytes(self.head)
 
 
@@ -157,7 +158,6 @@ class Combined:
         return "prompt lookup (ngram) over " + describe(self.learned)
 
     def new_drafter(self, target: torch.nn.Module, vocab_size: int, name: str):
-        from ..core.drafters.combined import CombinedDrafter
         return CombinedDrafter(self.learned.new_drafter(target, vocab_size, name.removesuffix(COMBINE)),
                                name=name)
 

@@ -37,6 +37,8 @@ from .builtin import (  # noqa: F401  (re-exported: specdemo.models is where cal
 from .hardware import mps_bfloat16_problem  # noqa: F401  (also re-exported here)
 from ..core.errors import ModelLoadError
 from ..core.errors import reason as _reason
+from . import quantize
+from .ggufread import block_count
 
 if TYPE_CHECKING:
     import torch
@@ -166,8 +168,7 @@ def quantization_unavailable(device: torch.device, quantization: str = "4bit") -
     + an importable bitsandbytes; int8/int4 (torchao) see :mod:`specdemo.models.quantize`. For
     disabling the option in a UI with the reason."""
     if quantization not in ("4bit", "8bit"):
-        from .quantize import unavailable_reason
-        return unavailable_reason(quantization, device.type)
+        return quantize.unavailable_reason(quantization, device.type)
     if device.type != "cuda":
         return (f"4bit/8bit quantization needs a CUDA GPU and bitsandbytes; this run uses "
                 f"{device.type}, so load without quantization")
@@ -239,6 +240,7 @@ def _from_pretrained(source: Path | str, device: torch.device, dtype: torch.dtyp
     import torch
     from transformers import AutoModelForCausalLM
     placement = _placement(device, dtype, quantization)
+    builtin.quiet_weight_loading_bar()  # the caller's step line says what loads
     try:
         loaded = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **placement, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded
@@ -254,8 +256,7 @@ def _from_pretrained(source: Path | str, device: torch.device, dtype: torch.dtyp
         raise
     model.eval()
     if quantization in ("int8", "int4"):
-        from .quantize import quantize_model
-        quantize_model(model, quantization)
+        quantize.quantize_model(model, quantization)
     return loaded
 
 
@@ -371,6 +372,7 @@ def check_local(spec: str) -> None:
         _split_gguf(Path(spec).expanduser())
     if kind != "dir":
         return
+    # lazy: imports torch; --help stays fast
     from ..core.drafters.folders import (LAYER_FIELDS, DrafterFolderError, check_fields,
                                    check_weight_files, read_config)
     folder = Path(spec).expanduser()
@@ -605,7 +607,6 @@ def _layer_count(spec: str, trust_remote_code: bool) -> int:
     if kind == "builtin":
         return builtin.builtin_layer_count(builtin._builtin(spec.split(":", 1)[1]))
     if kind == "gguf":
-        from .ggufread import block_count
         folder, name = _split_gguf(Path(spec).expanduser())
         return block_count([folder / name])
     if kind == "dir":

@@ -67,7 +67,11 @@ import torch
 from ..core import family_backends
 from ..core.errors import ModelLoadError
 from ..core.kv import RotaryTables, StaticCacheKV, keep_tree_rows
-from ..core.machine import cpu_flags
+from ..core.machine import cpu_flags, default_threads
+from .builtin import cache_dir, store_cache_entry
+from .compiled_backend import llama_reason, quantize_rows
+from .hardware import _cpu_name
+from ..core import machine
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +114,6 @@ def _extra_flags() -> str:
 
 def library_path() -> Path:
     """Where the compiled library of this source, compiler and CPU lives (it may not exist yet)."""
-    from .builtin import cache_dir
     key = hashlib.sha256(SOURCE.read_bytes() + (_compiler() or "").encode()
                          + cpu_flags().encode() + _extra_flags().encode()).hexdigest()[:16]
     return cache_dir() / "native" / f"libspecdemo_native-{key}.so"
@@ -224,7 +227,6 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     (``model_type`` in :data:`ARCHITECTURES`) with SiLU MLPs, no biases, no sliding window,
     widths the C kernels take (multiples of 32), on the CPU in float32 or bfloat16
     (``compiled_backend.llama_reason`` and the widths)."""
-    from .compiled_backend import llama_reason
     reason = llama_reason(model, "native", ARCHITECTURES)
     if reason is not None:
         return reason
@@ -293,7 +295,6 @@ def _int8(rows: int, *weights: torch.Tensor, layout=repack) -> tuple[torch.Tenso
     Returns:
         (q: (ceil(M / rows) * rows * K,) int8, scale: (ceil(M / rows) * rows,) float32; padded
         rows 0)."""
-    from .compiled_backend import quantize_rows
     q, scale = quantize_rows(torch.cat([w.detach() for w in weights]))
     pad = -scale.numel() % rows
     scale = torch.cat([scale, scale.new_zeros(pad)]) if pad else scale
@@ -368,7 +369,6 @@ class NativeModel(RotaryTables):
         if reason:
             raise NativeError(reason)
         self.weights = _check_weights(weights)
-        from ..core.machine import default_threads
         self.lib = library()
         self.kernel = kernel or default_kernel()
         cfg = model.config
@@ -685,7 +685,6 @@ PREFETCH_GAIN = 0.03  # prefetching every block must save this share of the time
 
 
 def _prefetch_key(nmodel: NativeModel) -> str:
-    from .hardware import _cpu_name
     parts = [_cpu_name(), library_path().name, nmodel.threads, nmodel.n_layer, nmodel.hidden,
              nmodel.inter, nmodel.vocab, PREFETCH_WIDTHS]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
@@ -720,7 +719,6 @@ def choose_prefetch(nmodel: NativeModel, repeats: int = 12) -> dict:
     if asked not in ("", "recalibrate"):
         raise NativeError(f"{PREFETCH_ENV}={asked} is not a prefetch setting; use all, wide or "
                           "recalibrate")
-    from .builtin import cache_dir, store_cache_entry
     path, key = cache_dir() / PREFETCH_FILE, _prefetch_key(nmodel)
     # SPECDEMO_BACKEND (backends.CHOICE_ENV, not imported: backends imports this module)
     again = "recalibrate" in (asked, os.environ.get("SPECDEMO_BACKEND", "").strip().lower())
@@ -731,13 +729,12 @@ def choose_prefetch(nmodel: NativeModel, repeats: int = 12) -> dict:
             return {**entry, "reason": "measured earlier on this machine: " + entry["reason"]}
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    from ..core.machine import BUSY_SHARE, OtherCpuUse
     kv = NativeKV(nmodel)
     context = [i % (nmodel.vocab - 1) + 1 for i in range(128)]
     kv.forward(context)
     settings = {"wide": wide, "all": PREFETCH_ALL}
     times = {(name, n): [] for name in settings for n in PREFETCH_WIDTHS}
-    others = OtherCpuUse()
+    others = machine.OtherCpuUse()
     for _ in range(repeats):
         for n in PREFETCH_WIDTHS:
             for name, narrowest in settings.items():
@@ -754,7 +751,7 @@ def choose_prefetch(nmodel: NativeModel, repeats: int = 12) -> dict:
     reason = (f"prefetch {best}: every block {cost['all'] * 1e3:.2f} ms, blocks of {wide}+ tokens "
               f"{cost['wide'] * 1e3:.2f} ms for a 1-token plus a 5-token forward")
     entry = {"prefetch": best, "reason": reason, "cost_s": cost}
-    if share is not None and share > BUSY_SHARE:
+    if share is not None and share > machine.BUSY_SHARE:
         return {**entry, "reason": reason + f"; machine busy (others used {share:.0%} of the CPU), "
                 "so not stored"}
     try:
@@ -818,7 +815,6 @@ class NativeEagleWeights(RotaryTables):
         if reason:
             raise NativeError(reason)
         self.weights = _check_weights(weights)
-        from ..core.machine import default_threads
         self.lib = library()
         self.kernel = kernel or default_kernel()
         cfg, layer = head.config, head.layers[0]

@@ -29,6 +29,8 @@ import threading
 from ..checks.compat import Verdict
 from ..core.machine import ACTIVE_RACES, ActiveRaces
 from ..models.loading import ModelLoadError
+from .. import PROJECT_DIR
+from ..checks import compat
 
 IDLE_EXIT_S = 120.0  # the child exits after this long without a request (its memory returns)
 CAN_STOP = hasattr(signal, "SIGSTOP")  # POSIX: a stopped process uses no CPU at all
@@ -151,7 +153,6 @@ def _wait_stopped(pid: int) -> None:
 
 
 def _package_root() -> str:
-    from .. import PROJECT_DIR
     return str(PROJECT_DIR)
 
 
@@ -169,7 +170,6 @@ def serve(requests, replies, idle_exit_s: float = IDLE_EXIT_S) -> None:
     (``status``/``reasons``, or ``error``/``type``); returns at end of input or after
     ``idle_exit_s`` without a request (0: never; not on Windows, whose pipes ``select`` cannot
     wait on)."""
-    from ..checks.compat import check_specs
     while True:
         if idle_exit_s and os.name != "nt" and hasattr(requests, "fileno"):
             ready, _, _ = select.select([requests], [], [], idle_exit_s)
@@ -180,7 +180,7 @@ def serve(requests, replies, idle_exit_s: float = IDLE_EXIT_S) -> None:
             return
         ask = json.loads(line)
         try:
-            verdict = check_specs(ask["target"], ask["draft"])
+            verdict = compat.check_specs(ask["target"], ask["draft"])
             reply = {"status": verdict.status, "reasons": list(verdict.reasons)}
         except Exception as exc:  # every failure is the reply; the loop goes on
             reply = {"error": str(exc), "type": type(exc).__name__}

@@ -23,17 +23,16 @@ still felt). The adaptive draft length and the app always use the wall clock.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 from .. import OMP_WAIT
 from .._omp import describe as describe_omp
-from ..core import BACKENDS, TARGET_BACKENDS, backend_family
+from ..core import TARGET_BACKENDS, backend_family
+from ..core.stats import ratio
 
 COPY_BYTES = 256 << 20  # 256 MiB: larger than the caches of desktop CPUs
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}  # cpu: this thread's CPU time
@@ -143,9 +142,8 @@ def measure_plain_tokens_per_s(loaded, new_tokens: int = 48, context: int = 128,
     of a decode of ``new_tokens`` - seconds of a decode of 1 token), after a prompt of
     ``context`` token ids (EOS does not stop it). With the wall clock this is the engine's
     ``decode_tokens_per_s``."""
-    from ..core.engine import generate
-    from ..models.backends import target_kv
-    from ..core.stats import ratio
+    from ..core.engine import generate  # lazy: imports torch; --help stays fast
+    from ..models.backends import target_kv  # lazy: imports torch; --help stays fast
     kv = target_kv(loaded)
     vocab = loaded.model.get_input_embeddings().num_embeddings
     prompt = [i % vocab for i in range(1, context + 1)]
@@ -180,8 +178,9 @@ def forward_s_before_after(kv, max_n: int, context: int, repeats: int, rounds: i
     Raises:
         ValueError: the fast path is not applied to this model.
     """
+    # lazy: imports torch; --help stays fast
     from ..models.fastpath import fastpath_info, install, restore
-    from ..core.policy import measure_forward_s
+    from ..core.policy import measure_forward_s  # lazy: imports torch; --help stays fast
     info = fastpath_info(kv.model)
     if info is None or not info.applied:
         raise ValueError("the fast path is not applied to this model "
@@ -214,11 +213,10 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
             comparison on a model without the fast path.
     """
     import torch
-    from ..models.fastpath import fastpath_info
-    from ..models.backends import backend_of, target_kv
-    from ..models.ggml_backend import ggml_model
-    from ..core.policy import measure_forward_s
-    from ..core.stats import ratio
+    from ..models.fastpath import fastpath_info  # lazy: imports torch; --help stays fast
+    from ..models.backends import backend_of, target_kv  # lazy: imports torch; --help stays fast
+    from ..models.ggml_backend import ggml_model  # lazy: imports torch; --help stays fast
+    from ..core.policy import measure_forward_s  # lazy: imports torch; --help stays fast
     if clock not in CLOCKS:
         raise ValueError(f"unknown clock {clock!r}; use wall or cpu")
     if clock == "cpu" and (torch.get_num_threads() != 1 or loaded.device.type != "cpu"):
@@ -241,10 +239,10 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
     plain = measure_plain_tokens_per_s(loaded, plain_tokens, context, clock=tick)
     prefetch = None  # native-w8a8's measured weight-prefetch choice
     if backend == "int8":
-        from ..models.compiled_backend import int8_model
+        from ..models.compiled_backend import int8_model  # lazy: imports torch; --help stays fast
         nbytes = int8_model(loaded).weight_bytes
     elif backend_family(backend) == "native":
-        from ..models.native_backend import model_of
+        from ..models.native_backend import model_of  # lazy: imports torch; --help stays fast
         nmodel = model_of(loaded)
         nbytes, prefetch = nmodel.weight_bytes, nmodel.prefetch
     else:
@@ -274,7 +272,7 @@ SUMMARY_KEYS = ("forward_s", "forward_ratio", "weight_bytes", "bound_tokens_per_
 def measure_backends(loaded, names: list[str], **kwargs) -> dict[str, CostReport]:
     """:func:`measure_costs` for ``loaded`` on each backend in ``names`` (same weights object,
     one after the other in this process)."""
-    from ..models.backends import replace_backend
+    from ..models.backends import replace_backend  # lazy: imports torch; --help stays fast
     return {name: measure_costs(replace_backend(loaded, name), **kwargs) for name in names}
 
 
@@ -288,8 +286,8 @@ def run_llama_bench(gguf, threads: int, new_tokens: int = 64, repetitions: int =
         OSError: llama-bench is not installed; RuntimeError: it failed.
     """
     import subprocess
-    from ..models.llama_ctypes import library_dir
-    folder = library_dir()
+    from ..models import llama_ctypes  # lazy: ctypes bindings, for llama-bench only (--help)
+    folder = llama_ctypes.library_dir()
     binary = folder / "llama-bench" if folder else None
     if binary is None or not binary.is_file():
         raise OSError("llama-bench was not found next to llama.cpp's library")
@@ -309,12 +307,10 @@ def format_report(r: CostReport) -> str:
     """The report as a few lines and a table (the README shows this)."""
     def f(x, spec=".2f"):
         return "n/a" if x is None else format(x, spec)
-    own = {"int8": "int8 weights (from " + r.dtype + ")", "native": "BF16 weights (from "
-           + r.dtype + ")", "native-int8": "int8 weights, per-row scales (from " + r.dtype + ")",
-           "native-w8a8": "int8 weights, per-row scales (from " + r.dtype + "), int8 activations"}
-    # (these backends keep their own copy of torch's weights)
-    weights = (own.get(r.backend, r.dtype) if backend_family(r.backend) != "ggml"  # ggml: the GGUF
-               else (TARGET_BACKENDS[r.backend][1] or "the GGUF file's own") + " weights")
+    # the weights the forward reads (core.TARGET_BACKENDS' report_words): the dtype loaded in
+    # (transformers), a copy of them (int8, native) or the GGUF's (ggml)
+    facts = TARGET_BACKENDS.get(r.backend)
+    weights = facts.report_words.format(dtype=r.dtype) if facts else r.dtype
     lines = [f"{r.target} on {r.device}, {weights}"
              + (f", {r.quantization}" if r.quantization else "")
              + f", backend {r.backend}"
@@ -362,81 +358,3 @@ def format_report(r: CostReport) -> str:
                      f"({lb.get('command', lb.get('error', ''))}); ours ({lb.get('ours_backend', r.backend)})"
                      f"/llama-bench {f(lb.get('ours_over_llama_bench'))}")
     return "\n".join(lines)
-
-
-def register(sub) -> None:
-    from ..models.quantize import QUANTIZATION_CHOICES
-    p = sub.add_parser("costs", help="forward-cost table n=1..N, memory bandwidth and bound")
-    p.add_argument("--target", default="builtin:smollm2-135m")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_CHOICES))
-    p.add_argument("--max-n", type=int, default=16, help="widest forward timed (default 16)")
-    p.add_argument("--context", type=int, default=128, help="cached tokens before each forward")
-    p.add_argument("--repeats", type=int, default=5, help="forwards timed per width (median)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--clock", default="wall", choices=list(CLOCKS),
-                   help="wall (default) or cpu: this thread's CPU time, for a shared machine "
-                        "(needs --threads 1)")
-    p.add_argument("--before-after", type=int, default=0, metavar="ROUNDS",
-                   help="also time transformers' own kernels, alternating with the fast path "
-                        "ROUNDS times in this process (stock_forward_s in the output)")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="auto (default): measure every backend available for the target and "
-                        "report the one auto chooses first; or only transformers / ggml / ggml-bf16 / "
-                        "int8 / native / native-int8 / native-w8a8")
-    p.add_argument("--llama-bench", action="store_true",
-                   help="also run llama.cpp's llama-bench (tg 64, same threads) on the GGUF")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_costs)
-
-
-def cmd_costs(args: argparse.Namespace) -> int:
-    from ..models.loading import ModelLoadError, load_model
-    if args.max_n < 1 or args.context < 1:
-        print("error: --max-n and --context must be >= 1", file=sys.stderr)
-        return 2
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
-    try:
-        loaded = load_model(args.target, args.device, args.dtype, quantization=args.quantization,
-                            trust_remote_code=args.trust_remote_code)
-    except ModelLoadError as exc:
-        print(f"error: {exc}\n(python -m specdemo costs --help)", file=sys.stderr)
-        return 2
-    from ..models.backends import candidate_backends, with_backend
-    from ..models.ggml_backend import ggml_model, gguf_path
-    try:
-        chosen, choice = with_backend(loaded, args.backend)
-        names = [chosen.backend]
-        if args.backend == "auto" and loaded.device.type == "cpu":
-            names += [b for b in candidate_backends(loaded)[0] if b != chosen.backend]
-        reports = measure_backends(loaded, names, max_n=args.max_n, context=args.context,
-                                   repeats=args.repeats, clock=args.clock,
-                                   before_after_rounds=args.before_after)
-    except (ValueError, ModelLoadError) as exc:
-        print(f"error: {exc}\n(python -m specdemo costs --help)", file=sys.stderr)
-        return 2
-    report = reports[chosen.backend]
-    report.backend_choice = choice.as_dict()
-    report.backends = {b: {k: getattr(r, k) for k in SUMMARY_KEYS} for b, r in reports.items()}
-    if args.llama_bench:
-        import torch
-        try:
-            threads = ggml_model(loaded).threads if "ggml" in reports else torch.get_num_threads()
-            lb = run_llama_bench(gguf_path(loaded.spec), threads)
-            # the chosen backend's plain rate: the one run, compare and the app use
-            ours = report.plain_tokens_per_s
-            lb["ours_backend"] = chosen.backend
-            lb["ours_over_llama_bench"] = (ours / lb["tg_tokens_per_s"]
-                                           if ours and lb["tg_tokens_per_s"] else None)
-            lb["by_backend"] = {b: (r.plain_tokens_per_s / lb["tg_tokens_per_s"]
-                                    if r.plain_tokens_per_s and lb["tg_tokens_per_s"] else None)
-                                for b, r in reports.items()}
-        except (OSError, RuntimeError, ValueError, TypeError) as exc:
-            lb = {"error": str(exc)}
-        report.llama_bench = lb
-    print(json.dumps(report.as_dict()) if args.json else format_report(report))
-    return 0

@@ -27,6 +27,11 @@ from statistics import median
 
 from .endpoints import Endpoint, EndpointError, shown_url, stream_events
 from ..core.stats import ratio
+from .bench.report import _figure
+from .. import OMP_WAIT
+from ..models.hardware import _cpu_name
+from .bench.config import parse_ints
+from .prompts import load_prompts
 
 COLUMNS = ("concurrency", "lane", "engine", "endpoint", "requests", "repeats",
            "total_tokens_per_s", "total_tokens_per_s_min", "total_tokens_per_s_max",
@@ -123,7 +128,6 @@ def _round(x, digits: int = 3):
 
 def figure(rows: list[dict]):
     """Total tokens/s per level, one line per lane, and the speedup per level."""
-    from .bench.report import _figure
     fig, (ax, ax2) = _figure(9, 3.8, ncols=2)
     for j, lane in enumerate(("plain", "speculative")):
         mine = [r for r in rows if r["lane"] == lane and r["total_tokens_per_s"] is not None]
@@ -144,8 +148,6 @@ def figure(rows: list[dict]):
 
 def machine() -> dict:
     import os
-    from .. import OMP_WAIT
-    from ..models.hardware import _cpu_name
     return {"cpu_model": _cpu_name(), "cpu_cores_logical": os.cpu_count(), "omp_wait": OMP_WAIT,
             "platform": platform.platform(), "python": platform.python_version()}
 
@@ -194,9 +196,7 @@ def report(rows: list[dict], meta: dict) -> str:
 
 def cmd(args, endpoints: dict, config) -> int:
     """The bench subcommand with server lanes (exit 2 with the reason when it cannot run)."""
-    from .bench.config import parse_ints
-    from .pipeline import DecodeSettings
-    from .prompts import load_prompts
+    from .pipeline import DecodeSettings  # lazy: imports torch
     try:
         levels = parse_ints(args.concurrency) or (1, 2, 4)
         if any(n < 1 for n in levels):

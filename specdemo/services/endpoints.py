@@ -691,7 +691,7 @@ def stream_events(endpoint: Endpoint, messages: list[dict], settings,
     """
     import httpx
 
-    from ..core.engine import DecodeEvent
+    from ..core.engine import DecodeEvent  # lazy: imports torch; --help stays fast
     with endpoint.client() as client:
         endpoint.detect(client)
         body = request_body(endpoint, messages, settings, max_new_tokens)

@@ -29,17 +29,18 @@ File format (every key is required unless marked optional)::
 
 from __future__ import annotations
 
-import argparse
-import json
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import PROJECT_DIR
-from ..models import hardware, loading as models
+from ..core.draft_spec import DraftSpec, DraftSpecError
+from ..models import loading as models
 from ..checks.compat import is_model_draft
 from ..models.hardware import format_bytes  # noqa: F401  (re-exported: callers look here)
+from .endpoints import EndpointError, base_url
+from ..models import quantize
 
 PRESETS_DIR = PROJECT_DIR / "presets"
 
@@ -185,11 +186,10 @@ def _draft_length(path: Path, value: Any) -> int | str:
 
 def _draft(path: Path, value: Any) -> str:
     draft = _string(path, "draft", value)
-    if draft.startswith("early-exit"):
-        _, _, layers = draft.partition(":")
-        if not layers.isdigit() or int(layers) < 1:
-            raise _fail(path, "draft",
-                        f"early-exit needs a layer count >= 1, e.g. early-exit:8; got {draft!r}")
+    try:
+        DraftSpec.parse(draft)
+    except DraftSpecError as exc:
+        raise _fail(path, "draft", f"{exc}; got {draft!r}") from None
     return draft
 
 
@@ -213,7 +213,6 @@ def _endpoint(path: Path, key: str, value: Any) -> str:
     accepted here; using it still needs the explicit allow-remote choice."""
     if value == "":
         return ""
-    from .endpoints import EndpointError, base_url
     try:
         return base_url(_string(path, key, value), allow_remote=True)
     except EndpointError as exc:
@@ -236,10 +235,9 @@ def _check_consistency(preset: Preset) -> None:
     path = preset.path or Path(preset.name)
     if preset.path is not None and preset.name != preset.path.stem:
         raise _fail(path, "name", f"{preset.name!r} differs from the file name {preset.path.stem!r}")
-    from ..models.quantize import DEVICES, describe
-    allowed = DEVICES.get(preset.quantization)
+    allowed = quantize.DEVICES.get(preset.quantization)
     if allowed and not set(preset.devices) <= set(allowed):
-        raise _fail(path, "devices", f"quantization {preset.quantization} ({describe(preset.quantization)}) "
+        raise _fail(path, "devices", f"quantization {preset.quantization} ({quantize.describe(preset.quantization)}) "
                                      f"runs on {list(allowed)} only; got {list(preset.devices)}")
     weights = preset.weight_bytes()
     if preset.memory_bytes < weights:
@@ -365,60 +363,3 @@ def hub_unavailable() -> str | None:
     if not models._hub_reachable(timeout_s=3.0):
         return "the model hub (huggingface.co) is not reachable from this machine"
     return None
-
-
-# --- command line -----------------------------------------------------------------------------
-
-def register(sub) -> None:
-    """Add ``presets``: list presets and mark which fit this machine."""
-    parser = sub.add_parser("presets", help="list presets and which fit this machine")
-    parser.add_argument("--dir", type=Path, default=None, help="presets directory (default: presets/)")
-    parser.add_argument("--all-gated", action="store_true",
-                        help="let the recommendation pick gated models (hub licence accepted)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(func=cmd_presets)
-
-
-def cmd_presets(args: argparse.Namespace) -> int:
-    try:
-        presets = list_presets(args.dir)
-    except PresetError as exc:
-        print(f"error: {exc}")
-        return 1
-    hw = hardware.detect()
-    verdicts = {p.name: hardware.fits(p, hw, alternatives=presets) for p in presets}
-    to_fetch = {p.name: hub_models_to_fetch(p) for p in presets}
-    offline = hub_unavailable() if any(to_fetch.values()) else None
-    usable = [p for p in presets if not (offline and to_fetch[p.name])]
-    pick = hardware.recommend(usable, hw, allow_gated=args.all_gated)
-    if offline:
-        left_out = [p.name for p in presets if to_fetch[p.name]]
-        pick.reasons.insert(0, f"{offline}: recommended among the presets whose models are on "
-                               f"this machine already; left out ({len(left_out)}, they download "
-                               f"models on first use): {', '.join(left_out)}")
-    if args.json:
-        print(json.dumps({
-            "hardware": hw.to_dict(),
-            "recommended": pick.preset.name if pick.preset else None,
-            "reasons": pick.reasons,
-            "hub_unavailable": offline,
-            "presets": [dict(p.to_dict(), fits=verdicts[p.name][0], reason=verdicts[p.name][1],
-                             to_download=to_fetch[p.name]) for p in presets],
-        }, indent=2))
-        return 0
-    print(f"this machine: {hardware.describe(hw)}")
-    for preset in presets:
-        ok, reason = verdicts[preset.name]
-        marks = ("*" if pick.preset and pick.preset.name == preset.name else " ") + \
-                ("fits" if ok else "no  ")
-        flags = " [default]" if preset.default else ""
-        flags += " [gated]" if preset.gated else ""
-        if to_fetch[preset.name]:
-            flags += " [not downloaded; the hub is unreachable]" if offline else " [downloads on first use]"
-        print(f"{marks} {preset.name:26s} {format_bytes(preset.memory_bytes):>8s}  "
-              f"{preset.target} + {preset.draft}{flags}")
-        print(f"       {reason}")
-    print("recommended: " + (pick.preset.name if pick.preset else "none"))
-    for reason in pick.reasons:
-        print(f"  - {reason}")
-    return 0

@@ -25,15 +25,18 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
 from ..core.kv import Cancelled, prefill_progress, stop_on, warm_prefix
 from ..core.machine import ACTIVE_RACES
 from .startup import GUESS_S, STEPS, prepare_timed, tokenizer_step
 from ..core.stats import DecodeStats, RaceExplanation, explain, speedup
-
-if TYPE_CHECKING:  # torch loads with the pipeline: only when a race runs, not at import
-    from .pipeline import DecodeSettings, Pipeline
+from .endpoints import EndpointPipeline
+from ..core.engine import DecodeResult
+from .pipeline import (DecodeSettings, Pipeline, output_divergence, race_warnings, result_dict,
+                       target_lossless_expectation)
+from . import startup
+from ..checks import compat
 
 PLAIN, SPECULATIVE = "plain", "speculative"
 
@@ -384,7 +387,6 @@ class Race:
             if not getattr(pipes[lane.name], "is_endpoint", False):  # what auto chose, if asked
                 record.backend = getattr(pipes[lane.name].target, "backend", "transformers")
             if lane.speculative and not getattr(pipes[lane.name], "is_endpoint", False):
-                from .pipeline import target_lossless_expectation
                 self.lossless_expected, self.lossless_note = \
                     target_lossless_expectation(pipes[lane.name].target)
         for lane in self.lanes[1:]:
@@ -531,7 +533,6 @@ class Race:
                         record.prefill if upto is None else None, record.backend)
 
     def _snapshot(self, views: dict[str, PaneView], phase: str, clock_s: float | None = None) -> RaceSnapshot:
-        from .pipeline import output_divergence, race_warnings
         plain, spec = views.get(PLAIN), views.get(SPECULATIVE)
         gain = divergence = identical = why = None
         unit = "token"
@@ -679,14 +680,12 @@ class PipelineCache:
 
     def _loader(self) -> Callable:
         if self._load is None:
-            from .startup import load_model
-            self._load = load_model
+            self._load = startup.load_model
         return self._load
 
     def _checker(self) -> Callable:
         if self._check is None:
-            from ..checks.compat import check_specs
-            self._check = check_specs
+            self._check = compat.check_specs
         return self._check
 
     def get(self, target: str, draft: str = "none", dtype: str = "auto",
@@ -747,8 +746,7 @@ class PipelineCache:
         if key not in self._models:
             loaded = self._model(spec, device, dtype, quantization)
             if hasattr(loaded, "backend"):  # a models.LoadedModel (tests inject stand-ins)
-                from .startup import use_backend
-                loaded, _ = use_backend(loaded, self.backend, draft, draft_model)
+                loaded, _ = startup.use_backend(loaded, self.backend, draft, draft_model)
             self._models[key] = loaded
         return self._models[key]
 
@@ -777,7 +775,6 @@ def race_lanes(cache: PipelineCache, target: str, draft: str, histories: dict[st
 def endpoint_lane(name: str, endpoint, messages: list[dict]) -> Lane:
     """A lane served by an OpenAI-compatible server (:class:`specdemo.services.endpoints.Endpoint`); it
     counts as speculative when the server drafts (that is the server's configuration)."""
-    from .endpoints import EndpointPipeline
     pipe = EndpointPipeline(endpoint)
     return Lane(name, name == SPECULATIVE, lambda: pipe, messages)
 
@@ -790,8 +787,6 @@ def pane_dict(view: PaneView, draft_length_setting: int | str | None = None) -> 
     the counters 0 and the rest empty or None. Under ``draft_length_setting`` ``auto`` a
     speculative lane's ``draft_length`` is ``"auto"`` (otherwise it is its last round's k;
     ``mean_draft_length`` and ``draft_length_min``/``_max`` cover every round)."""
-    from ..core.engine import DecodeResult
-    from .pipeline import result_dict
     out: dict = {"status": view.status, "error": view.error}
     if view.stats is not None:
         flags = [f for _, f in view.tokens] if view.token_ids else []

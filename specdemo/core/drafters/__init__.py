@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..draft_spec import DraftSpec, DraftSpecError
 from .base import Drafter, FeatureDrafter, Proposal, fit_vocab, param_bytes, wants_features
 from .draft_model import ModelDrafter, early_exit_view
 from .ngram import NgramDrafter
@@ -40,17 +41,18 @@ def make_drafter(spec: str, target: torch.nn.Module, vocab_size: int,
     Raises:
         ValueError: for an unknown spec or a bad early-exit layer count.
     """
-    if spec in ("none", ""):
+    try:
+        parsed = DraftSpec.parse(spec)
+    except DraftSpecError as exc:
+        raise ValueError(f"{exc}; got {spec!r}") from None
+    if parsed.kind == "none":
         return None
-    if spec == "ngram":
+    if parsed.kind == "ngram":
         return NgramDrafter()
-    if spec == "self":
+    if parsed.kind == "self":
         return ModelDrafter(target, vocab_size, name="self", shares_weights=True)
-    if spec.startswith("early-exit"):
-        _, _, layers = spec.partition(":")
-        if not layers.isdigit():
-            raise ValueError(f"early-exit needs a layer count, e.g. early-exit:8; got {spec!r}")
-        return ModelDrafter(early_exit_view(target, int(layers)), vocab_size, name=spec,
+    if parsed.kind == "early-exit":
+        return ModelDrafter(early_exit_view(target, parsed.layers), vocab_size, name=spec,
                             shares_weights=True)
     if draft_model is None:
         raise ValueError(f"unknown drafter {spec!r}: expected none, ngram, self, early-exit:N, "

@@ -19,6 +19,7 @@ import torch
 from ..clock import read_on_host
 from ..sampling import (Generators, SamplingParams, choose, generator_for, next_token_probs,
                         penalize, probs_from_logits)
+from .vocab import expand_logits
 
 
 @dataclass
@@ -299,7 +300,6 @@ class DraftSampler:
             self._host.append(None)
             self.confidence.append(_top_probability(logits))
             return token
-        from .vocab import expand_logits
         return self.draw(expand_logits(logits, ids, vocab_size))
 
     def proposal(self, source: str | None) -> Proposal:

@@ -56,6 +56,7 @@ from .base import DraftSampler, LoadedModule, Proposal, fit_vocab, param_bytes
 from .dflash import DFlashDrafter
 from .features import index_problems, num_layers
 from .vocab import map_problems, target_ids
+from ..kv import cache_bytes
 
 FAMILY = "dspark"
 LAYOUT = "speculators"
@@ -555,7 +556,6 @@ class DSparkDrafter(DFlashDrafter):
 
     @property
     def extra_memory_bytes(self) -> int:
-        from ..kv import cache_bytes
         return self._weight_bytes + cache_bytes(self._cache)
 
 

@@ -22,6 +22,7 @@ from transformers import LlamaConfig
 
 from . import folders
 from .eagle import Eagle3Head
+from .features import eagle3_default_layers
 
 SPECULATORS_VERSION = "0.3.0"
 WEIGHTS = "model.safetensors"
@@ -132,7 +133,6 @@ def load_head(folder: Path, n_target_layers: int | None = None,
             non-finite weights, an option this loader does not run (named), weights missing,
             mis-shaped or that the head would not use (named).
     """
-    from .features import eagle3_default_layers
     folder = Path(folder)
     path = folder / "config.json"
     config = read_config(folder)

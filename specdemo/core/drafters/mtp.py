@@ -39,6 +39,8 @@ from ..kv import cache_bytes
 from ..sampling import SamplingParams
 from .base import DraftSampler, LoadedModule, Proposal, fit_vocab, param_bytes
 from .features import num_layers
+from . import folders
+from .folders import DrafterFolderError
 
 ASSISTANT = "gemma4-assistant"
 NATIVE = "mtp"
@@ -59,7 +61,6 @@ def load_assistant(folder: Path, dtype: torch.dtype = torch.float32) -> nn.Modul
     """
     import transformers
 
-    from . import folders
     folder = Path(folder)
     config = folders.read_config(folder)
     folders.check_fields(config, {"backbone_hidden_size": folders.POS_INT,
@@ -329,7 +330,6 @@ def load_assistant_checked(spec: str, folder: Path, target,
     Raises:
         DrafterRefused: it cannot serve this target (one sentence per problem).
     """
-    from .folders import DrafterFolderError
     try:
         model = load_assistant(folder, dtype)
     except DrafterFolderError as exc:

@@ -9,6 +9,7 @@ from typing import Iterable, Iterator
 from ..prompts import TASKS
 from ...core.stats import count_positions
 from ...core.tree import TreeShape
+from ...models.hardware import memory_in_use_bytes
 
 ENGINES = ("specdemo", "transformers")
 DIGITS = 4  # decimals kept for every float written out
@@ -69,7 +70,7 @@ class BenchConfig:
         return ENGINES if self.reference else ENGINES[:1]
 
     def settings(self, draft_length: int | str = 4):
-        from ..pipeline import DecodeSettings
+        from ..pipeline import DecodeSettings  # lazy: imports torch; --help stays fast
         return DecodeSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                               seed=self.seed, draft_length=draft_length, tree=self.tree)
 
@@ -176,7 +177,6 @@ class PeakMemory:
 
     def __init__(self, device) -> None:
         import torch
-        from ...models.hardware import memory_in_use_bytes
         self.device = torch.device(device)
         self.method = PEAK_METHODS.get(self.device.type, PEAK_METHODS["cpu"])
         self._in_use = memory_in_use_bytes

@@ -13,6 +13,7 @@ import dataclasses
 import time
 from typing import Iterator
 
+from ...core.draft_spec import EARLY_EXIT, DraftSpec
 from .config import BenchConfig, PeakMemory, Run
 
 HEURISTIC_START = 5  # draft tokens transformers' heuristic schedule starts from, for "auto"
@@ -123,8 +124,8 @@ class TransformersEngine:
         if self.draft_spec == "ngram":
             return ({"prompt_lookup_num_tokens": draft_length}, {}, None,
                     f"prompt_lookup_num_tokens={draft_length}")
-        if self.draft_spec.startswith("early-exit"):
-            layers = int(self.draft_spec.partition(":")[2])
+        if (spec := DraftSpec.parse(self.draft_spec)).kind == EARLY_EXIT:
+            layers = spec.layers
             holder, kwargs = self.target.model, {"assistant_early_exit": layers}
             what = f"assistant_early_exit={layers}"
         elif self.draft_spec == "self":

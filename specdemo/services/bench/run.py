@@ -14,6 +14,10 @@ from ...core.stats import ratio
 from .aggregate import aggregate, best_overall_draft_length, median, rounded
 from .config import DIGITS, BenchConfig, PeakMemory, Run
 from .reference import TransformersEngine, batched_plain, error_status
+from ..startup import about
+from ... import OMP_WAIT, __version__
+from ...models import hardware
+from .. import startup
 
 Progress = Callable[[int, int, str], None]  # (done, total, description)
 
@@ -39,16 +43,15 @@ class SpecdemoEngine:
         Returns:
             {} (our engine runs every setting; an error here propagates).
         """
-        from ..startup import prepare_timed
-        prepare_timed(self.pipe, False, 4, prompt_ids)
+        startup.prepare_timed(self.pipe, False, 4, prompt_ids)
         if self.pipe.draft_spec != "none":
             for k in config.draft_lengths:
-                prepare_timed(self.pipe, True, k, prompt_ids)
+                startup.prepare_timed(self.pipe, True, k, prompt_ids)
         return {}
 
     def run(self, prompt_ids: list[int], config: BenchConfig, draft_length: int | str | None,
             where: dict) -> Run:
-        from ...core.engine import collect
+        from ...core.engine import collect  # lazy: imports torch; --help stays fast
         speculative = draft_length is not None
         settings = config.settings(draft_length if speculative else 4)
         with PeakMemory(self.pipe.target.device) as memory:
@@ -199,7 +202,6 @@ def reference_estimate_s(config: BenchConfig, decodes: int, warm_up_s: float,
 
 def _reference_note(config: BenchConfig, n_prompts: int, unavailable: dict, warm_up_s: float) -> str:
     """The line announcing the reference column before the sweep: how many decodes, how long."""
-    from ..startup import about
     name = TransformersEngine.name
     runnable = 1 + sum((name, k) not in unavailable for k in config.draft_lengths)
     decodes = config.repeats * n_prompts * runnable
@@ -313,8 +315,6 @@ def machine_info(target) -> dict:
     import psutil
     import torch
     import transformers
-    from ... import OMP_WAIT, __version__
-    from ...models import hardware
     device = torch.device(target.device)
     cpu_name = getattr(hardware, "_cpu_name", platform.processor)()
     info = {
@@ -329,7 +329,7 @@ def machine_info(target) -> dict:
         "omp_wait": OMP_WAIT,
     }
     if info["backend"] == "native-w8a8":  # which kernel blocks prefetch weights, as measured here
-        from ...models.native_backend import model_of
+        from ...models.native_backend import model_of  # lazy: imports torch; --help stays fast
         info["native_prefetch"] = model_of(target).prefetch
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

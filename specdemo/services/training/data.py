@@ -19,6 +19,8 @@ from tqdm.auto import tqdm
 
 from ...core import family_backends
 from ...core.drafters.features import capture
+from ...models import native_backend as nb
+from ...models.native_backend import NativeKV, native_model
 
 ANSWERS = "answers.jsonl"
 FEATURES = "features"
@@ -161,7 +163,6 @@ def generate_answers_native(target, rows: list[dict], out_dir: Path, answers_per
     Raises:
         models.NativeError: the native backend cannot run this target here.
     """
-    from ...models import native_backend as nb
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / ANSWERS
@@ -400,7 +401,6 @@ def _shard_holds(path: Path, chunk: list[dict]) -> bool:
 def _native_capture(target, indices: tuple[int, ...]):
     """ids -> (features (N, len(indices) * H), last (N, H)) float32 through the native backend:
     one forward over the whole answer, the final norm's output as ``last``."""
-    from ...models.native_backend import NativeKV, native_model
     kv = NativeKV(native_model(target))
     n_layer, width = kv.n_layer, len(indices) * target.model.config.get_text_config().hidden_size
 

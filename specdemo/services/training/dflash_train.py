@@ -45,8 +45,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ...core.drafters.features import dflash_indices
+from ...core.drafters.features import dflash_indices, num_layers
 from .train import StepLoss, TrainState, run_training
+from ...core.drafters.dflash import ZLAB_RENAMES, noise_embeddings
 
 ZLAB_DIR = "zlab"
 
@@ -198,7 +199,6 @@ def block_loss(model, embeddings: torch.nn.Module, head_weight: torch.Tensor, ba
     Returns:
         (loss tensor, [agreement at block position i for i = 1..B-1]).
     """
-    from ...core.drafters.dflash import noise_embeddings
     b = recipe.block_size
     with torch.no_grad():
         noise = noise_embeddings(embeddings, batch["noise_ids"]).float()
@@ -271,8 +271,6 @@ def save(model, folder: Path, target, dtype: torch.dtype = torch.bfloat16,
     """
     from safetensors.torch import save_file
 
-    from ...core.drafters.dflash import ZLAB_RENAMES
-    from ...core.drafters.features import num_layers
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out = copy.deepcopy(model).to(dtype)

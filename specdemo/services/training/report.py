@@ -23,7 +23,8 @@ def evaluate(pipes: dict, prompts: list[dict], k: int = 4, max_new_tokens: int =
     Held-out speed: ``tokens_per_s`` = new tokens after the first / seconds from the first new
     token to the last, summed over the prompts (the prefill is the same for every drafter);
     ``draft_s_per_round`` = seconds spent drafting / verification rounds (the drafting cost per
-    round); ``draft_s_per_token`` = the same per drafted token. With ``plain`` a "plain" entry
+    round); ``draft_s_per_token`` = the same per drafted token; ``drafted_per_round`` = drafted
+    tokens / rounds (below k where a drafter ends a round early). With ``plain`` a "plain" entry
     (no drafter, the first pipe's target) is added, and each drafter gets ``speedup`` (its
     tokens_per_s over plain's). Timings depend on the machine's load; compare rows of one run.
 
@@ -32,7 +33,7 @@ def evaluate(pipes: dict, prompts: list[dict], k: int = 4, max_new_tokens: int =
         prompts: rows {"task", "prompt"}.
         tree: a draft tree shape (``core.tree``) for the learned drafters' rounds, or None.
     """
-    from ..pipeline import DecodeSettings
+    from ..pipeline import DecodeSettings  # lazy: imports torch
     settings = DecodeSettings(max_new_tokens=max_new_tokens, draft_length=k, tree=tree)
     out = {}
     if plain:
@@ -68,7 +69,7 @@ def evaluate(pipes: dict, prompts: list[dict], k: int = 4, max_new_tokens: int =
             "per_position_acceptance": [ratio(a, d) for a, d in zip(pos_a, pos_d)],
             "mean_acceptance_length_by_task": {t: ratio(n, f) for t, (n, f) in by_task.items()},
             "tokens_per_s": ratio(tokens, elapsed), "draft_s_per_round": ratio(draft_s, rounds),
-            "draft_s_per_token": ratio(draft_s, drafted),
+            "draft_s_per_token": ratio(draft_s, drafted), "drafted_per_round": ratio(drafted, rounds),
             "prompts": len(prompts), "k": k, "max_new_tokens": max_new_tokens,
         }
     if plain and out["plain"]["tokens_per_s"]:

@@ -24,6 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from ... import PROJECT_DIR
+from . import prompt_more, prompt_set
+from .prompt_set import PROMPTS_FILE
 
 HANDWRITTEN_FILE = PROJECT_DIR / "assets" / "train" / "handwritten.jsonl"
 HELDOUT_SHARE = 0.25  # of each task's hand-written families
@@ -84,7 +86,6 @@ class Index:
 
 def template_topics() -> list[str]:
     """The phrases the templates fill in (topics, activities, code tasks, ...), lower-cased."""
-    from . import prompt_more, prompt_set
     phrases = []
     for name in ("TOPICS", "ACTIVITIES", "CODE_TASKS", "POEM_TOPICS", "CHARACTERS", "EVENTS", "PLACES"):
         phrases += getattr(prompt_set, name, [])
@@ -188,8 +189,6 @@ def load_jsonl(path: Path) -> list[dict]:
 
 
 def main() -> None:
-    from . import prompt_more
-    from .prompt_set import PROMPTS_FILE
     rows = build(load_jsonl(HANDWRITTEN_FILE), prompt_more.build())
     PROMPTS_FILE.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     counts = defaultdict(lambda: defaultdict(int))

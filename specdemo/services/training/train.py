@@ -31,6 +31,7 @@ from transformers import LlamaConfig
 
 from ...core.drafters.eagle import Eagle3Head
 from ...core.drafters.vocab import build_maps
+from ...models.learned import verifier_name
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -81,7 +82,6 @@ def new_head(target, recipe: Recipe, token_counts: torch.Tensor) -> Eagle3Head:
                         max_position_embeddings=cfg.max_position_embeddings,
                         rope_parameters=getattr(cfg, "rope_parameters", None))
     torch.manual_seed(recipe.seed)
-    from ...models.learned import verifier_name
     layer.num_hidden_layers = 1  # the head's own draft layers, as its config.json says
     # a target built from a GGUF has no config.architectures: its transformers class names it
     architectures = list(getattr(target.model.config, "architectures", None) or [])

@@ -1,0 +1,62 @@
+"""``check`` subcommand: can this draft serve this target? (the verdicts:
+``checks/compat.py``)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..checks import compat, inputs
+from ..models.loading import ModelLoadError, check_local
+
+
+def register(sub) -> None:
+    """Add ``check --target T --draft D [--json]``: exit status 0 / 0 / 2 for the verdicts; 2 also
+    for a spec refused at once (``specdemo.checks.inputs``, the same words as run and the /race
+    API: an unknown name, a missing path, a hub id not cached while the hub is unreachable) and
+    for a local spec that is not a model (``models.check_local``: run's words and status);
+    1 when a tokenizer or the target's config cannot be read (a damaged cached model, a hub
+    repository that is not a model): not checked, which is neither a yes nor a no."""
+    parser = sub.add_parser("check", help="can this draft serve this target? (exit 0 / 0 / 2)")
+    parser.add_argument("--target", required=True, type=inputs.checked(inputs.target, "target"),
+                        help="HF id, local dir, .gguf file or builtin:<name>")
+    parser.add_argument("--draft", required=True, type=inputs.checked(inputs.draft, "draft"),
+                        help="a model like --target, ngram / self / early-exit:N / mtp, or a "
+                             "learned drafter folder or hub id (EAGLE-3, DFlash, DSpark, Gemma 4 "
+                             "assistant)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow code from the model repositories to run (off by default)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from ..models.learned import is_learned  # deferred: imports torch
+    local = [args.target] + ([args.draft] if compat.is_model_draft(args.draft)
+                             and not is_learned(args.draft) else [])
+    try:
+        for spec in local:  # what run refuses before loading: the same words, status 2
+            check_local(spec)
+        inputs.obtainable("target", args.target)
+        if compat.is_model_draft(args.draft):
+            inputs.obtainable("draft", args.draft)
+    except (ModelLoadError, inputs.InputError) as exc:
+        print(json.dumps({"target": args.target, "draft": args.draft, "error": str(exc)})
+              if args.json else f"error: {exc}")
+        return 2
+    try:
+        verdict = compat.check_specs(args.target, args.draft, trust_remote_code=args.trust_remote_code)
+    except Exception as exc:  # ModelLoadError, OSError from a bad path: report, do not trace
+        # an early-exit check reads the target's config, and its message says so
+        message = str(exc) if compat.is_early_exit(args.draft) or str(exc).startswith("could not") \
+            else f"cannot load a tokenizer: {exc}"
+        print(json.dumps({"target": args.target, "draft": args.draft, "error": message})
+              if args.json else f"error: {message}")
+        return 1
+    if args.json:
+        print(json.dumps({"target": args.target, "draft": args.draft, **verdict.to_dict()}))
+    else:
+        print(f"target {args.target}, draft {args.draft}: {verdict.status}")
+        for reason in verdict.reasons:
+            print(f"  - {reason}")
+    return verdict.exit_status

@@ -1,0 +1,67 @@
+"""``presets`` subcommand: list the presets and mark which fit this machine (reading and
+checking the preset files: ``services/presets.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..models import hardware
+from ..models.hardware import format_bytes
+from ..services import presets as service
+
+
+def register(sub) -> None:
+    """Add ``presets``: list presets and mark which fit this machine."""
+    parser = sub.add_parser("presets", help="list presets and which fit this machine")
+    parser.add_argument("--dir", type=Path, default=None, help="presets directory (default: presets/)")
+    parser.add_argument("--all-gated", action="store_true",
+                        help="let the recommendation pick gated models (hub licence accepted)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=cmd_presets)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    try:
+        presets = service.list_presets(args.dir)
+    except service.PresetError as exc:
+        print(f"error: {exc}")
+        return 1
+    hw = hardware.detect()
+    verdicts = {p.name: hardware.fits(p, hw, alternatives=presets) for p in presets}
+    to_fetch = {p.name: service.hub_models_to_fetch(p) for p in presets}
+    offline = service.hub_unavailable() if any(to_fetch.values()) else None
+    usable = [p for p in presets if not (offline and to_fetch[p.name])]
+    pick = hardware.recommend(usable, hw, allow_gated=args.all_gated)
+    if offline:
+        left_out = [p.name for p in presets if to_fetch[p.name]]
+        pick.reasons.insert(0, f"{offline}: recommended among the presets whose models are on "
+                               f"this machine already; left out ({len(left_out)}, they download "
+                               f"models on first use): {', '.join(left_out)}")
+    if args.json:
+        print(json.dumps({
+            "hardware": hw.to_dict(),
+            "recommended": pick.preset.name if pick.preset else None,
+            "reasons": pick.reasons,
+            "hub_unavailable": offline,
+            "presets": [dict(p.to_dict(), fits=verdicts[p.name][0], reason=verdicts[p.name][1],
+                             to_download=to_fetch[p.name]) for p in presets],
+        }, indent=2))
+        return 0
+    print(f"this machine: {hardware.describe(hw)}")
+    for preset in presets:
+        ok, reason = verdicts[preset.name]
+        marks = ("*" if pick.preset and pick.preset.name == preset.name else " ") + \
+                ("fits" if ok else "no  ")
+        flags = " [default]" if preset.default else ""
+        flags += " [gated]" if preset.gated else ""
+        if to_fetch[preset.name]:
+            flags += " [not downloaded; the hub is unreachable]" if offline else " [downloads on first use]"
+        print(f"{marks} {preset.name:26s} {format_bytes(preset.memory_bytes):>8s}  "
+              f"{preset.target} + {preset.draft}{flags}")
+        print(f"       {reason}")
+    print("recommended: " + (pick.preset.name if pick.preset else "none"))
+    for reason in pick.reasons:
+        print(f"  - {reason}")
+    return 0

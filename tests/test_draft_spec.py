@@ -1,0 +1,69 @@
+"""``core/draft_spec.py``: every draft form parses into one typed value, and every refusal is one
+sentence (the flag checks, presets, ``check`` and the drafter factory all read this parse)."""
+
+import pytest
+
+from specdemo.core.draft_spec import FORMS, DraftSpec, DraftSpecError
+
+
+@pytest.mark.parametrize("text, kind, base, layers, stacked", [
+    ("none", "none", "none", None, False),
+    ("", "none", "", None, False),
+    ("ngram", "ngram", "ngram", None, False),
+    ("self", "self", "self", None, False),
+    ("early-exit:8", "early-exit", "early-exit:8", 8, False),
+    (" early-exit:12 ", "early-exit", "early-exit:12", 12, False),
+    ("mtp", "mtp", "mtp", None, False),
+    ("mtp+ngram", "mtp", "mtp", None, True),
+    ("builtin:smollm2-135m", "builtin", "builtin:smollm2-135m", None, False),
+    ("builtin:smollm2-135m-eagle3+ngram", "builtin", "builtin:smollm2-135m-eagle3", None, True),
+    ("./drafters/eagle", "path", "./drafters/eagle", None, False),
+    ("~/models/draft", "path", "~/models/draft", None, False),
+    ("a/b/c", "path", "a/b/c", None, False),
+    ("draft.GGUF", "path", "draft.GGUF", None, False),
+    ("C:\\models\\draft", "path", "C:\\models\\draft", None, False),
+    ("./eagle+ngram", "path", "./eagle", None, True),
+    ("Qwen/Qwen2.5-0.5B-Instruct", "hub", "Qwen/Qwen2.5-0.5B-Instruct", None, False),
+    ("org/eagle3+ngram", "hub", "org/eagle3", None, True),
+    ("my-draft", "name", "my-draft", None, False),
+])
+def test_each_form_parses_into_its_kind(text, kind, base, layers, stacked):
+    spec = DraftSpec.parse(text)
+    assert (spec.kind, spec.base, spec.layers, spec.stacked) == (kind, base, layers, stacked)
+    assert spec.text == str(spec) == text.strip()
+    assert spec.is_model == (kind in ("mtp", "builtin", "path", "hub", "name"))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("early-exit", "early-exit needs a layer count, e.g. early-exit:8"),
+    ("early-exit:", "early-exit needs a layer count, e.g. early-exit:8"),
+    ("early-exit:abc", "early-exit's layer count 'abc' is not a whole number, e.g. early-exit:8"),
+    ("early-exit:2.5", "early-exit's layer count '2.5' is not a whole number, e.g. early-exit:8"),
+    ("early-exit:²", "early-exit's layer count '²' is not a whole number, e.g. early-exit:8"),
+    ("early-exit:0", "early-exit needs a layer count of at least 1, e.g. early-exit:8"),
+    ("early-exit:-3", "early-exit needs a layer count of at least 1, e.g. early-exit:8"),
+    ("early-exit:8+ngram", "+ngram stacks prompt lookup over a learned drafter, and "
+                           "'early-exit:8' is not one"),
+    ("ngram+ngram", "+ngram stacks prompt lookup over a learned drafter, and 'ngram' is not one"),
+    ("self+ngram", "+ngram stacks prompt lookup over a learned drafter, and 'self' is not one"),
+])
+def test_each_refusal_is_one_sentence(text, message):
+    with pytest.raises(DraftSpecError) as refused:
+        DraftSpec.parse(text)
+    assert str(refused.value) == message
+    assert ". " not in str(refused.value).replace("e.g. ", "") and ";" not in str(refused.value)
+
+
+def test_a_refused_early_exit_keeps_its_kind_and_a_value_is_frozen():
+    with pytest.raises(DraftSpecError) as refused:
+        DraftSpec.parse("early-exit:abc")
+    assert refused.value.kind == "early-exit"
+    with pytest.raises(AttributeError):
+        DraftSpec.parse("ngram").kind = "self"
+
+
+def test_the_forms_are_one_line_naming_every_kind():
+    assert "\n" not in FORMS and len(FORMS) < 200
+    for form in ("none", "ngram", "self", "early-exit:<layers>", "mtp", "builtin:<name>", ".gguf",
+                 "org/name", "+ngram"):
+        assert form in FORMS
