@@ -611,12 +611,15 @@ class LoadedDSpark(LoadedModule):
 
 def _is_targets_embedding(rows: torch.Tensor | None, target) -> bool:
     """Whether a folder's (V, H) ``embed_tokens.weight`` equals the target's embedding rows (in
-    the target's dtype), as speculators saves them (copied from the verifier and frozen)."""
+    the target's dtype), as speculators saves them (copied from the verifier and frozen).
+    Compared 16,384 rows at a time, so the device holds no second full copy."""
     if rows is None:
         return False
-    weight = target.model.get_input_embeddings().weight
-    return (tuple(rows.shape) == tuple(weight.shape)
-            and torch.equal(rows.to(weight.device, weight.dtype), weight.detach()))
+    weight = target.model.get_input_embeddings().weight.detach()
+    if tuple(rows.shape) != tuple(weight.shape):
+        return False
+    return all(torch.equal(rows[i:i + 16384].to(weight.device, weight.dtype), weight[i:i + 16384])
+               for i in range(0, rows.shape[0], 16384))
 
 
 def load_checked(spec: str, folder: Path, target, dtype: torch.dtype = torch.float32) -> LoadedDSpark:
