@@ -282,6 +282,40 @@ def test_target_owned_tensors_are_named_and_not_read(target, tmp_path):
                              "own embeddings and head, so these are not read"]
 
 
+def test_an_identical_copy_of_the_targets_embeddings_is_not_reported(target, tmp_path):
+    """speculators saves the verifier's embedding rows with the drafter (as
+    makora-ai/gemma4-26b-a4b-dspark ships them): an exact copy is not news."""
+    from safetensors.torch import load_file, save_file
+    folder = _folder(target, tmp_path)
+    path = folder / "model.safetensors"
+    rows = target.get_input_embeddings().weight.detach().clone()
+    save_file({**load_file(str(path)), "embed_tokens.weight": rows}, str(path))
+    assert load_learned(str(folder), loaded(target)).warnings == []
+
+
+@pytest.mark.parametrize("block, tokens, anchor", [
+    (7, 6, False),   # makora-ai/gemma4-26b-a4b-dspark: no key, 6 tokens from a block of 7
+    (7, 7, True),    # a block of 7 drafting 7: slot 0 drafts
+    (7, None, True),  # neither: speculators 0.9.0's default
+])
+def test_a_config_without_sample_from_anchor_is_read_from_its_proposal_width(block, tokens, anchor):
+    config = {"block_size": block, "speculators_config": {"proposal_methods": (
+        [{"proposal_type": "greedy", "speculative_tokens": tokens}] if tokens else [])}}
+    assert dspark.samples_from_anchor(config) is anchor
+    assert dspark.samples_from_anchor({**config, "sample_from_anchor": not anchor}) is not anchor
+
+
+def test_a_folder_without_sample_from_anchor_drafts_from_slot_one(target, tmp_path):
+    folder = _folder(target, tmp_path, block_size=5, sample_from_anchor=False)
+    config = json.loads((folder / "config.json").read_text())
+    del config["sample_from_anchor"]
+    config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 4
+    (folder / "config.json").write_text(json.dumps(config))
+    back = load_learned(str(folder), loaded(target))
+    assert not back.model.sample_from_anchor
+    assert "drafting blocks of 4 tokens" in back.summary
+
+
 def test_a_bad_min_survival_setting_is_refused(target, tmp_path, monkeypatch):
     folder = _folder(target, tmp_path)
     monkeypatch.setenv("SPECDEMO_DSPARK_MIN_SURVIVAL", "lots")

@@ -1,4 +1,4 @@
-"""The learned-drafter presets (EAGLE-3, DFlash, Gemma 4 assistant) through their real hub ids,
+"""The learned-drafter presets (EAGLE-3, DFlash, DSpark, Gemma 4 assistant) through their real hub ids,
 offline: tiny stand-ins are written into a temporary Hugging Face cache under those ids, then the
 preset is checked, loaded and raced by the code paths a user's run takes (HF_HUB_OFFLINE=1)."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdemo.services import presets as P
-from specdemo.core.drafters import dflash, eagle_io
+from specdemo.core.drafters import dflash, dspark, eagle_io
 from specdemo.models.learned import load_learned
 from specdemo.services.pipeline import DecodeSettings, Pipeline
 from tiny import tiny_dflash, tiny_eagle, tiny_gemma4, tiny_gemma4_assistant, tiny_llama
@@ -92,8 +92,60 @@ def stand_in_gemma4(cache: Path, preset: P.Preset) -> None:
     tiny_gemma4_assistant(target, seed=4).save_pretrained(snapshot(cache, preset.draft))
 
 
+def _gemma4_moe(layers: int = 30):
+    """A Gemma 4 26B-A4B-shaped target: Gemma4ForConditionalGeneration (a one-layer vision
+    tower), ``layers`` text layers five sliding to one full, keys as values on the full layers,
+    a mixture-of-experts block beside each dense MLP, tied embeddings, logit soft-capping."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig
+    torch.manual_seed(5)
+    text = Gemma4TextConfig(
+        vocab_size=ROWS, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, num_global_key_value_heads=1, head_dim=8,
+        global_head_dim=16, attention_k_eq_v=True, enable_moe_block=True, num_experts=4,
+        top_k_experts=2, moe_intermediate_size=16, max_position_embeddings=512, sliding_window=16,
+        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * (layers // 6),
+        num_kv_shared_layers=0, hidden_size_per_layer_input=0, final_logit_softcapping=30.0,
+        tie_word_embeddings=True, bos_token_id=None, eos_token_id=2, pad_token_id=0)
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8}
+    return Gemma4ForConditionalGeneration(Gemma4Config(
+        text_config=text.to_dict(), vision_config=vision, audio_config=None)).eval()
+
+
+def stand_in_dspark(cache: Path, preset: P.Preset) -> None:
+    """Gemma 4 MoE target of 30 layers; a DSpark drafter in speculators' layout with the keys of
+    makora-ai/gemma4-26b-a4b-dspark: five Qwen3-style layers, hidden states [3, 10, 18, 25, 28],
+    block 7 with 6 speculative tokens and no sample_from_anchor key, mask token 4, a draft
+    vocabulary (lm_head + d2t), a vanilla Markov head and a confidence head reading it, and a
+    copy of the target's embeddings among the weights."""
+    from safetensors.torch import load_file, save_file
+    target = _gemma4_moe()
+    save_target(target, snapshot(cache, preset.target))
+    layer = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 5,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": ROWS,
+             "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+             "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0}}
+    config = dspark.new_config(layer, (3, 10, 18, 25, 28), block_size=7, mask_token_id=4,
+                               draft_vocab_size=40, markov_rank=8, sample_from_anchor=False,
+                               verifier=preset.target,
+                               verifier_architectures=["Gemma4ForConditionalGeneration"])
+    torch.manual_seed(6)
+    model = dspark.DSparkModel(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.3 if "markov" in name or "confidence" in name else 0.1)
+        model.d2t.copy_(torch.arange(40) // 8)  # draft id i -> target id i + i // 8
+    folder = dspark.save_dspark(model, snapshot(cache, preset.draft))
+    del config["sample_from_anchor"]  # the published config predates the key
+    (folder / "config.json").write_text(json.dumps(config))
+    path = folder / "model.safetensors"
+    state = {k: v for k, v in load_file(str(path)).items() if k != "t2d"}
+    embed = target.get_input_embeddings().weight.detach().clone()
+    save_file({**state, "embed_tokens.weight": embed}, str(path))
+
+
 STAND_INS = {"llama3.1-8b-eagle3": stand_in_eagle3, "qwen3-4b-dflash": stand_in_dflash,
-             "gemma4-e2b-assistant": stand_in_gemma4}
+             "gemma4-e2b-assistant": stand_in_gemma4, "gemma4-26b-a4b-dspark": stand_in_dspark}
 
 
 @pytest.fixture
@@ -126,6 +178,8 @@ def test_learned_preset_loads_from_the_cache_and_stays_lossless(offline_cache, n
     target = load_model(preset.target, device="cpu", dtype="float32")
     draft = load_learned(preset.draft, target)
     assert draft.warnings == []
+    if preset.draft_kind == "dspark":  # block 7, 6 speculative tokens: slot 0 is the anchor
+        assert not draft.model.sample_from_anchor
     pipe = Pipeline(target, preset.draft, draft)
     ids = pipe.prompt_ids("w1 w2 w3 w1 w2 w3 w4")
     comparison = pipe.compare(ids, DecodeSettings(max_new_tokens=16,

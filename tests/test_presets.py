@@ -47,7 +47,7 @@ def test_shipped_presets_are_the_promised_set():
         "qwen2.5-1.5b-0.5b", "qwen2.5-7b-0.5b", "qwen2.5-14b-4bit-0.5b", "qwen2.5-coder-7b-0.5b",
         "llama3.1-8b-3.2-1b", "smollm2-1.7b-135m", "smollm2-1.7b-360m", "gemma2-9b-2b",
         "qwen3-8b-0.6b", "llama3.1-8b-eagle3", "qwen3-4b-dflash", "gemma4-e2b-assistant",
-        "smollm2-135m-eagle3", "smollm2-135m-eagle3-ngram",
+        "smollm2-135m-eagle3", "smollm2-135m-eagle3-ngram", "gemma4-26b-a4b-dspark",
     ])
 
 
@@ -96,6 +96,7 @@ def test_learned_presets_declare_their_family():
     kinds = {p.name: p.draft_kind for p in P.list_presets() if p.draft_is_learned}
     assert kinds == {"llama3.1-8b-eagle3": "eagle3", "qwen3-4b-dflash": "dflash",
                      "gemma4-e2b-assistant": "gemma4-assistant", "smollm2-135m-eagle3": "eagle3",
+                     "gemma4-26b-a4b-dspark": "dspark",
                      "smollm2-135m-eagle3-ngram": "eagle3"}
     assert P.get_preset("qwen2.5-7b-0.5b").draft_kind == "model"
     assert P.get_preset("smollm2-135m-ngram").draft_kind == ""

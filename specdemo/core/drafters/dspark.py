@@ -21,7 +21,8 @@ before it (speculators ``MarkovHead``; vLLM's DSpark proposer samples the same w
 ``sample_from_anchor`` (the DSpark default) drafts from every slot of the block, slot j
 predicting the token after position p + j (B drafts per block); without it slot 0 is the
 anchor only and slots 1..B-1 draft (DFlash's B - 1). Either way ``x_{j-1}`` is the token just
-before the one drafted (speculators ``DSparkDraftModel.forward``: ``prev_token_ids``).
+before the one drafted (speculators ``DSparkDraftModel.forward``: ``prev_token_ids``). A config
+without the key is read by :func:`samples_from_anchor`.
 
 The confidence head feeds the draft length: a position is drafted only while the prefix
 survival ``prod_{i<=j} c_i`` (the predicted probability that it and every draft before it are
@@ -164,7 +165,7 @@ class DSparkModel(nn.Module):
         self.vocab_size = vocab = int(layer["vocab_size"])
         self.draft_vocab_size = draft_vocab = int(config.get("draft_vocab_size") or vocab)
         self.feature_layers = tuple(int(i) for i in config["aux_hidden_state_layer_ids"])
-        self.sample_from_anchor = bool(config.get("sample_from_anchor", True))
+        self.sample_from_anchor = samples_from_anchor(config)
         rank = int(config.get("markov_rank", 256))
         self.with_markov = bool(config.get("confidence_head_with_markov", True))
         self.markov_head = (MarkovHead(vocab, draft_vocab, rank, hidden,
@@ -192,6 +193,29 @@ class DSparkModel(nn.Module):
         proj = self.confidence_head.proj
         x = torch.cat([hidden, emb.to(hidden.dtype)], -1) if self.with_markov else hidden
         return proj(x.to(proj.weight.dtype)).squeeze(-1)
+
+
+def samples_from_anchor(config: dict) -> bool:
+    """Whether slot 0 of the block drafts (speculators ``sample_from_anchor``).
+
+    The key when present. Exports that predate it omit it and reserve slot 0 for the anchor
+    (``makora-ai/gemma4-26b-a4b-dspark``: block_size 7 with 6 speculative tokens; llama.cpp's
+    speculators-format converter, ggml-org/llama.cpp#26275, reads a missing key as false), so
+    without it the declared proposal width decides: ``speculators_config.proposal_methods[0].
+    speculative_tokens`` of ``block_size - 1`` means false, of ``block_size`` true. With neither,
+    speculators 0.9.0's ``DSparkSpeculatorConfig`` default: true. Reading the wrong slot stays
+    lossless (the target verifies) but shifts every draft by one position.
+    """
+    if "sample_from_anchor" in config:
+        return bool(config["sample_from_anchor"])
+    speculators = config.get("speculators_config")
+    methods = speculators.get("proposal_methods") if isinstance(speculators, dict) else None
+    method = methods[0] if isinstance(methods, list) and methods else None
+    method = method if isinstance(method, dict) else {}
+    tokens, block = method.get("speculative_tokens"), config.get("block_size", 8)
+    if isinstance(tokens, int) and isinstance(block, int) and tokens == block - 1:
+        return False
+    return True
 
 
 def new_config(layer: dict, feature_layers, block_size: int, mask_token_id: int,
@@ -335,7 +359,8 @@ def load_dspark(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[DSpar
 
     Returns:
         (model in eval mode, {"layout": "speculators", "config": the raw config, "ignored":
-        target-owned tensors found and not read}).
+        target-owned tensors found and not read, "t2d": the (V,) bool map or None,
+        "embed_tokens": the folder's (V, H) embedding copy or None}).
     Raises:
         DSparkFormatError: not a DSpark folder of this layout, a setting this loader does not run,
             a setting of the wrong type, or weights that are missing, unused or do not fit.
@@ -367,6 +392,7 @@ def load_dspark(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[DSpar
                                 f"({folders._first_line(exc)})") from None
     state = folders.read_weights(folder)
     ignored = sorted(k for k in state if k in _TARGET_OWNED)
+    embed_copy = state.get("embed_tokens.weight")
     if draft_vocab == vocab:  # speculators rebuilds the head from the target's and has no maps
         ignored += sorted(k for k in state if k in ("lm_head.weight", "d2t", "t2d"))
     t2d = state.get("t2d") if draft_vocab != vocab else None
@@ -388,7 +414,8 @@ def load_dspark(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[DSpar
     if wrong:
         raise DSparkFormatError(f"{folder}: weights do not fit the config: {', '.join(wrong[:3])}")
     model.load_state_dict(state, strict=False)
-    return model.to(dtype).eval(), {"layout": LAYOUT, "config": config, "ignored": ignored, "t2d": t2d}
+    return model.to(dtype).eval(), {"layout": LAYOUT, "config": config, "ignored": ignored,
+                                    "t2d": t2d, "embed_tokens": embed_copy}
 
 
 def dspark_problems(model: DSparkModel, info: dict, target) -> tuple[list[str], list[str]]:
@@ -582,6 +609,19 @@ class LoadedDSpark(LoadedModule):
                 f"{conf}")
 
 
+def _is_targets_embedding(rows: torch.Tensor | None, target) -> bool:
+    """Whether a folder's (V, H) ``embed_tokens.weight`` equals the target's embedding rows (in
+    the target's dtype), as speculators saves them (copied from the verifier and frozen).
+    Compared 16,384 rows at a time, so the device holds no second full copy."""
+    if rows is None:
+        return False
+    weight = target.model.get_input_embeddings().weight.detach()
+    if tuple(rows.shape) != tuple(weight.shape):
+        return False
+    return all(torch.equal(rows[i:i + 16384].to(weight.device, weight.dtype), weight[i:i + 16384])
+               for i in range(0, rows.shape[0], 16384))
+
+
 def load_checked(spec: str, folder: Path, target, dtype: torch.dtype = torch.float32) -> LoadedDSpark:
     """Load the DSpark folder of ``spec`` and check it against a loaded ``target``.
 
@@ -597,7 +637,10 @@ def load_checked(spec: str, folder: Path, target, dtype: torch.dtype = torch.flo
     problems, warnings = dspark_problems(model, info, target)
     if problems:
         raise DrafterRefused(spec, target.spec, problems)
-    if info.get("ignored"):
-        warnings.append(f"{folder} also holds {', '.join(info['ignored'])}: DSpark uses the "
+    ignored = list(info.get("ignored") or ())
+    if _is_targets_embedding(info.pop("embed_tokens", None), target):
+        ignored.remove("embed_tokens.weight")  # speculators saved the target's own rows: no news
+    if ignored:
+        warnings.append(f"{folder} also holds {', '.join(ignored)}: DSpark uses the "
                         "target's own embeddings and head, so these are not read")
     return LoadedDSpark(spec, model.to(target.device), info, warnings, min_survival=min_survival)
