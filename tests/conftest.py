@@ -1,10 +1,10 @@
-"""Session set-up shared by every test file.
+"""Set-up shared by every test file.
 
 The per-machine cache (``models.cache_dir()``: backend choice, step times, compiled libraries,
-calibrations, converted models) is moved to a temporary folder for the whole session, through
+calibrations, converted models) is moved to a temporary folder for the whole test run, through
 ``$SPECDEMO_CACHE`` in ``os.environ`` so that child processes (``python -m specdemo ...``, the
 app) inherit it too; the user's own cache is left untouched. Converted built-in models that are
-already fresh in the user's cache are linked in read-only use (a fresh folder is only read), so
+already fresh in the user's cache are linked in (a fresh folder is only read, never written), so
 the slow tests do not pay the 20-40 s conversion again; a stale or missing one is converted
 inside the temporary folder. Tests that test the cache itself set their own folder with
 ``monkeypatch.setenv("SPECDEMO_CACHE", ...)`` as before.
@@ -20,10 +20,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from specdemo.models import builtin  # noqa: E402  (torch-free: names and manifests only)
 
-#: the cache folder the user's environment names (before the session moves it); tests read it
+#: the cache folder the user's environment names (before the test run moves it); tests read it
 USER_CACHE: Path | None = None
-#: the session's temporary cache folder
-SESSION_CACHE: Path | None = None
+#: the test run's temporary cache folder
+TEST_CACHE: Path | None = None
+_BEFORE = os.environ.get("SPECDEMO_CACHE")
 
 
 def _fresh_builtins() -> list[str]:
@@ -40,15 +41,19 @@ def _fresh_builtins() -> list[str]:
 
 
 def pytest_configure(config):
-    global USER_CACHE, SESSION_CACHE
+    global USER_CACHE, TEST_CACHE
     USER_CACHE = builtin.cache_dir()
     fresh = _fresh_builtins()
-    SESSION_CACHE = Path(tempfile.mkdtemp(prefix="specdemo-test-cache-"))
-    os.environ["SPECDEMO_CACHE"] = str(SESSION_CACHE)
+    TEST_CACHE = Path(tempfile.mkdtemp(prefix="specdemo-test-cache-"))
+    os.environ["SPECDEMO_CACHE"] = str(TEST_CACHE)
     for name in fresh:  # only read while fresh; a rebuild replaces the link, not its target
-        (SESSION_CACHE / name).symlink_to(USER_CACHE / name, target_is_directory=True)
+        (TEST_CACHE / name).symlink_to(USER_CACHE / name, target_is_directory=True)
 
 
 def pytest_unconfigure(config):
-    if SESSION_CACHE is not None:
-        shutil.rmtree(SESSION_CACHE, ignore_errors=True)  # removes links, never their targets
+    if TEST_CACHE is not None:
+        shutil.rmtree(TEST_CACHE, ignore_errors=True)  # removes links, never their targets
+    if _BEFORE is None:
+        os.environ.pop("SPECDEMO_CACHE", None)
+    else:
+        os.environ["SPECDEMO_CACHE"] = _BEFORE
