@@ -59,6 +59,61 @@ def test_check_prints_target_then_draft(monkeypatch, capsys):
     assert out[1] == "  - checked T/one with draft D/two"
 
 
+SAME_VOCABULARY = ("same vocabulary: 14 tokens with identical token->id maps, same BOS/EOS and "
+                   "chat template")
+
+
+@pytest.fixture
+def tiny_folders(tmp_path):
+    """A tiny target and a tiny draft model folder (random weights, one shared tokenizer)."""
+    from test_compat import make_tokenizer
+    from tiny import tiny_llama
+    for name, seed, layers in (("target", 3, 4), ("draft", 4, 2)):
+        tiny_llama(seed=seed, vocab_size=32, layers=layers).save_pretrained(tmp_path / name)
+        make_tokenizer().save_pretrained(tmp_path / name)
+    return str(tmp_path / "target"), str(tmp_path / "draft")
+
+
+def test_check_says_what_it_reads_on_stderr_before_reading_it(tiny_folders, monkeypatch, capsys):
+    """A user's report: ``check`` read both models in silence. It prints a start-up step line
+    on stderr first (``startup.printed``, as run and compare do); stdout and --json unchanged."""
+    from specdemo.services import startup
+    target, draft = tiny_folders
+    step = f"checking {draft} against {target}"
+    real, during = compat.check_specs, []
+
+    def spy(*args, **kwargs):  # what stderr said, and which step ran, when the read began
+        during.append((capsys.readouterr().err, startup.STEPS.current().name))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(compat, "check_specs", spy)
+    capsys.readouterr()
+    assert main(["check", "--target", target, "--draft", draft]) == 0
+    out, err = capsys.readouterr()
+    assert during[0][0].startswith(f"… {step} (about ") and during[0][1] == step
+    assert err.startswith(f"✓ {step}: ") and err.endswith(" s\n")
+    assert out.splitlines() == [f"target {target}, draft {draft}: compatible",
+                                f"  - {SAME_VOCABULARY}"]
+    assert main(["check", "--target", target, "--draft", draft, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"target": target, "draft": draft, "status": "compatible",
+                               "reasons": [SAME_VOCABULARY]}
+    assert len(out.splitlines()) == 1 and step in err
+
+
+def test_check_step_line_also_for_a_refusal_and_a_draft_that_is_no_model(tiny_folders, tmp_path,
+                                                                         capsys):
+    target, _ = tiny_folders
+    (tmp_path / "empty").mkdir()
+    assert main(["check", "--target", str(tmp_path / "empty"), "--draft", "ngram"]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith(f"error: could not load {tmp_path / 'empty'}: ")  # as before
+    assert err.splitlines()[0].startswith(f"… checking ngram against {tmp_path / 'empty'}")
+    assert err.splitlines()[-1].startswith(f"✗ checking ngram against {tmp_path / 'empty'}: ")
+    assert main(["check", "--target", target, "--draft", "early-exit:2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["status"] == "compatible"
+    assert err.startswith(f"… checking early-exit:2 against {target}")
+
 def test_run_and_compare_say_the_policy_and_the_k_used():
     s = DecodeStats(new_tokens=20, ttft_s=0.1, elapsed_s=1.0)
     for k in (8, 3, 0, 0):

@@ -1,7 +1,8 @@
 """Model loading: local folders, hub ids offline, devices/dtypes, the built-in GGUF cache.
 
 The tiny model and tokenizer are built in-process; the real built-in SmolLM2 uses the user's
-shared cache (``cache_dir()``), so only the first run on a machine pays the ~20-40 s conversion.
+shared cache (``cache_dir()``, linked into the test run's own by conftest.py while fresh), so
+only the first run on a machine pays the ~20-40 s conversion.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import json
 
 from ..checks import compat, inputs
 from ..models.loading import ModelLoadError, check_local
+from ..services import startup
 
 
 def register(sub) -> None:
@@ -16,7 +17,9 @@ def register(sub) -> None:
     API: an unknown name, a missing path, a hub id not cached while the hub is unreachable) and
     for a local spec that is not a model (``models.check_local``: run's words and status);
     1 when a tokenizer or the target's config cannot be read (a damaged cached model, a hub
-    repository that is not a model): not checked, which is neither a yes nor a no."""
+    repository that is not a model): not checked, which is neither a yes nor a no. What it
+    reads before the verdict (tokenizers, a config, a learned drafter's target) is printed to
+    stderr as a start-up step (``services.startup.check_step``); stdout holds the verdict only."""
     parser = sub.add_parser("check", help="can this draft serve this target? (exit 0 / 0 / 2)")
     parser.add_argument("--target", required=True, type=inputs.checked(inputs.target, "target"),
                         help="HF id, local dir, .gguf file or builtin:<name>")
@@ -30,10 +33,25 @@ def register(sub) -> None:
     parser.set_defaults(func=cmd_check)
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    from ..models.learned import is_learned  # deferred: imports torch
-    local = [args.target] + ([args.draft] if compat.is_model_draft(args.draft)
-                             and not is_learned(args.draft) else [])
+class _NotChecked(Exception):
+    """No verdict: the message (for stdout) and the exit status (2 refused, 1 unreadable)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _verdict(args: argparse.Namespace) -> compat.Verdict:
+    """The verdict, after the refusals ``run`` makes before loading.
+
+    Raises:
+        _NotChecked: status 2 for a spec refused at once, 1 when a tokenizer or config cannot
+            be read.
+    """
+    local = [args.target]
+    if compat.is_model_draft(args.draft):
+        from ..models.learned import is_learned  # deferred: imports torch (after the step line)
+        local += [] if is_learned(args.draft) else [args.draft]
     try:
         for spec in local:  # what run refuses before loading: the same words, status 2
             check_local(spec)
@@ -41,18 +59,24 @@ def cmd_check(args: argparse.Namespace) -> int:
         if compat.is_model_draft(args.draft):
             inputs.obtainable("draft", args.draft)
     except (ModelLoadError, inputs.InputError) as exc:
-        print(json.dumps({"target": args.target, "draft": args.draft, "error": str(exc)})
-              if args.json else f"error: {exc}")
-        return 2
+        raise _NotChecked(str(exc), 2) from exc
     try:
-        verdict = compat.check_specs(args.target, args.draft, trust_remote_code=args.trust_remote_code)
+        return compat.check_specs(args.target, args.draft, trust_remote_code=args.trust_remote_code)
     except Exception as exc:  # ModelLoadError, OSError from a bad path: report, do not trace
         # an early-exit check reads the target's config, and its message says so
         message = str(exc) if compat.is_early_exit(args.draft) or str(exc).startswith("could not") \
             else f"cannot load a tokenizer: {exc}"
-        print(json.dumps({"target": args.target, "draft": args.draft, "error": message})
-              if args.json else f"error: {message}")
-        return 1
+        raise _NotChecked(message, 1) from exc
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:  # what it reads is a start-up step on stderr, as run and compare print theirs
+        with startup.printed(), startup.STEPS.step(*startup.check_step(args.target, args.draft)):
+            verdict = _verdict(args)
+    except _NotChecked as exc:
+        print(json.dumps({"target": args.target, "draft": args.draft, "error": str(exc)})
+              if args.json else f"error: {exc}")
+        return exc.status
     if args.json:
         print(json.dumps({"target": args.target, "draft": args.draft, **verdict.to_dict()}))
     else:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
+from ..checks import compat
 from ..core import backend_family
 from ..models import loading as models
 from ..models.backend_choice import LaneFacts, RaceLane, acceptance_of
@@ -232,19 +233,36 @@ def printed(stream: TextIO | None = None) -> Iterator[None]:
 TOKENIZER_CONVERT_GUESS_S = 60.0
 
 
+def _converts_tokenizer(draft: str) -> bool:
+    """Whether checking ``draft`` converts its tokenizer from a built-in's GGUF first."""
+    try:
+        return models.builtin_tokenizer_conversion_needed(draft)
+    except models.ModelLoadError:
+        return False  # the check says why
+
+
 def tokenizer_step(target: str, draft: str) -> tuple[str, str, float]:
     """(key, name, guess in seconds) of the step that checks ``draft``'s tokenizer against
     ``target``'s: a conversion of the draft's tokenizer from its GGUF (once per machine) is a
     step of its own, so its duration is not remembered as the estimate of a later plain read."""
-    try:
-        converting = models.builtin_tokenizer_conversion_needed(draft)
-    except models.ModelLoadError:
-        converting = False  # the check says why
-    if converting:
+    if _converts_tokenizer(draft):
         return (f"tokenizer convert {draft}", f"converting {draft}'s tokenizer from its GGUF "
                 f"(once per machine) to check that it fits {target}", TOKENIZER_CONVERT_GUESS_S)
     return (f"tokenizer {target} {draft}", f"checking that {draft}'s tokenizer fits {target}",
             GUESS_S["tokenizer"])
+
+
+def check_step(target: str, draft: str) -> tuple[str, str, float]:
+    """(key, name, guess in seconds) of the step ``check`` prints while it reads what its verdict
+    on ``draft`` for ``target`` needs (``checks.compat.check_specs``): importing torch and
+    transformers, the target's folder, then both tokenizers, the target's config for
+    ``early-exit:N``, or the target's weights and a learned drafter. A built-in draft whose
+    tokenizer is converted first is :func:`tokenizer_step`'s conversion step. Reads no model
+    and imports no torch (the step line comes before either)."""
+    if _converts_tokenizer(draft):  # the conversion is the slow part: say so
+        return tokenizer_step(target, draft)
+    guess = GUESS_S["tokenizer"] if compat.is_model_draft(draft) else GUESS_S["imports"]
+    return f"check {target} {draft}", f"checking {draft} against {target}", guess
 
 
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", **kwargs):
