@@ -2,13 +2,15 @@
 
 Runs ``python -m specdemo compare --preset <default> --json`` (auto backend, auto draft length)
 ``--repeats`` times per prompt and prints one JSON object: per prompt the median speedup, the
-speedups seen, mean acceptance length, whether the outputs were identical, and the machine.
+speedups seen, mean acceptance length, whether the outputs were identical, the backend the
+lanes ran on, and the machine, commit and date of the run.
 
     python scripts/race_default_pairing.py --repeats 3 --out race-default.json
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
 import statistics
@@ -35,6 +37,13 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def commit() -> str:
+    """The checkout's short commit id, with '+changes' when the work tree differs from it."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+changes" if git("status", "--porcelain", "-uno") else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="smollm2-135m-eagle3-ngram", help="preset to race (default: the app's default)")
@@ -43,7 +52,8 @@ def main() -> None:
     parser.add_argument("--extra", default="", help="extra compare options, e.g. '--draft-length 4'")
     parser.add_argument("--out", help="write the JSON here too")
     args = parser.parse_args()
-    report = {"machine": cpu_name(), "preset": args.preset, "extra": args.extra, "prompts": {}}
+    report = {"machine": cpu_name(), "commit": commit(), "date": datetime.date.today().isoformat(),
+              "preset": args.preset, "extra": args.extra, "prompts": {}}
     for name, prompt in PROMPTS.items():
         runs = []
         for _ in range(args.repeats):
@@ -59,6 +69,7 @@ def main() -> None:
             "mean_draft_length": [round(r["speculative"]["mean_draft_length"], 2) for r in runs],
             "plain_tokens_per_s": [round(r["plain"]["tokens_per_s"], 1) for r in runs],
             "identical": all(r["identical"] for r in runs),
+            "backend": sorted({r["speculative"].get("backend", "?") for r in runs}),
         }
         print(name, report["prompts"][name], file=sys.stderr, flush=True)
     text = json.dumps(report, indent=1)

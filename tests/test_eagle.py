@@ -87,6 +87,23 @@ def test_rollback_matches_a_drafter_recomputed_from_scratch(target):
     assert rejected > 0
 
 
+def test_a_primed_drafter_proposes_as_an_unprimed_one(target):
+    """``prime`` feeds the prompt's features after the first token (``base.Primes``): the
+    first proposal is then the one an unprimed drafter makes, and a second
+    prime or a proposal without new features after the primed one is refused as before."""
+    head = tiny_eagle(target, seed=2)
+    context = list(PROMPT) + [7]
+    _, feats = KVModel(target).forward_features(list(PROMPT), 1, head.feature_layers)
+    primed = Eagle3Drafter(head, 32)
+    primed.observe(feats)
+    primed.prime(context)
+    primed.prime(context)  # nothing pending: nothing happens
+    assert primed.propose(context, 4, SamplingParams(), None).ids == \
+        _scratch_proposal(head, target, context, 4)
+    with pytest.raises(RuntimeError, match="no new target features"):
+        primed.propose(context, 4, SamplingParams(), None)
+
+
 @pytest.mark.parametrize("layout", ["speculators", "safeailab"])
 def test_saved_head_loads_back_with_the_same_proposals(target, tmp_path, layout):
     head = tiny_eagle(target, 20, seed=4)

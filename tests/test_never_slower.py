@@ -264,3 +264,69 @@ def test_expected_rates_match_the_formula_and_follow_updates():
         best = max(range(9), key=lambda k: (formula[k], -k))
         assert policy.best("learned") == (best, pytest.approx(formula[best]))
         assert policy.limit(3, "learned") == max(range(4), key=lambda k: (formula[k], -k))
+
+
+def test_a_backlog_round_can_lower_the_drafting_cost_but_never_raise_it():
+    """A source drafting after other rounds first feeds its drafter every position since (an
+    EAGLE-3 head's catch-up): that time bounds drafting's cost from above. It may lower the
+    estimate; it never raises it, so a drafter drafting rarely does not look dearer with every
+    plain step between its drafts. Rounds after a draft of the same source average as before."""
+    policy = AdaptiveDraftLength(forward_s={n: 0.020 for n in range(1, 18)})
+    policy.update(3, 0.020, 2, 2, 0.010, "learned", backlog=True)  # nothing known: taken (5 ms)
+    assert policy.sources["learned"].draft_token_s == pytest.approx(0.005)
+    for _ in range(5):  # long catch-ups: 20 ms a token
+        policy.update(3, 0.020, 2, 2, 0.040, "learned", backlog=True)
+    assert policy.sources["learned"].draft_token_s == pytest.approx(0.005)
+    policy.update(3, 0.020, 2, 2, 0.004, "learned", backlog=True)  # a short one: 2 ms
+    assert policy.sources["learned"].draft_token_s == pytest.approx(0.002)
+    for _ in range(40):  # drafting every round at 3 ms a token: the average follows, up too
+        policy.update(3, 0.020, 2, 2, 0.006, "learned")
+    assert policy.sources["learned"].draft_token_s == pytest.approx(0.003, rel=1e-3)
+
+
+class _Feeding(_Oracle):
+    """The oracle as an EAGLE-3 head is fed: it reads target features (``observe``), and a
+    draft first feeds it every position observed since its last one at ``row_s`` a position;
+    ``prime`` (``base.Primes``) feeds them at once."""
+
+    feature_layers = (1,)
+
+    def __init__(self, *args, row_s: float = 0.002, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.row_s, self.pending, self.primed = row_s, 0, 0
+
+    def observe(self, features):
+        self.pending += features.shape[0]
+
+    def _feed(self):
+        self.clock.now += self.row_s * self.pending
+        self.pending = 0
+
+    def prime(self, context):
+        self.primed += 1
+        self._feed()
+
+    def propose(self, context, k, params, generator):
+        self._feed()
+        return super().propose(context, k, params, generator)
+
+
+def test_the_prompt_is_fed_to_the_drafter_outside_its_first_draft(target, answer, monkeypatch):
+    """A drafter that primes is fed the prompt once, after the first token, on the drafting
+    clock; its first draft then costs what a later one does, and ``auto`` drafts as the steady
+    cost says (a further token costs 0.3 steps, the drafter is always right). Fed in its first
+    draft instead, the 35 prompt positions cost 70 ms, seven plain steps, for one token: taken
+    for what drafting costs a token, that kept ``auto`` from drafting for the rest of this run
+    (mean draft length 0.01)."""
+    clock = FakeClock()
+    monkeypatch.setattr(engine, "time", clock)
+    kv = timed_kv(target, clock, 0.3)
+    plain = generate(kv, PROMPT, CharTokenizer(), max_new_tokens=N).stats
+    drafter = _Feeding(answer, clock)
+    policy = AdaptiveDraftLength(forward_s={n: kv.seconds(n) for n in range(1, 18)})
+    spec = generate(kv, PROMPT, CharTokenizer(), drafter=drafter, policy=policy,
+                    max_new_tokens=N).stats
+    assert drafter.primed == 1
+    assert spec.draft_s >= drafter.row_s * len(PROMPT)  # the prompt's feed is drafting time
+    assert spec.mean_draft_length > 2, spec.mean_draft_length
+    assert spec.elapsed_s - spec.prefill_s < 0.8 * (plain.elapsed_s - plain.prefill_s)

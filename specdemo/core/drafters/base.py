@@ -102,6 +102,16 @@ class CatchesUp(Protocol):
 
 
 @runtime_checkable
+class Primes(Protocol):
+    """A drafter that feeds itself the prompt's target features at once, after the prefill and
+    the first new token (``prime(context)``; ``Eagle3Drafter.prime``), so that its first draft
+    costs what a later one does instead of carrying the whole prompt: the engine times it as
+    drafting, and ``auto`` does not take it for what drafting a token costs."""
+
+    def prime(self, context: list[int]) -> None: ...
+
+
+@runtime_checkable
 class StopsEarly(Protocol):
     """A token-by-token drafter whose ``propose`` takes ``keep_going(confidence) -> bool``
     (asked after each token) when ``stops_early`` is true."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams
-from .base import CatchesUp, Proposal, StopsEarly, TreeDrafter, wants_features
+from .base import CatchesUp, Primes, Proposal, StopsEarly, TreeDrafter, wants_features
 from .ngram import NgramDrafter
 
 
@@ -47,6 +47,11 @@ class CombinedDrafter:
 
     def observe(self, features: torch.Tensor) -> None:
         self.learned.observe(features)
+
+    def prime(self, context: list[int]) -> None:
+        """Passed on to the learned drafter when it primes (``Eagle3Drafter.prime``)."""
+        if isinstance(self.learned, Primes):
+            self.learned.prime(context)
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:

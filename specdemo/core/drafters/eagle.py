@@ -311,6 +311,7 @@ class Eagle3Drafter:
         self._n_real = 0  # real positions in the cache
         self._past: tuple[torch.Tensor, torch.Tensor] | None = None
         self._last_out: torch.Tensor | None = None  # (1, 1, H) output at the last real position
+        self._primed: torch.Tensor | None = None  # (Vd,) logits of prime(), for the next draft
         self._weight_bytes = param_bytes(head)  # attached target embeddings are not the head's
         self.stepper = None
         if stepper is not None:
@@ -333,6 +334,28 @@ class Eagle3Drafter:
 
     def observe(self, features: torch.Tensor) -> None:
         self._pending.append(features)
+        self._primed = None
+
+    @torch.inference_mode()
+    def prime(self, context: list[int]) -> None:
+        """Feed the observed features now (the prompt's, after the prefill and the first new
+        token: ``base.Primes``); the next draft starts from the logits this gives unless other
+        features are observed first. Without pending features nothing happens.
+
+        Raises:
+            RuntimeError: the features do not match ``context`` (as :meth:`propose`).
+        """
+        if self._pending:
+            self._primed = self._catch_up(context)
+
+    def _first_logits(self, context: list[int]) -> torch.Tensor:
+        """(Vd,) logits at the last real position: fed from the pending features, or primed."""
+        if self._pending:
+            return self._catch_up(context)
+        if self._primed is not None:
+            logits, self._primed = self._primed, None
+            return logits
+        raise RuntimeError("EAGLE-3 drafter: no new target features since the last round")
 
     @torch.inference_mode()
     def _catch_up(self, context: list[int]) -> torch.Tensor:
@@ -378,9 +401,7 @@ class Eagle3Drafter:
         """
         if k <= 0:
             return Proposal([], source=self.name)
-        if not self._pending:  # the engine observes after every target forward
-            raise RuntimeError("EAGLE-3 drafter: no new target features since the last round")
-        logits = self._catch_up(context)
+        logits = self._first_logits(context)  # the engine observes after every target forward
         sampler = DraftSampler(context, params, generator)
         hidden, past = self._last_out, self._past
         position = self._n_real
@@ -416,9 +437,7 @@ class Eagle3Drafter:
         Raises:
             RuntimeError: no target features were observed since the last round.
         """
-        if not self._pending:
-            raise RuntimeError("EAGLE-3 drafter: no new target features since the last round")
-        logits = self._catch_up(context)  # (Vd,) at the last real position
+        logits = self._first_logits(context)  # (Vd,) at the last real position
         paths, parents = shape.paths, shape.parents()
         ids: list[int] = [0] * len(paths)
         by_depth: dict[int, list[int]] = {}
