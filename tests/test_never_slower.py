@@ -12,7 +12,7 @@ from specdemo.core.drafters.combined import CombinedDrafter
 from specdemo.core.drafters.draft_model import ModelDrafter
 from specdemo.core.engine import generate
 from specdemo.core.kv import KVModel
-from specdemo.core.policy import PROBE_BUDGET, AdaptiveDraftLength
+from specdemo.core.policy import DRAFT_PRIOR_SLOPE, PROBE_BUDGET, AdaptiveDraftLength
 from tiny import CharTokenizer, FakeClock, TimedKV, tiny_llama
 
 PROMPT = CharTokenizer().encode("speculative decoding, made visible")
@@ -34,13 +34,14 @@ class _Oracle:
     extra_memory_bytes = 0
 
     def __init__(self, answer: list[int], clock: FakeClock, draft_s: float = 0.001,
-                 wrong=lambda position: False, name: str = "oracle") -> None:
+                 wrong=lambda position: False, name: str = "oracle", round_s: float = 0.0) -> None:
         self.answer, self.clock, self.draft_s, self.wrong, self.name = (answer, clock, draft_s,
                                                                          wrong, name)
+        self.round_s = round_s  # a round's fixed part, whatever k (a head's set-up, a kernel launch)
         self.proposed = 0
 
     def propose(self, context, k, params, generator):
-        self.clock.now += self.draft_s * k
+        self.clock.now += self.round_s + self.draft_s * k
         start = len(context) - len(PROMPT)
         ids = [t if not self.wrong(start + i) else (t + 1) % 32
                for i, t in enumerate(self.answer[start:start + k])]
@@ -264,6 +265,36 @@ def test_expected_rates_match_the_formula_and_follow_updates():
         best = max(range(9), key=lambda k: (formula[k], -k))
         assert policy.best("learned") == (best, pytest.approx(formula[best]))
         assert policy.limit(3, "learned") == max(range(4), key=lambda k: (formula[k], -k))
+
+
+def test_drafting_cost_is_measured_per_draft_length():
+    """``draft_time(k)``: a length measured is its running average; between two, interpolated;
+    beyond them, the slope of the nearest two; with one measured, the prior shape
+    1 + DRAFT_PRIOR_SLOPE (k - 1); never less than a shorter length's."""
+    policy = AdaptiveDraftLength(max_k=8, forward_s={n: 0.010 for n in range(1, 10)})
+    assert policy.draft_time(3, "learned") == 0.0  # nothing measured: free, as the prior
+    policy.update(2, 0.010, 1, 1, 0.007, "learned")  # 7 ms for one token
+    shape = [1 + DRAFT_PRIOR_SLOPE * (k - 1) for k in range(1, 9)]
+    assert [policy.draft_time(k, "learned") for k in range(1, 9)] == pytest.approx(
+        [0.007 * s for s in shape])
+    policy.update(5, 0.010, 4, 4, 0.010, "learned")  # 10 ms for four: 6 ms + 1 ms a token
+    assert [policy.draft_time(k, "learned") for k in range(1, 9)] == pytest.approx(
+        [0.006 + 0.001 * k for k in range(1, 9)])
+    policy.update(3, 0.010, 2, 2, 0.020, "learned")  # a disturbed round at k = 2: 20 ms
+    times = [policy.draft_time(k, "learned") for k in range(1, 9)]
+    assert times == sorted(times) and times[2] >= times[1] > 0.010  # never cheaper for more
+
+
+def test_a_round_with_a_fixed_part_still_drafts_long(target, answer, monkeypatch):
+    """A drafter whose round costs 5 ms whatever k plus 0.5 ms a token, on a target whose further
+    tokens cost 0.2 steps (10 ms a step): k always-right tokens take 15 + 2.5 k ms for k + 1
+    tokens, so long drafts pay (17 tokens in 55 ms against 5.5 plain steps). Its first one-token
+    round (5.5 ms) read as a per-token cost says a 16-token draft costs 130 ms, barely better than
+    plain; measured per length, auto drafts long (a per-token model here: 3.5 tokens a round on
+    average, 0.49 of plain decoding's time; per length: 8.5, 0.38)."""
+    plain, spec = race(target, answer, "learned", 0.2, monkeypatch, draft_s=0.0005, round_s=0.005)
+    assert spec.mean_draft_length > 6, spec.mean_draft_length
+    assert spec.elapsed_s - spec.prefill_s < 0.45 * (plain.elapsed_s - plain.prefill_s)
 
 
 def test_a_backlog_round_can_lower_the_drafting_cost_but_never_raise_it():

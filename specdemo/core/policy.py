@@ -4,12 +4,15 @@ The adaptive rule picks, each round, the k that maximises expected new tokens pe
 
     E[tokens | k] = 1 + sum_{i=1..k} prod_{j<=i} a_j        (Leviathan et al. 2023, eq. 1, with
                                                              per-position acceptance a_j)
-    cost(k)       = t_forward(k + 1) + k * t_draft
+    cost(k)       = t_forward(k + 1) + t_draft(k)
 
 where a_j is a running estimate of P(draft token j accepted | tokens before it were) (a position
 never verified yet takes the estimate of the deepest one verified before it, else the prior),
-t_forward(n) the measured time of a target forward over n tokens, and t_draft the measured time
-per drafted token. k = 0 is a plain step (E = 1, cost = t_forward(1)), so speculation is chosen
+t_forward(n) the measured time of a target forward over n tokens, and t_draft(k) the measured
+time of drafting k tokens in one round (:meth:`AdaptiveDraftLength.draft_time`: measured per
+length, interpolated between lengths; a round has a fixed part, so it is not k times one token's
+cost: the shipped EAGLE-3 head on a 2-core AVX-512 EPYC took 1.5 ms for 1 token and 3.3 ms for 4,
+and a per-token model drafted too little). k = 0 is a plain step (E = 1, cost = t_forward(1)), so speculation is chosen
 only when it is expected to pay. On a GPU t_forward is nearly flat in n, so long drafts win; on
 a CPU it grows with n (1.2-2.3x for a few tokens), so the rule drafts less or not at all.
 While k = 0 wins, it still probes with the cheapest draft now and then, so that it notices when the
@@ -175,14 +178,25 @@ PROBE_BUDGET = 0.01
 
 class _SourceStats:
     """What the adaptive rule knows of one draft source: per-position acceptance a_j (with the
-    number of observations of each), the seconds per drafted token, and acceptance by the
-    drafter's confidence (:class:`Calibration`)."""
+    number of observations of each), the seconds per drafted token (``draft_token_s``, a
+    running average), the seconds of a round by the number of tokens drafted in it
+    (``draft_round_s``, n -> running average), and acceptance by the drafter's confidence
+    (:class:`Calibration`)."""
 
     def __init__(self, max_k: int, prior_acceptance: float) -> None:
         self.acceptance = [prior_acceptance] * max_k
         self.seen = [0] * max_k
         self.draft_token_s = 0.0
+        self.draft_round_s: dict[int, float] = {}
         self.calibration = Calibration()
+        self._draft_times: list[float] | None = None  # draft_time(0..max_k), until the next update
+
+
+#: the shape of drafting's cost in k before two lengths are measured: t_draft(k) / t_draft(1) =
+#: 1 + DRAFT_PRIOR_SLOPE * (k - 1) (half of a one-token round taken as the round's fixed part;
+#: the shipped EAGLE-3 head measured 1 + 0.4 (k - 1) on a 2-core AVX-512 EPYC, a draft model
+#: nearer 1 + 0.9 (k - 1))
+DRAFT_PRIOR_SLOPE = 0.5
 
 
 class AdaptiveDraftLength:
@@ -299,10 +313,54 @@ class AdaptiveDraftLength:
             tokens += survive
         return tokens
 
+    def draft_time(self, k: int, source: str | None = None) -> float:
+        """Expected seconds of drafting k tokens in one round from ``source``.
+
+        From the running average of the rounds that drafted k tokens; a length not measured is
+        interpolated between the measured lengths around it, or extrapolated from the nearest two
+        (slope never negative), or, with one length measured, scaled by ``DRAFT_PRIOR_SLOPE``'s
+        shape. Never less than a shorter length's time (drafting more does not cost less). Before
+        any round is measured: k times the per-token average (0 until measured).
+        """
+        if k <= 0:
+            return 0.0
+        stats = self._source(source)
+        if not stats.draft_round_s:
+            return k * stats.draft_token_s
+        if k > self.max_k:
+            return self._draft_time(stats, k)
+        if stats._draft_times is None:
+            times, top = [0.0], 0.0
+            for n in range(1, self.max_k + 1):
+                top = max(top, self._draft_time(stats, n))
+                times.append(top)
+            stats._draft_times = times
+        return stats._draft_times[k]
+
+    @staticmethod
+    def _draft_time(stats: _SourceStats, k: int) -> float:
+        measured = stats.draft_round_s
+        if k in measured:
+            return measured[k]
+        known = sorted(measured)
+        below = [n for n in known if n < k]
+        above = [n for n in known if n > k]
+        if below and above:
+            lo, hi = below[-1], above[0]
+            return measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo)
+        if len(known) >= 2:  # beyond the measured lengths: the slope of the nearest two
+            a, b = (known[-2], known[-1]) if below else (known[0], known[1])
+            slope = max((measured[b] - measured[a]) / (b - a), 0.0)
+            edge = b if below else a
+            return max(measured[edge] + slope * (k - edge), 0.0)
+        (n,) = known
+        shape = lambda m: 1.0 + DRAFT_PRIOR_SLOPE * (m - 1)  # noqa: E731
+        return measured[n] * shape(k) / shape(n)
+
     def round_s(self, k: int, source: str | None = None) -> float:
         """Expected seconds of a round drafting k tokens from ``source`` and verifying them:
-        t_forward(k + 1) + k * t_draft."""
-        return self.forward_time(k + 1) + k * self._source(source).draft_token_s
+        t_forward(k + 1) + t_draft(k) (:meth:`draft_time`)."""
+        return self.forward_time(k + 1) + self.draft_time(k, source)
 
     def expected_rate(self, k: int, source: str | None = None) -> float:
         """Expected new tokens per second with draft length k from ``source``."""
@@ -316,19 +374,19 @@ class AdaptiveDraftLength:
         positions; kept until the estimates change (the engine asks several times a round, and
         on a CPU step of ~10 ms a quadratic pass each time cost 2-3% of the decode)."""
         stats = self._source(source)
-        key = (tuple(stats.acceptance), stats.draft_token_s)
+        key = (tuple(stats.acceptance), stats.draft_token_s, tuple(stats.draft_round_s.items()))
         cached = self._rates.get(source)
         if cached is not None and cached[0] == key:
             return cached[1]
         if not self._times:
             self._fill_times()
-        times, draft_s = self._times, stats.draft_token_s  # round_s(k), inlined
+        times = self._times  # round_s(k), inlined
         out = [1.0 / times[1]]
         tokens, survive = 1.0, 1.0
         for k in range(1, self.max_k + 1):
             survive *= stats.acceptance[k - 1]
             tokens += survive
-            out.append(tokens / (times[k + 1] + k * draft_s))
+            out.append(tokens / (times[k + 1] + self.draft_time(k, source)))
         self._rates[source] = (key, out)
         return out
 
@@ -347,8 +405,7 @@ class AdaptiveDraftLength:
         ``depth`` drafting steps. Where even this loses to a plain step (a CPU, where a forward
         17 wide costs several one-token forwards), the tree is not worth a try
         (``core.tree.TreeOrChain``)."""
-        draft_s = depth * self._source(source).draft_token_s
-        return (1 + depth) / (self.forward_time(nodes + 1) + draft_s)
+        return (1 + depth) / (self.forward_time(nodes + 1) + self.draft_time(depth, source))
 
     def best(self, source: str | None = None) -> tuple[int, float]:
         """The draft length with the best expected rate for ``source`` and that rate (tokens/s),
@@ -490,6 +547,14 @@ class AdaptiveDraftLength:
             per_token, known = draft_s / n_proposed, stats.draft_token_s or None
             stats.draft_token_s = (min(known, per_token) if backlog and known is not None
                                    else self._avg(known, per_token))
+            known = stats.draft_round_s.get(n_proposed)
+            if backlog:  # an upper bound: of this length's time, or of what the others predict
+                bound = (known if known is not None
+                         else self._draft_time(stats, n_proposed) if stats.draft_round_s else None)
+                stats.draft_round_s[n_proposed] = draft_s if bound is None else min(bound, draft_s)
+            else:
+                stats.draft_round_s[n_proposed] = self._avg(known, draft_s)
+            stats._draft_times = None
         if n_drafted:
             for j in range(min(n_drafted, n_accepted + 1)):
                 self._observe(stats, j, j < n_accepted)
