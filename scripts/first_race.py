@@ -66,7 +66,8 @@ def main() -> int:
         demo.close()
     seen = {"races": [{lane: {k: r[lane][k] for k in ("tokens_per_s", "ttft_s", "other_cpu_share")}
                        for lane in ("plain", "speculative")}
-                      | {"speedup": r["speedup"], "warnings": r["warnings"]} for r in races]}
+                      | {"speedup": r["speedup"], "identical": r["identical"], "warnings": r["warnings"]}
+                      for r in races]}
     later = sorted(r["speedup"] for r in races[1:])
     median = statistics.median(later)
     ratio = races[0]["speedup"] / median
@@ -75,7 +76,8 @@ def main() -> int:
     if not args.json:
         for i, r in enumerate(races):
             print(f"race {i + 1}: plain {r['plain']['tokens_per_s']:.2f} tok/s, speculative "
-                  f"{r['speculative']['tokens_per_s']:.2f} tok/s, speedup {r['speedup']:.3f}"
+                  f"{r['speculative']['tokens_per_s']:.2f} tok/s, speedup {r['speedup']:.3f}, "
+                  f"{'identical' if r['identical'] else 'outputs differ'}"
                   + (f"  ({'; '.join(r['warnings'])})" if r["warnings"] else ""))
         print(f"first / median of later = {ratio:.3f}; later races' spread {seen['later_spread']:.1%}")
     print(json.dumps(seen, indent=None if args.json else 1))
