@@ -188,7 +188,7 @@ def test_a_learned_drafter_is_measured_on_each_survivor_and_timed_with_its_featu
     assert {layers for _, layers in state["timed"]} == {(2, 15, 27)}
     assert choice.acceptance == {"native-w8a8": 0.9, "native": 0.3}
     plain = gb.choose_backend(loaded, bc.RaceLane("ngram"))
-    assert set(plain.acceptance.values()) == {None} and "a 0.60 prior" in plain.reason
+    assert set(plain.acceptance.values()) == {None} and "acceptance 0.60 prior" in plain.reason
     assert choice.backend == "native-w8a8"  # its head accepts far more on its features
     assert "acceptance measured on each backend's own features" in choice.reason
 

@@ -111,7 +111,7 @@ def test_quantized_presets_run_only_where_their_method_does():
 
 def test_get_preset_by_name_and_unknown_name_lists_known():
     assert P.get_preset("qwen2.5-7b-0.5b").target == "Qwen/Qwen2.5-7B-Instruct"
-    with pytest.raises(P.PresetError, match="known presets: .*smollm2-135m-ngram"):
+    with pytest.raises(P.PresetError, match="preset .* does not exist; valid presets: .*smollm2-135m-ngram"):
         P.get_preset("no-such-preset")
 
 

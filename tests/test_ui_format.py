@@ -2,6 +2,7 @@
 tooltip, the run's draft length for auto, progress bars, and the chart data."""
 
 import re
+import pytest
 
 from specdemo.services.race import DONE, LOADING, PLAIN, SPECULATIVE, PaneView, RaceSnapshot
 from specdemo.services.startup import DoneStep, StepView
@@ -152,3 +153,20 @@ def test_the_why_line_of_an_auto_race_is_an_average_in_plain_words():
                            "steps here and drafting them 0.05, so breaking even takes a mean "
                            "acceptance length of 1.15; this run got 1.60.")
     assert "drafts a round" not in line
+
+
+def test_no_projection_above_a_run_whose_verification_cost_under_a_step():
+    """Verification measured at 0.9 steps (the plain lane's steps were the slower): setting it
+    to one step would project a speedup below this run's own, so the figure keeps the run's V
+    and the line says there is nothing to project."""
+    from specdemo.core.stats import DecodeStats, explain
+    from specdemo.interfaces.ui_format import explanation_text
+    plain = DecodeStats(new_tokens=11, prompt_tokens=4, verify_s=0.10, target_forwards=10)
+    spec = DecodeStats(new_tokens=11, prompt_tokens=4, verify_s=0.045, target_forwards=5,
+                       draft_s=0.005, draft_length_sum=10)
+    e = explain(plain, spec)
+    assert e.verify_cost_steps == pytest.approx(0.9) and e.draft_cost_steps == pytest.approx(0.1)
+    assert e.projected_speedup_free_verification == pytest.approx(2.0 / (0.9 + 0.1))
+    assert e.projected_speedup_free_verification >= e.modelled_speedup
+    line = explanation_text(e)
+    assert "Projection" not in line and "no projection beyond this run" in line

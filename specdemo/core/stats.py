@@ -259,7 +259,9 @@ class RaceExplanation:
     ``speedup``). Break-even is a mean acceptance length equal to the round's cost. The
     projection keeps this run's acceptance and drafting cost and sets verification to one step,
     as where the target's forward costs the same for k + 1 tokens as for one (memory-bound: a
-    GPU, Apple silicon): ``mean_acceptance_length / (1 + draft_cost_steps)``. It is a
+    GPU, Apple silicon): ``mean_acceptance_length / (min(1, verify_cost_steps) +
+    draft_cost_steps)`` (a run whose verification measured under a step, against a plain lane
+    slowed by a disturbance or a colder cache, is its own projection). It is a
     projection, not a measurement: there ``auto`` would also choose longer drafts, and drafting
     may cost a different share of a step (docs/reference.md, "Why a race won or lost").
 
@@ -274,7 +276,8 @@ class RaceExplanation:
         mean_acceptance_length: new tokens per speculative round, (new_tokens - 1) /
             target_forwards (1.0 when nothing was drafted).
         modelled_speedup: mean_acceptance_length / break_even_mean_acceptance_length.
-        projected_speedup_free_verification: mean_acceptance_length / (1 + draft_cost_steps).
+        projected_speedup_free_verification: mean_acceptance_length / (min(1,
+            verify_cost_steps) + draft_cost_steps).
     """
 
     step_s: float
@@ -312,4 +315,4 @@ def explain(plain: DecodeStats | None, speculative: DecodeStats | None) -> RaceE
                            verify_cost_steps=verify, draft_cost_steps=draft,
                            break_even_mean_acceptance_length=verify + draft,
                            mean_acceptance_length=tokens, modelled_speedup=tokens / (verify + draft),
-                           projected_speedup_free_verification=tokens / (1 + draft))
+                           projected_speedup_free_verification=tokens / (min(1.0, verify) + draft))

@@ -264,19 +264,23 @@ def explanation_text(e) -> str:
                 f"{e.draft_cost_steps:.2f}).")
     k = f"{e.mean_draft_length:.1f}"  # an average: a run's last rounds draft fewer
     drafts = f"{k} draft token{'' if k == '1.0' else 's'} a round on average"
-    return (f"Verifying {drafts} cost {e.verify_cost_steps:.2f} one-token steps "
-            f"here and drafting them {e.draft_cost_steps:.2f}, so breaking even takes a mean "
-            f"acceptance length of {e.break_even_mean_acceptance_length:.2f}; this run got "
-            f"{e.mean_acceptance_length:.2f}. Projection, not measured: where verifying costs "
-            f"one step (a GPU, Apple silicon), the same acceptance would give "
-            f"{e.projected_speedup_free_verification:.2f}× "
-            f"({e.mean_acceptance_length:.2f} / (1 + {e.draft_cost_steps:.2f})).")
+    measured = (f"Verifying {drafts} cost {e.verify_cost_steps:.2f} one-token steps "
+                f"here and drafting them {e.draft_cost_steps:.2f}, so breaking even takes a mean "
+                f"acceptance length of {e.break_even_mean_acceptance_length:.2f}; this run got "
+                f"{e.mean_acceptance_length:.2f}. ")
+    if e.verify_cost_steps < 1:  # the plain lane's steps were the dearer: nothing to project
+        return measured + ("Verifying cost less than a plain step here, as where verifying is "
+                           "nearly free (a GPU, Apple silicon): no projection beyond this run.")
+    return measured + (f"Projection, not measured: where verifying costs "
+                       f"one step (a GPU, Apple silicon), the same acceptance would give "
+                       f"{e.projected_speedup_free_verification:.2f}× "
+                       f"({e.mean_acceptance_length:.2f} / (1 + {e.draft_cost_steps:.2f})).")
 
 
 EXPLANATION_TITLE = ("verify_cost_steps, draft_cost_steps: seconds per speculative round in "
                      "one-token forwards of the plain run; break_even_mean_acceptance_length = "
                      "their sum; projected_speedup_free_verification = mean_acceptance_length / "
-                     "(1 + draft_cost_steps) (docs/reference.md)")
+                     "(min(1, verify_cost_steps) + draft_cost_steps) (docs/reference.md)")
 
 
 def verdict_html(snap: RaceSnapshot | None, temperature: float) -> str:

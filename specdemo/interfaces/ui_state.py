@@ -8,6 +8,8 @@ page's progress panel while that runs.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 from typing import Any
 
@@ -78,8 +80,12 @@ def engine_imports() -> None:
     with LOAD_LOCK:
         if _IMPORTED.is_set():
             return
-        with startup.STEPS.step("imports", "importing torch and transformers (once per start)",
-                                startup.GUESS_S["imports"]):
+        # already imported (a preload, a caller): no step, whose estimate would say "about 5 s"
+        # for what then takes no time
+        done = "torch" in sys.modules and "transformers" in sys.modules
+        with (contextlib.nullcontext() if done else
+              startup.STEPS.step("imports", "importing torch and transformers (once per start)",
+                                 startup.GUESS_S["imports"])):
             import transformers
 
             # lazy: imported inside the timed "imports" step, under the load lock

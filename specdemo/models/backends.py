@@ -265,8 +265,9 @@ def _weighed(choice: BackendChoice, lane) -> str:
         text = f"{name} {choice.cost_s[name] * 1000:.1f} ms a token ({forward} ms"
         if lane.speculative:
             measured = choice.acceptance.get(name)
-            text += (f", a {measured:.2f}" if measured is not None
-                     else f", a {bc.PRIOR_ACCEPTANCE:.2f} prior") + f", k {choice.draft_length[name]}"
+            text += (f", acceptance {measured:.2f}" if measured is not None
+                     else f", acceptance {bc.PRIOR_ACCEPTANCE:.2f} prior") + (
+                f", best k {choice.draft_length[name]}")
         return text + ")"
     if lane.speculative:
         how = ("acceptance measured on each backend's own features and drafting"

@@ -320,8 +320,8 @@ def get_preset(name: str, directory: Path | None = None) -> Preset:
     for preset in presets:
         if preset.name == name:
             return preset
-    known = ", ".join(p.name for p in presets) or "none"
-    raise PresetError(f"no preset named {name!r}; known presets: {known}")
+    known = ", ".join(p.name for p in presets) or "none (presets/ is empty)"
+    raise PresetError(f"preset {name!r} does not exist; valid presets: {known}")  # as the app says
 
 
 def default_preset(directory: Path | None = None) -> Preset:
