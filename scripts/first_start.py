@@ -15,6 +15,8 @@ nobody connected, waits until it printed that it is ready (or ``--wait`` seconds
 process's CPU time (psutil, children included) over ``--span`` seconds. Machine load (1-minute
 load average) is printed with every number, and first-token runs also print the CPU seconds the
 app used until then: on a shared machine, read those and ratios, not wall-clock absolutes.
+``steps`` lists each start-up step the app printed with its estimate and the seconds it took
+(``estimate_s``: "about N s" read as N, "under a second" as 1; ``ratio``: taken / estimate).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -74,6 +77,26 @@ def cpu_seconds(pid: int) -> float:
     return sum(t.user + t.system for t in times)
 
 
+STEP_START = re.compile(r"^… (?P<name>.+?)(?: \((?P<about>under a second|about (?P<n>\d+) (?P<unit>s|min))\))?$")
+STEP_END = re.compile(r"^[✓✗] (?P<name>.+): (?P<s>[\d.]+) s$")
+
+
+def steps(log_text: str) -> list[dict]:
+    """The start-up steps of an app log, in order: name, estimate_s (None when none was
+    given), seconds, ratio (seconds / estimate_s)."""
+    estimates, out = {}, []
+    for line in log_text.splitlines():
+        if m := STEP_START.match(line.strip()):
+            n = m["n"]
+            estimates[m["name"]] = (None if not m["about"] else 1.0 if n is None
+                                    else float(n) * (60 if m["unit"] == "min" else 1))
+        elif m := STEP_END.match(line.strip()):
+            estimate, seconds = estimates.get(m["name"]), float(m["s"])
+            out.append({"step": m["name"], "estimate_s": estimate, "seconds": seconds,
+                        "ratio": round(seconds / estimate, 2) if estimate else None})
+    return out
+
+
 def first_token_s(cold: bool, log: Path) -> dict:
     """One run: seconds from starting app.py to server up, page ready, Send, first token."""
     from selenium import webdriver
@@ -124,7 +147,8 @@ def first_token_s(cold: bool, log: Path) -> dict:
         app.wait(timeout=60)
         if cache:
             shutil.rmtree(cache, ignore_errors=True)
-    return {k: round(v, 1) if isinstance(v, float) else v for k, v in marks.items()}
+    marks = {k: round(v, 1) if isinstance(v, float) else v for k, v in marks.items()}
+    return marks | {"steps": steps(log.read_text())}
 
 
 def idle_cpu(wait_s: float, span_s: float, log: Path) -> dict:

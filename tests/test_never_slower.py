@@ -203,6 +203,7 @@ def test_explanation_figures_from_a_known_cost_table(target, answer, wrong, monk
                         "got 5.00. Projection, not measured: where verifying costs one step (a "
                         "GPU, Apple silicon), the same acceptance would give 3.57× "
                         "(5.00 / (1 + 0.40)).")
+        assert explanation_text(e, times="x").endswith("would give 3.57x (5.00 / (1 + 0.40)).")
 
 
 def test_explanation_of_a_race_that_drafted_nothing(target, answer, monkeypatch):

@@ -449,7 +449,7 @@ def _print_race(args, snap, endpoints: dict) -> None:
         print(f"speedup: {speed}   identical: {same}")
     if snap.explanation is not None:
         from .ui_format import explanation_text  # lazy: imports torch; --help stays fast
-        print("why: " + explanation_text(snap.explanation))
+        print("why: " + explanation_text(snap.explanation, times="x"))
     for warning in snap.warnings:
         print(f"warning: {warning}")
 
@@ -486,7 +486,7 @@ def cmd_compare(args) -> int:
     print(f"speedup: {speed}   identical: {same}")
     if comparison.explanation is not None:
         from .ui_format import explanation_text  # lazy: imports torch; --help stays fast
-        print("why: " + explanation_text(comparison.explanation))
+        print("why: " + explanation_text(comparison.explanation, times="x"))
     if notice:
         from ..services.pipeline import on_llama_cpp  # lazy: imports torch; --help stays fast
         print("lossless expected: no (" + comparison.lossless_note + "; "

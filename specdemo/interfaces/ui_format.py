@@ -252,10 +252,12 @@ def not_compared(snap: RaceSnapshot | None) -> str | None:
     return snap.not_compared
 
 
-def explanation_text(e) -> str:
+def explanation_text(e, times: str = "×") -> str:
     """One sentence on why the race ended as it did, from a ``stats.RaceExplanation``: what
     verifying and drafting cost here in one-token steps, the mean acceptance length that breaks
-    even and the one this run got, and the projection where verifying costs one step."""
+    even and the one this run got, and the projection where verifying costs one step.
+    ``times``: the sign after a speedup, as the speedup beside it is written ("×" on the page,
+    "x" in the terminal)."""
     if e.mean_draft_length == 0:
         return (f"No draft tokens were verified: the draft-length rule judged that none would "
                 f"save time here, so every round was a plain one-token step, costing "
@@ -273,7 +275,7 @@ def explanation_text(e) -> str:
                            "nearly free (a GPU, Apple silicon): no projection beyond this run.")
     return measured + (f"Projection, not measured: where verifying costs "
                        f"one step (a GPU, Apple silicon), the same acceptance would give "
-                       f"{e.projected_speedup_free_verification:.2f}× "
+                       f"{e.projected_speedup_free_verification:.2f}{times} "
                        f"({e.mean_acceptance_length:.2f} / (1 + {e.draft_cost_steps:.2f})).")
 
 
