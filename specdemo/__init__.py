@@ -10,6 +10,13 @@ from . import _omp
 
 OMP_WAIT = _omp.apply()
 
+# torchao (which transformers imports when it is installed) registers enums that torch 2.10+
+# reports as deprecated, two lines at the top of every command's output; a user cannot act on
+# them. Other messages of that logger (errors) still show.
+import logging as _logging  # noqa: E402
+
+_logging.getLogger("torch.utils._pytree").setLevel(_logging.ERROR)
+
 __version__ = "0.1.0"
 
 #: the package folder (data shipped inside it: builtin_drafters/) and the project folder above it

@@ -46,3 +46,37 @@ def test_check_json_names_the_error(tmp_path, capsys):
     assert main(["check", "--target", str(target), "--draft", "ngram", "--json"]) == 2
     out = json.loads(capsys.readouterr().out)
     assert words in out["error"] and "status" not in out
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    """A tiny Llama folder (random weights, a tokenizer) whose config.json the tests rewrite."""
+    from test_compat import make_tokenizer
+    from tiny import tiny_llama
+    folder = tmp_path / "tiny"
+    tiny_llama(seed=3, vocab_size=32, layers=2).save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("change,first", [
+    # a bare model type: transformers' defaults would build a 7B model (22 GB of random weights)
+    (lambda config: {"model_type": config["model_type"]}, "model.embed_tokens.weight"),
+    # one size wrong: the key/value projections no longer fit
+    (lambda config: config | {"num_key_value_heads": config["num_key_value_heads"] * 2},
+     "model.layers.0.self_attn.k_proj.weight"),
+])
+def test_a_config_that_does_not_describe_its_weights_is_refused_in_one_sentence(
+        tiny_folder, capsys, change, first):
+    import json
+
+    from specdemo.models import loading
+    config_path = tiny_folder / "config.json"
+    loading.check_local(str(tiny_folder))  # the folder as saved passes
+    config_path.write_text(json.dumps(change(json.loads(config_path.read_text()))))
+    with pytest.raises(loading.ModelLoadError) as refused:
+        loading.check_local(str(tiny_folder))
+    words = str(refused.value)
+    assert "its config.json does not describe its weights" in words and first in words, words
+    assert main(["check", "--target", str(tiny_folder), "--draft", "ngram"]) == 2
+    assert "does not describe its weights" in capsys.readouterr().out

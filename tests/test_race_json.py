@@ -67,6 +67,22 @@ def test_run_and_compare_json_name_the_backend(command, loaded, monkeypatch, cap
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["backend"] == "transformers"
+    lane = out if command == "run" else out[SPECULATIVE]
+    assert lane["draft_length"] == 2  # the setting, not the last round's k (0 after a plain step)
+
+
+def test_compare_says_a_divergence_is_expected_when_sampling(loaded, monkeypatch, capsys,
+                                                             tmp_path):
+    """At temperature > 0 the two runs draw different tokens (speculative sampling keeps the
+    target's distribution, not the plain run's draws): "identical: no" says that is expected."""
+    from specdemo.interfaces.decode_cli import SAMPLED
+    monkeypatch.setattr(startup, "load_model", lambda spec, *a, **k: loaded)
+    monkeypatch.setattr(startup, "prepare_timed", lambda *args, **kwargs: None)
+    assert main(["compare", "--target", str(tmp_path), "--draft", "self", "--prompt", PROMPT,
+                 "--max-new-tokens", "24", "--draft-length", "2", "--backend", "transformers",
+                 "--temperature", "1.5", "--seed", "3"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("speedup:"))
+    assert "identical: no, first divergence" in line and line.endswith(SAMPLED), line
 
 
 def test_every_lane_names_its_backend_and_auto_in_run_compare_and_race(loaded, monkeypatch,

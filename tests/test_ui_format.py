@@ -169,4 +169,4 @@ def test_no_projection_above_a_run_whose_verification_cost_under_a_step():
     assert e.projected_speedup_free_verification == pytest.approx(2.0 / (0.9 + 0.1))
     assert e.projected_speedup_free_verification >= e.modelled_speedup
     line = explanation_text(e)
-    assert "Projection" not in line and "no projection beyond this run" in line
+    assert "Projection" not in line and "no projection from them" in line

@@ -21,11 +21,14 @@ def register(sub) -> None:
     bench = sub.add_parser("bench", help="sweep tasks x draft lengths: CSV, JSON, PNG plots, report",
                            description=_PACKAGE_DOC.split("\n\n")[0])
     bench.add_argument("--preset", default=None, help="a preset name (python -m specdemo presets); "
-                       "sets target, draft and dtype")
+                       "sets target, draft, dtype and quantization (the draft lengths are "
+                       "--draft-lengths')")
     bench.add_argument("--target", default=None, type=checked(target, "target"),
                        help="as for run (default: the default preset's)")
     bench.add_argument("--draft", default=None, type=checked(draft, "draft"),
-                       help="ngram, self, early-exit:N or a draft model")
+                       help="as for run: ngram, self, early-exit:N, mtp, a learned drafter "
+                       "(<learned>+ngram stacks prompt lookup over it) or a draft model "
+                       "(default: the default preset's)")
     bench.add_argument("--tasks", default=",".join(TASKS), help="comma-separated (default %(default)s)")
     bench.add_argument("--draft-lengths", default="1,2,4,8,auto", help="(default %(default)s)")
     bench.add_argument("--draft-tree", type=draft_tree_arg, default=None, metavar="SHAPE",

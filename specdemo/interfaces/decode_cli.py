@@ -292,11 +292,12 @@ def lane_json(lane: dict, backend: str | None, speculative: bool,
               draft_length: int | str | None) -> dict:
     """One lane of ``run --json``/``compare --json`` with the keys ``/race``'s panes have
     (``race.pane_dict``): ``backend``, the forward backend that lane ran on, and for a
-    speculative lane under ``auto`` ``draft_length`` "auto" (the setting, not its last round's
-    k; ``mean_draft_length`` and ``draft_length_min``/``_max``/``_sum`` cover every round)."""
+    speculative lane ``draft_length`` the setting, k or "auto" (not its last round's k, which
+    was 0 when the answer ended in a plain step; ``mean_draft_length`` and
+    ``draft_length_min``/``_max``/``_sum`` cover every round)."""
     out = {**lane, "backend": backend}
-    if speculative and draft_length == "auto":
-        out["draft_length"] = "auto"
+    if speculative and draft_length is not None:
+        out["draft_length"] = draft_length if draft_length == "auto" else int(draft_length)
     return out
 
 
@@ -446,6 +447,8 @@ def _print_race(args, snap, endpoints: dict) -> None:
         else:
             same = "yes" if snap.identical else (f"no, first divergence at "
                                                   f"{snap.divergence_unit} {snap.first_divergence}")
+            if not snap.identical and args.temperature > 0:
+                same += SAMPLED
         print(f"speedup: {speed}   identical: {same}")
     if snap.explanation is not None:
         from .ui_format import explanation_text  # lazy: imports torch; --help stays fast
@@ -483,6 +486,8 @@ def cmd_compare(args) -> int:
     print(format_stats("speculative", comparison.speculative.stats, args.draft_length))
     speed = "n/a" if comparison.speedup is None else f"{comparison.speedup:.2f}x"
     same = "yes" if comparison.identical else f"no, first divergence at token {comparison.first_divergence}"
+    if not comparison.identical and args.temperature > 0:
+        same += SAMPLED
     print(f"speedup: {speed}   identical: {same}")
     if comparison.explanation is not None:
         from .ui_format import explanation_text  # lazy: imports torch; --help stays fast
@@ -495,6 +500,11 @@ def cmd_compare(args) -> int:
     for warning in comparison.warnings:
         print(f"warning: {warning}")
     return 0
+
+
+#: after "identical: no, ..." when sampling: not a fault
+SAMPLED = (" (expected when sampling: speculative sampling keeps the target's distribution, "
+           "not the plain run's tokens; temperature 0 compares tokens)")
 
 
 def _fmt(value, spec: str = ".2f", unit: str = "") -> str:

@@ -271,8 +271,9 @@ def explanation_text(e, times: str = "×") -> str:
                 f"acceptance length of {e.break_even_mean_acceptance_length:.2f}; this run got "
                 f"{e.mean_acceptance_length:.2f}. ")
     if e.verify_cost_steps < 1:  # the plain lane's steps were the dearer: nothing to project
-        return measured + ("Verifying cost less than a plain step here, as where verifying is "
-                           "nearly free (a GPU, Apple silicon): no projection beyond this run.")
+        return measured + ("Verifying cost less than the plain run's one-token steps, so those "
+                           "steps were slowed (another process, a colder cache) and the "
+                           "figures are not this machine's: no projection from them.")
     return measured + (f"Projection, not measured: where verifying costs "
                        f"one step (a GPU, Apple silicon), the same acceptance would give "
                        f"{e.projected_speedup_free_verification:.2f}{times} "

@@ -380,11 +380,58 @@ def check_local(spec: str) -> None:
         raise ModelLoadError(f"could not load {spec}: the folder has no config.json, so it is not "
                              "a model folder")
     try:
-        check_fields(read_config(folder), LAYER_FIELDS, folder / "config.json")
+        config = read_config(folder)
+        check_fields(config, LAYER_FIELDS, folder / "config.json")
         if any(folder.glob("*.safetensors")):
             check_weight_files(folder)
     except DrafterFolderError as exc:
         raise ModelLoadError(f"could not load {spec}: {exc}") from None
+    if any(folder.glob("*.safetensors")) and "quantization_config" not in config:
+        mismatch = config_weight_mismatch(folder)
+        if mismatch:
+            raise ModelLoadError(f"could not load {spec}: its config.json does not describe its "
+                                 f"weights ({mismatch}); it may lack a size or belong to another "
+                                 "model")
+
+
+def config_weight_mismatch(folder: Path) -> str | None:
+    """What the folder's config.json says a weight's shape is against what its safetensors
+    files hold, for the first weight that differs (and how many differ), or None when they agree.
+
+    The model is built from the config on the meta device (no memory; ~1 s for a 30-layer
+    model) and its parameter shapes compared with the files' headers (no tensor read), so a
+    config missing its sizes is refused before transformers would build a model of its default
+    sizes (a bare ``{"model_type": "llama"}`` is a 7B model: 22 GB of random weights) or fail
+    on a table of mismatches. Weights the config does not know, or names it maps otherwise,
+    are not compared; a config transformers cannot build without remote code is not checked.
+    """
+    import json
+    import struct
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    stored: dict[str, tuple[int, ...]] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as handle:  # the header: 8-byte length, then JSON (safetensors spec)
+            (size,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(size))
+        stored.update({name: tuple(meta["shape"]) for name, meta in header.items()
+                       if name != "__metadata__"})
+    try:
+        config = AutoConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # remote code, an architecture transformers lacks: checked when loaded
+        return None
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    differ = [name for name in expected if name in stored and stored[name] != expected[name]]
+    if not differ:
+        return None
+    name = differ[0]
+    shape = lambda dims: "x".join(map(str, dims)) or "a scalar"  # noqa: E731
+    more = f", and {len(differ) - 1} more" if len(differ) > 1 else ""
+    return (f"{name} is {shape(stored[name])} in the weights, {shape(expected[name])} by the "
+            f"config{more}")
 
 
 def _load(spec: str, device: torch.device, dtype: torch.dtype, quantization: str | None,
