@@ -36,10 +36,11 @@ if TYPE_CHECKING:
 CONVERT_BYTES_PER_S = 7e6  # GGUF bytes converted per second on a 2-core CPU (see module doc)
 TIMES_FILE = "step-times.json"
 # guesses for a machine that ran none of these steps yet ("backend": the probe-then-time choice
-# took 3.9 s on a busy 2-core AMD EPYC; the warm-up and forward-cost steps are scaled from the
-# widths that choice timed when it ran: forward_estimate_s)
+# took 3.9 s on a busy 2-core AMD EPYC, 5.0-5.5 s on a quiet AVX-512 one; "native compile"
+# 1.4-1.5 s there; the warm-up and forward-cost steps are scaled from the widths that choice
+# timed when it ran: forward_estimate_s)
 GUESS_S = {"imports": 5.0, "load": 3.0, "warm-up": 3.0, "forward costs": 8.0, "tokenizer": 10.0,
-           "native compile": 3.0, "backend": 5.0, "background": 1.0}
+           "native compile": 2.0, "backend": 5.0, "background": 1.0}
 MIN_REMEMBER_S = 0.05  # faster than this was a cache hit (a model already in memory): no lesson
 
 
