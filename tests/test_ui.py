@@ -93,6 +93,8 @@ def test_race_api_both_panes_finish_and_agree(client):
     assert why["step_s"] == pytest.approx(plain["verify_s"] / plain["target_forwards"])
     assert why["break_even_mean_acceptance_length"] == pytest.approx(
         why["verify_cost_steps"] + why["draft_cost_steps"])
+    # the sentence the page shows, from the same figures
+    assert f"this run got {why['mean_acceptance_length']:.2f}" in result["why"]
 
 
 @pytest.mark.slow

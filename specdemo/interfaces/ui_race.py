@@ -18,7 +18,7 @@ from ..checks import compat, inputs
 from ..services import race as racing
 from ..services.race import DONE, PLAIN, SPECULATIVE, STOPPED, PaneView, Race, RaceSnapshot
 from ..services.startup import STEPS
-from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, not_compared,
+from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, explanation_text, not_compared,
                         race_frame, verdict_html)
 from .ui_state import (CACHE, LOAD_LOCK, _default_preset_name, _pairing, _presets, engine_imports,
                        model_status)
@@ -353,7 +353,8 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     Returns:
         {"plain": {...}, "speculative": {...}, "speedup": x, "speedup_note": None,
         "explanation": why the speedup is what it is (``stats.RaceExplanation``'s figures, None
-        when a run did not finish), "identical": bool, "first_divergence": i, "warnings": [...], "lossless_expected": bool or
+        when a run did not finish), "why": the page's sentence from those figures (None
+        likewise), "identical": bool, "first_divergence": i, "warnings": [...], "lossless_expected": bool or
         None, "lossless_note": why greedy outputs may differ in the target's precision or None,
         "draft_length_setting": "auto" or k (the policy; the speculative pane's ``draft_length``
         is "auto" under auto, else the k of its last round; ``mean_draft_length`` and
@@ -404,6 +405,7 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
             SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE], k),
             "backend": racing.snapshot_dict(snap)["backend"], "speedup": snap.speedup, "speedup_note": _note(snap),
             "explanation": snap.explanation.as_dict() if snap.explanation else None,
+            "why": explanation_text(snap.explanation) if snap.explanation else None,
             "identical": snap.identical,
             "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
             "warnings": list(snap.warnings),
