@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "the cheapest kept; the start-up steps say which and why; "
                              "transformers on a GPU), transformers (the float32 reference), native "
                              "(our C forward with BF16 weights), native-int8 (the same with int8 "
-                             "weights), ggml (llama.cpp over a "
+                             "weights), native-w8a8 (int8 weights and int8 activations), ggml (llama.cpp over a "
                              "GGUF/built-in target), ggml-bf16 (its BF16 copy) or int8 (int8 "
                              "Llama forward)")
     return parser.parse_args(argv)

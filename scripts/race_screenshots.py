@@ -7,6 +7,7 @@ again at ``auto``, and saves the page after each, with the speedup and the line 
 explains the race (docs/reference.md, "Why a race won or lost"). Prints each explanation line.
 
     python scripts/race_screenshots.py [--out docs/results] [--fixed 4] [--prompt TEXT] [--backend auto]
+        [--page docs/race.png]
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main() -> int:
     parser.add_argument("--fixed", default="4", help="the fixed draft length of the first race (default 4)")
     parser.add_argument("--prompt", default=PROMPT, help="the prompt both races send (default: a chat note)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--page", default=None, help="also save the whole page after the auto race "
+                        "here (the README's picture is docs/race.png)")
     parser.add_argument("--backend", default="auto", help="the targets' forward backend, as app.py's --backend (default auto)")
     args = parser.parse_args()
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
@@ -98,6 +101,13 @@ def main() -> int:
             driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", verdict)
             driver.save_screenshot(str(out / name))
             print(f"k = {k}: {verdict.text}\n  -> {out / name}")
+        if args.page:
+            driver.execute_script("window.scrollTo(0, 0);")
+            height = driver.execute_script("return document.documentElement.scrollHeight")
+            driver.set_window_size(1500, min(height, 1700))
+            driver.execute_script("window.scrollTo(0, 0);")
+            driver.save_screenshot(args.page)
+            print(f"the page -> {args.page}")
     finally:
         driver.quit()
         demo.close()

@@ -215,9 +215,9 @@ def test_explanation_of_a_race_that_drafted_nothing(target, answer, monkeypatch)
     e = explain(plain, spec)
     assert e.mean_draft_length == 0 and e.mean_acceptance_length == 1.0
     line = explanation_text(e)
-    assert line.startswith("No draft tokens were verified: the draft-length rule judged that "
-                           "none would save time here, so every round was a plain one-token "
-                           "step, costing ")
+    assert line.startswith("No draft tokens were verified (the drafter proposed none, e.g. "
+                           "prompt lookup finding no match, or auto judged that none would save "
+                           "time here), so every round was a plain one-token step, costing ")
     assert "expected to pay" not in line and "drafts a round" not in line
     assert explain(plain, None) is None and explain(type(plain)(), spec) is None
 

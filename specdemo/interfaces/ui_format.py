@@ -259,8 +259,9 @@ def explanation_text(e, times: str = "×") -> str:
     ``times``: the sign after a speedup, as the speedup beside it is written ("×" on the page,
     "x" in the terminal)."""
     if e.mean_draft_length == 0:
-        return (f"No draft tokens were verified: the draft-length rule judged that none would "
-                f"save time here, so every round was a plain one-token step, costing "
+        return (f"No draft tokens were verified (the drafter proposed none, e.g. prompt lookup "
+                f"finding no match, or auto judged that none would save time here), so every "
+                f"round was a plain one-token step, costing "
                 f"{e.break_even_mean_acceptance_length:.2f} plain steps (the forward "
                 f"{e.verify_cost_steps:.2f}, choosing the draft length "
                 f"{e.draft_cost_steps:.2f}).")
