@@ -15,24 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from first_start import FLAGS, free_port  # noqa: E402  (this folder: the same browser flags)
 PROMPT = ("Write a short note to my neighbour asking them to water my plants while I am away "
           "next week.")
-FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-         "--disable-background-networking", "--disable-component-update", "--no-first-run",
-         "--disable-sync", "--window-size=1500,1000")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:
@@ -72,6 +63,7 @@ def main() -> int:
     for flag in FLAGS:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_window_size(1500, 1000)  # the verdict and charts in one screen
     css = driver.find_element
 
     def status(pane: str) -> str:
