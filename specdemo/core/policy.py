@@ -547,13 +547,13 @@ class AdaptiveDraftLength:
             per_token, known = draft_s / n_proposed, stats.draft_token_s or None
             stats.draft_token_s = (min(known, per_token) if backlog and known is not None
                                    else self._avg(known, per_token))
-            known = stats.draft_round_s.get(n_proposed)
+            round_s = stats.draft_round_s.get(n_proposed)
             if backlog:  # an upper bound: of this length's time, or of what the others predict
-                bound = (known if known is not None
+                bound = (round_s if round_s is not None
                          else self._draft_time(stats, n_proposed) if stats.draft_round_s else None)
                 stats.draft_round_s[n_proposed] = draft_s if bound is None else min(bound, draft_s)
             else:
-                stats.draft_round_s[n_proposed] = self._avg(known, draft_s)
+                stats.draft_round_s[n_proposed] = self._avg(round_s, draft_s)
             stats._draft_times = None
         if n_drafted:
             for j in range(min(n_drafted, n_accepted + 1)):

@@ -445,10 +445,8 @@ def _print_race(args, snap, endpoints: dict) -> None:
         if snap.identical is None:
             same = "n/a"
         else:
-            same = "yes" if snap.identical else (f"no, first divergence at "
-                                                  f"{snap.divergence_unit} {snap.first_divergence}")
-            if not snap.identical and args.temperature > 0:
-                same += SAMPLED
+            same = identical_words(snap.identical, f"{snap.divergence_unit} {snap.first_divergence}",
+                                   args.temperature)
         print(f"speedup: {speed}   identical: {same}")
     if snap.explanation is not None:
         from .ui_format import explanation_text  # lazy: imports torch; --help stays fast
@@ -485,9 +483,8 @@ def cmd_compare(args) -> int:
     print(format_stats("plain", comparison.plain.stats))
     print(format_stats("speculative", comparison.speculative.stats, args.draft_length))
     speed = "n/a" if comparison.speedup is None else f"{comparison.speedup:.2f}x"
-    same = "yes" if comparison.identical else f"no, first divergence at token {comparison.first_divergence}"
-    if not comparison.identical and args.temperature > 0:
-        same += SAMPLED
+    same = identical_words(comparison.identical, f"token {comparison.first_divergence}",
+                           args.temperature)
     print(f"speedup: {speed}   identical: {same}")
     if comparison.explanation is not None:
         from .ui_format import explanation_text  # lazy: imports torch; --help stays fast
@@ -505,6 +502,14 @@ def cmd_compare(args) -> int:
 #: after "identical: no, ..." when sampling: not a fault
 SAMPLED = (" (expected when sampling: speculative sampling keeps the target's distribution, "
            "not the plain run's tokens; temperature 0 compares tokens)")
+
+
+def identical_words(identical: bool, divergence: str, temperature: float) -> str:
+    """What ``identical:`` says: "yes", or where the outputs first differ (``divergence``, e.g.
+    "token 4"), with ``SAMPLED`` when sampling made that expected."""
+    if identical:
+        return "yes"
+    return f"no, first divergence at {divergence}" + (SAMPLED if temperature > 0 else "")
 
 
 def _fmt(value, spec: str = ".2f", unit: str = "") -> str:

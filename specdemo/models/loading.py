@@ -379,24 +379,26 @@ def check_local(spec: str) -> None:
     if not (folder / "config.json").exists():
         raise ModelLoadError(f"could not load {spec}: the folder has no config.json, so it is not "
                              "a model folder")
+    shapes = {}
     try:
         config = read_config(folder)
         check_fields(config, LAYER_FIELDS, folder / "config.json")
         if any(folder.glob("*.safetensors")):
-            check_weight_files(folder)
+            shapes = check_weight_files(folder)
     except DrafterFolderError as exc:
         raise ModelLoadError(f"could not load {spec}: {exc}") from None
-    if any(folder.glob("*.safetensors")) and "quantization_config" not in config:
-        mismatch = config_weight_mismatch(folder)
+    if shapes and "quantization_config" not in config:
+        mismatch = config_weight_mismatch(folder, shapes)
         if mismatch:
             raise ModelLoadError(f"could not load {spec}: its config.json does not describe its "
                                  f"weights ({mismatch}); it may lack a size or belong to another "
                                  "model")
 
 
-def config_weight_mismatch(folder: Path) -> str | None:
-    """What the folder's config.json says a weight's shape is against what its safetensors
-    files hold, for the first weight that differs (and how many differ), or None when they agree.
+def config_weight_mismatch(folder: Path, stored: dict[str, tuple[int, ...]]) -> str | None:
+    """What the folder's config.json says a weight's shape is against ``stored``, the shapes its
+    safetensors headers give (``folders.check_weight_files``), for the first weight that differs
+    (and how many differ), or None when they agree.
 
     The model is built from the config on the meta device (no memory; ~1 s for a 30-layer
     model) and its parameter shapes compared with the files' headers (no tensor read), so a
@@ -405,18 +407,8 @@ def config_weight_mismatch(folder: Path) -> str | None:
     on a table of mismatches. Weights the config does not know, or names it maps otherwise,
     are not compared; a config transformers cannot build without remote code is not checked.
     """
-    import json
-    import struct
-
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    stored: dict[str, tuple[int, ...]] = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with path.open("rb") as handle:  # the header: 8-byte length, then JSON (safetensors spec)
-            (size,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(size))
-        stored.update({name: tuple(meta["shape"]) for name, meta in header.items()
-                       if name != "__metadata__"})
     try:
         config = AutoConfig.from_pretrained(folder)
         with torch.device("meta"):

@@ -103,22 +103,28 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def check_weight_files(folder: Path) -> None:
+def check_weight_files(folder: Path) -> dict[str, tuple[int, ...]]:
     """Open each weight file's header (cheap: no tensor is read), so that a file cut short or not
     a weight file at all is named before a loader fails on it.
 
+    Returns:
+        the shape of every tensor in the folder's safetensors files, name -> shape (what the
+        headers say; empty for ``.bin`` weights, whose shapes need the tensors read).
     Raises:
         DrafterFolderError: no weights, or a file that cannot be read.
     """
     from safetensors import safe_open
+    shapes: dict[str, tuple[int, ...]] = {}
     for path in weight_files(folder):
         if path.suffix != ".safetensors":
             continue
         try:
             with safe_open(str(path), "pt") as handle:
-                handle.keys()
+                shapes.update({name: tuple(handle.get_slice(name).get_shape())
+                               for name in handle.keys()})
         except Exception as exc:  # SafetensorError, OSError: the file is damaged
             raise DrafterFolderError(_damaged(path, exc)) from None
+    return shapes
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
