@@ -105,7 +105,7 @@ def cmd_answers(args) -> int:
               f"({result.tokens_per_s:.0f} tokens/s) -> {result.shard.name if result.shard else 'nothing'}", flush=True)
         if result.shard is not None and args.commit:
             s = shards.summary()
-            _git_commit([result.shard], f"answers: shard {result.shard.name} ({result.answers} answers, "
+            _git_commit([shards.SHARDS_DIR], f"answers: shard {result.shard.name} ({result.answers} answers, "
                                         f"{result.answer_tokens} tokens; {s['answers']} answers, "
                                         f"{s['answer_tokens']} tokens in all)")
         if result.answers < len(chunk):  # the budget ended the chunk: unfinished answers come back later
