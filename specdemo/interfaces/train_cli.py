@@ -110,6 +110,13 @@ def register(sub) -> None:
                         "report at each, write data_size_curve.{json,md,png}")
     p.add_argument("--report-k", default="4",
                    help="comma-separated draft lengths of the held-out report (first = headline)")
+    p.add_argument("--online-features", action="store_true",
+                   help="EAGLE-3: compute the target's features batch by batch during training instead "
+                        "of storing them first (no disk: what millions of answer tokens need; the target "
+                        "runs again each epoch)")
+    p.add_argument("--train-minutes", type=float, default=None,
+                   help="fit the learning-rate schedule to this many minutes of training (timed on its "
+                        "first steps; never more than --epochs)")
     p.add_argument("--capture-backend", default="transformers", choices=["transformers", "native"],
                    help="the forward that captures the target's features: transformers (float32, "
                         "the reference) or native (our C forward, BF16 weights: about 2x faster "
@@ -237,7 +244,8 @@ def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
         if saved:
             return train.Recipe(**{**saved, "feature_layers": tuple(saved["feature_layers"])})
         return train.Recipe(draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps,
-                            feature_noise=args.feature_noise, feature_layers=eagle3_default_layers(num_layers(target.model)), **common)
+                            feature_noise=args.feature_noise, feature_layers=eagle3_default_layers(num_layers(target.model)),
+                            train_budget_s=None if args.train_minutes is None else 60 * args.train_minutes, **common)
     if saved:
         saved.pop("feature_layers", None)
         kind = dspark_train.DSparkRecipe if args.kind == "dspark" else dflash_train.DFlashRecipe
@@ -363,19 +371,24 @@ def _train(args: argparse.Namespace) -> int:
     answers = data.load_answers(out)
     if not answers:
         fail(f"no answers to train on in {out / data.ANSWERS}")
+    online = getattr(args, "online_features", False)
+    if online and args.kind != "eagle3":
+        fail(f"--online-features trains EAGLE-3 heads only, not --kind {args.kind}")
     hidden = target.model.config.get_text_config().hidden_size
-    _check_space(sum(len(a["ids"]) for a in answers), hidden * (len(recipe.feature_layers) + 1), out)
+    if not online:
+        _check_space(sum(len(a["ids"]) for a in answers), hidden * (len(recipe.feature_layers) + 1), out)
     t0 = time.time()
     kept = len(list((out / data.FEATURES).glob("*.pt"))) if (out / data.FEATURES).is_dir() else 0
     try:
-        shards = data.capture_features(target, answers, recipe.feature_layers, out,
-                                       backend=args.capture_backend)
+        shards = [] if online else data.capture_features(target, answers, recipe.feature_layers, out,
+                                                         backend=args.capture_backend)
     except loading.ModelLoadError as exc:  # native unavailable here (no compiler, another architecture)
         fail(f"--capture-backend {args.capture_backend}: {exc}")
     timings["capture_s"] = time.time() - t0
     on = (f"the target on {device}" if args.capture_backend == "transformers"
           else "the target on the native backend (BF16 weights)")
-    where["capture"] = (on if kept < len(shards)
+    where["capture"] = (f"the target on {device}, batch by batch during training (online)" if online
+                        else on if kept < len(shards)
                         else "kept from an earlier run (feature shards in the folder)")
     where["train"] = f"{device}, {recipe.train_dtype}"
     note = slow_bf16_note(str(device), recipe.train_dtype)
@@ -389,7 +402,8 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     import torch
     # memory-mapped: 1.2M answer tokens of EAGLE-3 features are ~8 GB; batches read what they use
-    all_items = [x for s in shards for x in torch.load(s, weights_only=False, mmap=True)]
+    all_items = ([{"ids": torch.tensor(a["ids"], dtype=torch.int32), "n_prompt": a["n_prompt"]} for a in answers]
+                 if online else [x for s in shards for x in torch.load(s, weights_only=False, mmap=True)])
     if args.kind in ("dflash", "dspark") and recipe.mask_token_id < 0:
         recipe.mask_token_id = dflash_train.pick_mask_token(
             train.token_counts(all_items, target.vocab_size), target.eos_token_ids)
