@@ -46,10 +46,10 @@ run() {  # run LIMIT_S NAME CMD...: output into the report, verdict into the sum
 }
 
 if [[ $DRY -eq 1 ]]; then
-  DEVICE=cpu; ANSWER_MIN=0.5; SLOTS=8; CHUNK=16; TRAIN_MIN=0.3; EXTRA=(--max-steps 4 --max-prompts 400); MAXTOK=32
+  DEVICE=cpu; ANSWER_MIN=1; SLOTS=8; CHUNK=16; TRAIN_MIN=0.3; EXTRA=(--max-steps 4 --max-prompts 400); MAXTOK=32; DTYPE=float32
   BATCH_TOKENS=1024
 else
-  DEVICE=cuda; ANSWER_MIN=4; SLOTS=512; CHUNK=20000; TRAIN_MIN=3; EXTRA=(); BATCH_TOKENS=16384; MAXTOK=384
+  DEVICE=cuda; ANSWER_MIN=4; SLOTS=512; CHUNK=20000; TRAIN_MIN=3; EXTRA=(); BATCH_TOKENS=16384; MAXTOK=384; DTYPE=bfloat16
 fi
 log "mode: $([[ $DRY -eq 1 ]] && echo 'CPU dry run (tiny sizes; plumbing only)' || echo 'GPU')"
 log "date: $(date -u +%FT%TZ)  commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
@@ -70,7 +70,7 @@ log "new shards: $(ls "$OUTDIR/shards" | tr '\n' ' ')"
 run $(( 60 * ${TRAIN_MIN%.*} + 180 )) "train" $PY -m specdemo train-draft --target builtin:smollm2-135m \
   --out "$OUTDIR/head" --kind eagle3 --scale-prompts --answers-dir "$WORK" \
   --answers-per-prompt 1 --max-tokens "$MAXTOK" --generate-minutes 0 --init builtin:smollm2-135m-eagle3 \
-  --online-features --train-dtype bfloat16 --device "$DEVICE" --epochs 2 --train-minutes "$TRAIN_MIN" \
+  --online-features --train-dtype "$DTYPE" --device "$DEVICE" --epochs 2 --train-minutes "$TRAIN_MIN" \
   --batch-tokens "$BATCH_TOKENS" "${EXTRA[@]}"
 rm -rf "$WORK" "$OUTDIR/head/checkpoint.pt" "$OUTDIR/head/answers.jsonl"  # large; the head and its reports stay
 
