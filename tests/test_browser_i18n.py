@@ -89,9 +89,29 @@ def test_the_page_speaks_the_browsers_language(url, tag, send, first_token):
         if tag == "zh-CN":
             shown = "".join(words)
             assert not set(TRADITIONAL_ONLY) & set(shown) - set("繁體中文語言"), shown
+        if tag != "en-US":  # the preset's note, the machine-fit line, the engines, the legend
+            WebDriverWait(driver, 60).until(
+                lambda d: len(CJK.findall(d.find_element(By.CSS_SELECTOR, "#preset-info").text)) >= 30)
+            info = driver.find_element(By.CSS_SELECTOR, "#preset-info").text
+            assert not re.search(r"learned|needs|free on", info), info
+            engines = driver.find_element(By.CSS_SELECTOR, "#engines").text
+            assert "this app" not in engines and "OpenAI" in engines and CJK.search(engines), engines
+            legend = driver.find_element(By.CSS_SELECTOR, "#race-chart").text
+            assert "speculative" not in legend and ("路線" in legend or "路线" in legend), legend
         driver.set_window_size(1500, 1800)
         RESULTS.mkdir(exist_ok=True)
         driver.save_screenshot(str(RESULTS / f"page-{tag}.png"))
+        # the Benchmark tab: the measured concurrency sweep, drawn in the page's language
+        next(e for e in driver.find_elements(By.CSS_SELECTOR, '[role="tab"]')
+             if e.text.strip() in ("Benchmark", "基準測試", "基准测试")).click()
+        intro = {"en-US": "Speedup against concurrent requests", "zh-TW": "加速比對並發請求數",
+                 "zh-CN": "加速比对并发请求数"}[tag]
+        WebDriverWait(driver, 30).until(
+            lambda d: intro in d.find_element(By.CSS_SELECTOR, "#bench-measured-intro").text)
+        chart = driver.find_element(By.CSS_SELECTOR, "#bench-measured-speedup")
+        WebDriverWait(driver, 30).until(lambda d: chart.find_elements(By.CSS_SELECTOR, "svg, canvas"))
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", chart)
+        driver.save_screenshot(str(RESULTS / f"page-{tag}-benchmark.png"))
     finally:
         driver.quit()
 

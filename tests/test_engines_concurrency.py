@@ -64,10 +64,11 @@ def test_a_cell_that_is_not_a_number_is_named(tmp_path):
 def test_the_tabs_charts_hold_the_csvs_speedups_in_numeric_order(tmp_path):
     path = write_csv(tmp_path / "c.csv", sweep_rows())
     intro, speedup, tokens = bench_ui.measured_charts("en", path)
-    assert speedup["value"].values.tolist() == [[n, SPEEDUPS[n]] for n in (1, 2, 4, 8, 16)]
+    assert speedup["value"].values.tolist() == [[str(n), SPEEDUPS[n]] for n in (1, 2, 4, 8, 16)]
     assert tokens["value"].values.tolist() == (
-        [[n, 10.0 * n, "plain"] for n in (1, 2, 4, 8, 16)]
-        + [[n, 10.0 * n * SPEEDUPS[n], "speculative"] for n in (1, 2, 4, 8, 16)])
+        [[str(n), 10.0 * n, "plain"] for n in (1, 2, 4, 8, 16)]
+        + [[str(n), 10.0 * n * SPEEDUPS[n], "speculative"] for n in (1, 2, 4, 8, 16)])
+    assert speedup["sort"] == tokens["sort"] == ["1", "2", "4", "8", "16"]
     assert "Test CPU" in intro and "1-minute load average 1.25" in intro
     assert "scripts/engines_concurrency.sh" in intro and "c.csv" in intro
     assert speedup["visible"] and tokens["color_map"] == {"plain": "#6b7280", "speculative": "#16a34a"}

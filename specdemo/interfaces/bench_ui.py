@@ -259,16 +259,24 @@ MEASURED_COMMAND = "scripts/engines_concurrency.sh OUT"
 def measured_frames(rows: list[dict], lang=DEFAULT):
     """The charts' data from a concurrency CSV's rows (``endpoint_bench.read_csv``): (speedup
     frame: ``concurrency``, ``speedup``; throughput frame: ``concurrency``, ``tokens_per_s``,
-    ``lane``, the lane's legend word in ``lang``), both in numeric order of concurrency."""
+    ``lane``, the lane's legend word in ``lang``), both in numeric order of concurrency. The
+    levels are text, one evenly spaced tick each (1, 2, 4, 8; a number axis would tick 1.2, 1.4),
+    which the charts keep in this order (``sort``: :func:`levels`)."""
     import pandas as pd
-    speedup = pd.DataFrame(endpoint_bench.speedups(rows), columns=["concurrency", "speedup"])
+    speedup = pd.DataFrame([(str(n), x) for n, x in endpoint_bench.speedups(rows)],
+                           columns=["concurrency", "speedup"])
     tokens = pd.DataFrame(
-        [(r["concurrency"], r["total_tokens_per_s"], lane_label(r["lane"], lang))
+        [(str(r["concurrency"]), r["total_tokens_per_s"], lane_label(r["lane"], lang))
          for r in sorted(rows, key=lambda r: (r["lane"] != "plain", r["concurrency"]))
          if r["total_tokens_per_s"] is not None],
         columns=["concurrency", "tokens_per_s", "lane"])
-    return (speedup.astype({"concurrency": "int64", "speedup": "float64"}),
-            tokens.astype({"concurrency": "int64", "tokens_per_s": "float64", "lane": "str"}))
+    return (speedup.astype({"concurrency": "str", "speedup": "float64"}),
+            tokens.astype({"concurrency": "str", "tokens_per_s": "float64", "lane": "str"}))
+
+
+def levels(rows: list[dict]) -> list[str]:
+    """The sweep's concurrency levels in numeric order, as the charts' x values."""
+    return [str(n) for n in sorted({r["concurrency"] for r in rows})]
 
 
 def measured_charts(lang=DEFAULT, path: Path = MEASURED_SWEEP) -> tuple[str, dict, dict]:
@@ -286,7 +294,7 @@ def measured_charts(lang=DEFAULT, path: Path = MEASURED_SWEEP) -> tuple[str, dic
     intro = t("bench_measured_intro", lang, machine=cpu or t("bench_not_recorded", lang),
               load=f"{loads[0]:.2f}" if loads else t("bench_not_recorded", lang),
               path=shown, command=MEASURED_COMMAND)
-    axis = {"x_title": t("bench_measured_x", lang), "visible": True}
+    axis = {"x_title": t("bench_measured_x", lang), "sort": levels(rows), "visible": True}
     return (intro,
             {"value": speedup, "title": t("bench_measured_plot", lang),
              "y_title": t("bench_measured_speedup_y", lang), **axis},
@@ -309,10 +317,10 @@ def _measured_components() -> tuple[gr.Markdown, gr.LinePlot, gr.LinePlot]:
     markdown = gr.Markdown(intro, elem_id="bench-measured-intro")
     with gr.Row():
         speedup_plot = gr.LinePlot(x="concurrency", y="speedup", y_lim=[0, None], height=260,
-                                   x_axis_format=AXIS_FORMAT, y_axis_format=AXIS_FORMAT,
+                                   x_label_angle=0, y_axis_format=AXIS_FORMAT,
                                    elem_id="bench-measured-speedup", show_label=False, **speedup)
         tokens_plot = gr.LinePlot(x="concurrency", y="tokens_per_s", color="lane", y_lim=[0, None],
-                                  height=260, x_axis_format=AXIS_FORMAT, y_axis_format=AXIS_FORMAT,
+                                  height=260, x_label_angle=0, y_axis_format=AXIS_FORMAT,
                                   elem_id="bench-measured-tokens", show_label=False, **tokens)
     return markdown, speedup_plot, tokens_plot
 

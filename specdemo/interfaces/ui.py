@@ -195,7 +195,7 @@ def preset_info(preset_name: str | None, lang: str | None = DEFAULT) -> str:
     runs = t("runs_on", lang, runs=runs) if runs else t("backend_at_load", lang, dtype=p.dtype)
     return (t("preset_line", lang, target=p.target, draft=p.draft, runs=runs,
               note=p.note_in(locale(lang)))
-            + f"  \n{mark}: {sentence(reason, lang)}"
+            + f"  \n{mark}{t('colon', lang)}{sentence(reason, lang)}"
             + precision_line(p.dtype, p.quantization, lang=lang))
 
 

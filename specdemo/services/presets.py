@@ -24,6 +24,8 @@ File format (every key is required unless marked optional)::
     gated = false                      # true when the hub asks you to accept a licence first
     devices = ["cuda", "mps"]          # subset of cuda, mps, cpu
     note = "one line shown in the UI"
+    note_zh_tw = "該行的繁體中文"         # optional: the note on a zh-TW page (else the English one)
+    note_zh_cn = "该行的简体中文"         # optional: the note on a zh-CN page
     sources = ["https://..."]          # where ids, vocab sizes and tokenizer family were checked
 """
 
