@@ -117,10 +117,11 @@ def register(sub) -> None:
     p.add_argument("--train-minutes", type=float, default=None,
                    help="fit the learning-rate schedule to this many minutes of training (timed on its "
                         "first steps; never more than --epochs)")
-    p.add_argument("--capture-backend", default="transformers", choices=["transformers", "native"],
+    p.add_argument("--capture-backend", default="transformers", choices=["transformers", "native", "native-w8a8"],
                    help="the forward that captures the target's features: transformers (float32, "
-                        "the reference) or native (our C forward, BF16 weights: about 2x faster "
-                        "on a CPU with AVX512-BF16)")
+                        "the reference), native (our C forward, BF16 weights: about 2x faster "
+                        "on a CPU with AVX512-BF16) or native-w8a8 (int8 weights and activations: "
+                        "the features of the forward auto picks on most CPUs)")
     p.add_argument("--batch-tokens", type=_count("--batch-tokens"), default=1024)
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--answer-loss-only", action="store_true",
@@ -391,7 +392,8 @@ def _train(args: argparse.Namespace) -> int:
         fail(f"--capture-backend {args.capture_backend}: {exc}")
     timings["capture_s"] = time.time() - t0
     on = (f"the target on {device}" if args.capture_backend == "transformers"
-          else "the target on the native backend (BF16 weights)")
+          else "the target on the native backend (int8 weights and activations)"
+          if args.capture_backend == "native-w8a8" else "the target on the native backend (BF16 weights)")
     where["capture"] = (f"the target on {device}, batch by batch during training (online)" if online
                         else on if kept < len(shards)
                         else "kept from an earlier run (feature shards in the folder)")
