@@ -132,3 +132,23 @@ def test_the_switch_changes_the_language(url):
         assert driver.execute_script("return document.documentElement.lang") == "zh-TW"
     finally:
         driver.quit()
+
+
+def test_a_race_on_a_traditional_chinese_page_draws_both_lines(url):
+    """The race chart's legend is written in the page's language (路線: 一般, 推測) and its
+    colours follow the translated names: after a race both lines are drawn."""
+    from selenium.webdriver.common.keys import Keys
+    from test_browser import PROMPT, lines_drawn
+    driver = open_page(url, "zh-TW", "送出")
+    try:
+        number = driver.find_element(By.CSS_SELECTOR, "#max-new-tokens input[type='number']")
+        number.send_keys(Keys.CONTROL, "a")
+        number.send_keys("16", Keys.TAB)
+        driver.find_element(By.CSS_SELECTOR, "#prompt textarea").send_keys(PROMPT)
+        driver.find_element(By.CSS_SELECTOR, "#send").click()
+        WebDriverWait(driver, 400).until(lambda d: lines_drawn(d, "race-chart") == 2)
+        legend = driver.find_element(By.CSS_SELECTOR, "#race-chart").text
+        assert "路線" in legend and "一般" in legend and "推測" in legend, legend
+        assert "speculative" not in legend and "plain" not in legend, legend
+    finally:
+        driver.quit()
