@@ -19,6 +19,7 @@ import torch
 
 from specdemo.core import family_backends
 from specdemo.models import backends
+from specdemo.services import backend_choice
 from specdemo.models import native_backend as nb
 from tiny import CharTokenizer, LoadedStandIn, bf16_valued, tiny_llama
 
@@ -328,17 +329,17 @@ def test_engine_greedy_speculative_equals_plain_on_the_native_backend(weights):
 def test_backend_selection_and_refusals(tiny, monkeypatch):
     loaded = _Loaded(tiny)
     try:
-        chosen, choice = backends.with_backend(loaded, "native")
+        chosen, choice = backend_choice.with_backend(loaded, "native")
         assert (chosen.backend, choice.reason) == ("native", "asked for")
         assert isinstance(backends.target_kv(chosen), nb.NativeKV)
         assert nb.native_model(loaded) is nb.native_model(loaded)  # built once per model
         assert {"native", "native-int8", "native-w8a8"} <= set(backends.candidate_backends(loaded)[0])
-        chosen, choice = backends.with_backend(loaded, "native-int8")
+        chosen, choice = backend_choice.with_backend(loaded, "native-int8")
         assert (chosen.backend, choice.reason) == ("native-int8", "asked for")
         kv = backends.target_kv(chosen)
         assert kv.nmodel.weights == "int8" and kv.backend == "native-int8"
         assert kv.nmodel is not nb.native_model(loaded)  # the BF16 one is kept apart
-        chosen, _ = backends.with_backend(loaded, "native-w8a8")
+        chosen, _ = backend_choice.with_backend(loaded, "native-w8a8")
         kv = backends.target_kv(chosen)
         assert kv.nmodel.weights == "w8a8" and kv.backend == "native-w8a8"
     finally:
@@ -348,7 +349,7 @@ def test_backend_selection_and_refusals(tiny, monkeypatch):
     quantized = _Loaded(tiny)
     quantized.quantization = "int4"
     with pytest.raises(nb.NativeError, match="--quantization int4 is a transformers path"):
-        backends.with_backend(quantized, "native")
+        backend_choice.with_backend(quantized, "native")
     tiny.config.model_type = "gemma"
     try:
         assert nb.unsupported_reason(tiny) == (
@@ -376,7 +377,7 @@ def test_without_a_c_compiler_the_backend_says_so_and_auto_leaves_it_out(monkeyp
     assert not set(family_backends("native")) & set(names)
     assert f"native not available: {reason}" in why
     with pytest.raises(nb.NativeError, match="needs a C compiler"):
-        backends.with_backend(loaded, "native")
+        backend_choice.with_backend(loaded, "native")
 
 
 @needs_library

@@ -276,7 +276,7 @@ def test_greedy_draw_over_a_draft_vocabulary_equals_drawing_from_expanded_logits
 
 @needs_library
 def test_a_pipeline_on_the_native_backend_drafts_with_the_c_head_and_stays_lossless(target):
-    from specdemo.models.backends import with_backend
+    from specdemo.services.backend_choice import with_backend
     from specdemo.models.learned import LoadedEagle3
     from specdemo.models.loading import LoadedModel
     from specdemo.services.pipeline import DecodeSettings, Pipeline

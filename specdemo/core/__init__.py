@@ -21,7 +21,7 @@ class BackendFacts(NamedTuple):
         report_words: the weights for ``costs``' report (``services/costs.format_report``),
             ``{dtype}`` standing for the dtype the target was loaded in.
         probe_rank: its place in the order ``auto`` probes candidates in
-            (``models/backend_choice.PROBE_ORDER``, 0 first); None: never a candidate of ``auto``.
+            (``services/backend_rules.PROBE_ORDER``, 0 first); None: never a candidate of ``auto``.
     """
 
     family: str

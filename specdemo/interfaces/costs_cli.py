@@ -54,7 +54,9 @@ def cmd_costs(args: argparse.Namespace) -> int:
         print(f"error: {exc}\n(python -m specdemo costs --help)", file=sys.stderr)
         return 2
     # lazy: imports torch; --help stays fast
-    from ..models.backends import candidate_backends, with_backend
+    from ..models.backends import candidate_backends
+    # lazy: imports torch; --help stays fast
+    from ..services.backend_choice import with_backend
     # lazy: imports torch; --help stays fast
     from ..models.ggml_backend import ggml_model, gguf_path
     try:

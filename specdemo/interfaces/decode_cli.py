@@ -17,7 +17,6 @@ from ..models.loading import ModelLoadError
 from ..models.quantize import QUANTIZATION_CHOICES
 from ..core.tree import named_shape
 from ..services.presets import get_preset
-from ..services.startup import use_backend
 from .cli import refuse
 
 
@@ -217,6 +216,7 @@ def _with_backend(target, backend: str, draft_spec: str = "none", draft=None):
     """The target on ``backend`` (``auto``: weighed for a race with ``draft_spec``); exits
     with the reason when ``ggml`` cannot serve it."""
     from ..models.ggml_backend import GgmlError  # lazy: imports torch; --help stays fast
+    from ..services.backend_choice import use_backend  # lazy: imports torch; --help stays fast
     if not hasattr(target, "backend"):  # not a models.LoadedModel (tests inject stand-ins)
         return target
     try:

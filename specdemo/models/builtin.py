@@ -517,7 +517,7 @@ def convert_builtin(spec: str) -> Path:
 
 def store_cache_entry(path: Path, key: str, entry: dict) -> None:
     """Set ``key`` to ``entry`` in the JSON file ``path`` (a per-machine cache of measurements),
-    keeping its other keys; an unreadable file starts afresh; replaced atomically.
+    keeping its other keys; an unreadable file (or one that is not a JSON object) starts afresh; replaced atomically.
 
     Raises:
         OSError: the file cannot be written (callers log it: a cache is optional).
@@ -525,6 +525,8 @@ def store_cache_entry(path: Path, key: str, entry: dict) -> None:
     try:
         data = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):  # another program's JSON: start afresh
         data = {}
     data[key] = entry
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -132,6 +132,10 @@ class LoadedEagle3:
             self.head.attach(target.get_input_embeddings())
         return Eagle3Drafter(self.head, vocab_size, name=name)
 
+    def feature_layers(self, target: torch.nn.Module) -> tuple[int, ...]:
+        """The inputs of the target layers the head reads (its config's layer ids)."""
+        return tuple(self.head.feature_layers)
+
     @property
     def weight_bytes(self) -> int:
         return param_bytes(self.head)
@@ -156,6 +160,9 @@ class Combined:
     @property
     def summary(self) -> str:
         return "prompt lookup (ngram) over " + describe(self.learned)
+
+    def feature_layers(self, target: torch.nn.Module) -> tuple[int, ...]:
+        return self.learned.feature_layers(target)
 
     def new_drafter(self, target: torch.nn.Module, vocab_size: int, name: str):
         return CombinedDrafter(self.learned.new_drafter(target, vocab_size, name.removesuffix(COMBINE)),

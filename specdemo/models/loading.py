@@ -474,8 +474,10 @@ class LoadedModel:
         dtype: weight/compute dtype.
         load_s: seconds the load took (conversion included on a first built-in load).
         source: where it came from, for display.
-        backend: how the engine computes its forward: ``transformers`` (this model) or ``ggml``
-            (llama.cpp over the same GGUF file; see ``specdemo.models.backends.with_backend``).
+        backend: how the engine computes its forward (a name of ``core.TARGET_BACKENDS``:
+            ``transformers`` is this model; see ``specdemo.models.backends``).
+        backend_choice: what chose ``backend`` under ``auto`` (a
+            ``services.backend_choice.BackendChoice``; None: not chosen that way).
     """
 
     spec: str
@@ -487,6 +489,7 @@ class LoadedModel:
     source: str
     quantization: str | None = None
     backend: str = "transformers"
+    backend_choice: object | None = None
 
     @property
     def vocab_size(self) -> int:

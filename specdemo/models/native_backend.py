@@ -720,7 +720,7 @@ def choose_prefetch(nmodel: NativeModel, repeats: int = 12) -> dict:
         raise NativeError(f"{PREFETCH_ENV}={asked} is not a prefetch setting; use all, wide or "
                           "recalibrate")
     path, key = cache_dir() / PREFETCH_FILE, _prefetch_key(nmodel)
-    # SPECDEMO_BACKEND (backends.CHOICE_ENV, not imported: backends imports this module)
+    # SPECDEMO_BACKEND (services.backend_store.CHOICE_ENV: a layer above this one)
     again = "recalibrate" in (asked, os.environ.get("SPECDEMO_BACKEND", "").strip().lower())
     if not again:
         try:

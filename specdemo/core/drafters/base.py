@@ -139,6 +139,22 @@ class FeatureDrafter(Protocol):
     def observe(self, features: torch.Tensor) -> None: ...
 
 
+@runtime_checkable
+class LoadedDrafter(Protocol):
+    """A loaded, checked learned drafter (EAGLE-3, DFlash, DSpark, MTP, a Gemma 4 assistant,
+    ``<learned>+ngram``), ready to make a fresh drafter per decode.
+
+    ``feature_layers(target)`` says which target hidden states its drafters read, from what was
+    loaded (its config), without building a drafter; ``new_drafter`` builds one per decode.
+    """
+
+    spec: str
+
+    def new_drafter(self, target: torch.nn.Module, vocab_size: int, name: str) -> object: ...
+
+    def feature_layers(self, target: torch.nn.Module) -> tuple[int, ...]: ...
+
+
 def wants_features(drafter: object) -> tuple[int, ...]:
     """The hidden-state indices ``drafter`` needs (empty for drafters that need none)."""
     return tuple(getattr(drafter, "feature_layers", ()) or ())

@@ -348,6 +348,10 @@ class LoadedDFlash(LoadedModule):
                              _dflash_value(raw, "final_logit_softcapping"),
                              float(_dflash_value(raw, "input_embedding_scale", 1.0)))
 
+    def feature_layers(self, target: nn.Module) -> tuple[int, ...]:
+        """The outputs of the target layers its config names (``target_layer_ids``)."""
+        return dflash_indices(self.model.config.target_layer_ids)
+
     @property
     def summary(self) -> str:
         cfg = self.model.config

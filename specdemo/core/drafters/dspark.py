@@ -595,6 +595,10 @@ class LoadedDSpark(LoadedModule):
     def new_drafter(self, target: nn.Module, vocab_size: int, name: str) -> DSparkDrafter:
         return DSparkDrafter(self.model, target, vocab_size, name, self.min_survival)
 
+    def feature_layers(self, target: nn.Module) -> tuple[int, ...]:
+        """Its config's ``aux_hidden_state_layer_ids``."""
+        return tuple(self.model.feature_layers)
+
     @property
     def summary(self) -> str:
         m = self.model
