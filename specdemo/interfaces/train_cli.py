@@ -57,6 +57,8 @@ def register(sub) -> None:
                         "head and a confidence head, reading the target layers EAGLE-3 reads)")
     p.add_argument("--prompts", type=Path, default=None,
                    help="JSONL of {task, prompt[, split]} (default: the shipped prompt set)")
+    p.add_argument("--scale-prompts", action="store_true",
+                   help="also train on assets/train/prompts-scale.jsonl.gz (~84k prompts at scale, after the shipped set)")
     p.add_argument("--max-prompts", type=_count("--max-prompts"), default=None, help="use only the first N training prompts")
     p.add_argument("--answers-per-prompt", type=_count("--answers-per-prompt"), default=2)
     p.add_argument("--max-tokens", type=_count("--max-tokens"), default=128, help="longest generated answer")
@@ -730,6 +732,12 @@ def check_inputs(args: argparse.Namespace) -> list[dict]:
         fail(f"--prompts {exc}")
     except OSError as exc:
         fail(f"--prompts {path} cannot be read ({exc.strerror or exc})")
+    if getattr(args, "scale_prompts", False):
+        from ..services.training import prompt_scale
+        try:
+            rows = rows + [{**r, "split": "train"} for r in prompt_scale.load_scale()]
+        except prompt_scale.PromptSetError as exc:
+            fail(str(exc))
     if not data.split_rows(rows, heldout=False):
         fail(f"--prompts {path} holds no training prompts ({len(rows)} rows, none outside the "
              "held-out split): training on nothing would save an untrained drafter")

@@ -68,12 +68,18 @@ class Index:
     """An inverted index of rows' 4-grams and 8-grams, for near-duplicate queries against many rows."""
 
     def __init__(self, texts: list[str]):
-        self.texts = texts
+        self.texts: list[str] = []
         self.short: dict[tuple, set[int]] = defaultdict(set)
-        for i, text in enumerate(texts):
-            toks = tokens(text)
-            for g in ngrams(toks, NGRAM) | (ngrams(toks, LONG_NGRAM) if len(toks) >= LONG_NGRAM else set()):
-                self.short[g].add(i)
+        for text in texts:
+            self.add(text)
+
+    def add(self, text: str) -> None:
+        """Index one more row."""
+        i = len(self.texts)
+        self.texts.append(text)
+        toks = tokens(text)
+        for g in ngrams(toks, NGRAM) | (ngrams(toks, LONG_NGRAM) if len(toks) >= LONG_NGRAM else set()):
+            self.short[g].add(i)
 
     def duplicates_of(self, text: str) -> list[int]:
         """Indices of the indexed rows that are near-duplicates of ``text``."""
