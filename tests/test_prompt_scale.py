@@ -164,3 +164,30 @@ def test_a_chunk_becomes_a_shard_that_the_next_run_skips(tmp_path):
     assert second.answers == 3
     have, _ = shards.read_all(tmp_path, target="tiny")
     assert grow.missing(rows, have, answers_per_prompt=2) == []
+
+
+class ChatCharTokenizer(CharTokenizer):
+    """CharTokenizer with a chat template: "hi. " + the user's text + "!"."""
+    chat_template = "hi. {content}!"
+
+    def encode(self, text, **kwargs):
+        return super().encode(text)
+
+    def apply_chat_template(self, messages, tokenize=False, **kwargs):
+        return "hi. " + messages[-1]["content"] + "!"
+
+
+@pytest.mark.skipif(NO_LIBRARY is not None, reason=f"{NO_LIBRARY}")
+def test_magpie_prompts_are_what_the_target_writes_after_its_user_turn_prefix(monkeypatch):
+    model = tiny_llama(seed=2, layers=2, hidden=64)
+    target = LoadedModel("tiny", model, ChatCharTokenizer(), torch.device("cpu"), torch.float32, 0.0, "test")
+    assert grow.user_turn_prefix(target.tokenizer) == CharTokenizer().encode("hi. ")
+    monkeypatch.setattr(grow, "MAGPIE_STARTS", ["", "tell me"])
+    rows = grow.magpie_prompts(target, 6, seed=1, slots=4, temperature=50.0, max_new_tokens=40)
+    again = grow.magpie_prompts(target, 6, seed=1, slots=4, temperature=50.0, max_new_tokens=40)
+    assert rows == again and 1 <= len(rows) <= 6  # seeded; near-uniform sampling ends at EOS (id 0) often
+    for r in rows:
+        assert r["family"] == "scale:magpie" and r["source"] == "target-written"
+        assert 12 <= len(r["prompt"]) <= 600 and "\0" not in r["prompt"]
+    with pytest.raises(grow.GrowError, match="no chat template"):
+        grow.user_turn_prefix(CharTokenizer())

@@ -88,6 +88,13 @@ def register(sub) -> None:
                         "report at each, write data_size_curve.{json,md,png}")
     p.add_argument("--report-k", default="4",
                    help="comma-separated draft lengths of the held-out report (first = headline)")
+    p.add_argument("--online-features", action="store_true",
+                   help="EAGLE-3: compute the target's features batch by batch during training instead "
+                        "of storing them first (no disk: what millions of answer tokens need; the target "
+                        "runs again each epoch)")
+    p.add_argument("--train-minutes", type=float, default=None,
+                   help="fit the learning-rate schedule to this many minutes of training (timed on its "
+                        "first steps; never more than --epochs)")
     p.add_argument("--capture-backend", default="transformers", choices=["transformers", "native"],
                    help="the forward that captures the target's features: transformers (float32, "
                         "the reference) or native (our C forward, BF16 weights: about 2x faster "

@@ -33,7 +33,8 @@ def make_recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
         if saved:
             return train.Recipe(**{**saved, "feature_layers": tuple(saved["feature_layers"])})
         return train.Recipe(draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps,
-                            feature_noise=args.feature_noise, feature_layers=eagle3_default_layers(num_layers(target.model)), **common)
+                            feature_noise=args.feature_noise, feature_layers=eagle3_default_layers(num_layers(target.model)),
+                            train_budget_s=None if args.train_minutes is None else 60 * args.train_minutes, **common)
     if saved:
         saved.pop("feature_layers", None)
         kind = dspark_train.DSparkRecipe if args.kind == "dspark" else dflash_train.DFlashRecipe

@@ -91,7 +91,9 @@ def run(args, temperature: float | tuple[float, ...], ks: list[int], sizes: list
         return
     import torch
     # memory-mapped: 1.2M answer tokens of EAGLE-3 features are ~8 GB; batches read what they use
-    all_items = [x for s in shards for x in torch.load(s, weights_only=False, mmap=True)]
+    all_items = ([{"ids": torch.tensor(a["ids"], dtype=torch.int32), "n_prompt": a["n_prompt"]} for a in answers]
+                 if getattr(args, "online_features", False)
+                 else [x for s in shards for x in torch.load(s, weights_only=False, mmap=True)])
     if args.kind in ("dflash", "dspark") and recipe.mask_token_id < 0:
         from . import dflash_train  # lazy: imports torch
         recipe.mask_token_id = dflash_train.pick_mask_token(
@@ -157,8 +159,9 @@ def _answers_stage(args, target, train_rows: list[dict], out: Path, recipe, timi
 
 def _features_stage(args, target, answers: list[dict], recipe, out: Path, timings: dict,
                     where: dict) -> list[Path]:
-    """The feature shards of ``answers`` (captured, or kept from an earlier run), after the
-    answers' ids and the disk are checked; notes in ``where`` where capture and training run."""
+    """The feature shards of ``answers`` (captured, or kept from an earlier run; none with
+    ``--online-features``, which computes them during training), after the answers' ids and the
+    disk are checked; notes in ``where`` where capture and training run."""
     from . import data  # lazy: imports torch
     if not answers:
         raise TrainingError(f"no answers to train on in {out / data.ANSWERS}")
@@ -168,20 +171,25 @@ def _features_stage(args, target, answers: list[dict], recipe, out: Path, timing
             f"{args.answers or out / data.ANSWERS}: an answer's ids hold {beyond}, beyond the "
             f"{target.vocab_size:,}-id vocabulary of {args.target}: the answers were made with "
             "another tokenizer")
+    online = getattr(args, "online_features", False)
+    if online and args.kind != "eagle3":
+        raise TrainingError(f"--online-features trains EAGLE-3 heads only, not --kind {args.kind}")
     hidden = target.model.config.get_text_config().hidden_size
-    check_space(sum(len(a["ids"]) for a in answers), hidden * (len(recipe.feature_layers) + 1), out)
+    if not online:
+        check_space(sum(len(a["ids"]) for a in answers), hidden * (len(recipe.feature_layers) + 1), out)
     t0 = time.time()
     kept = len(list((out / data.FEATURES).glob("*.pt"))) if (out / data.FEATURES).is_dir() else 0
     try:
-        shards = data.capture_features(target, answers, recipe.feature_layers, out,
-                                       backend=args.capture_backend)
+        shards = [] if online else data.capture_features(target, answers, recipe.feature_layers, out,
+                                                         backend=args.capture_backend)
     except loading.ModelLoadError as exc:  # native unavailable here (no compiler, another architecture)
         raise TrainingError(f"--capture-backend {args.capture_backend}: {exc}") from None
     timings["capture_s"] = time.time() - t0
     device = str(target.device)
     on = (f"the target on {device}" if args.capture_backend == "transformers"
           else "the target on the native backend (BF16 weights)")
-    where["capture"] = (on if kept < len(shards)
+    where["capture"] = (f"the target on {device}, batch by batch during training (online)" if online
+                        else on if kept < len(shards)
                         else "kept from an earlier run (feature shards in the folder)")
     where["train"] = f"{device}, {recipe.train_dtype}"
     note = slow_bf16_note(device, recipe.train_dtype)
