@@ -16,7 +16,8 @@ from ..core import BACKENDS
 from ..models.loading import ModelLoadError
 from ..models.quantize import QUANTIZATION_CHOICES
 from ..core.tree import named_shape
-from ..services.presets import get_preset
+from ..services.presets import default_target, get_preset
+from ..models.builtin import BUILTIN_DRAFTERS
 from .cli import refuse
 
 
@@ -43,11 +44,12 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
                              "--quantization given too override the preset's")
     parser.add_argument("--target", default=None, type=checked(inputs.target, "target"),
                         help="HF id, local dir, .gguf file or builtin:<name> (default "
-                             f"{DEFAULT_TARGET})")
+                             f"{default_target()}: the default preset's)")
     parser.add_argument("--draft", default=None, type=checked(inputs.draft, "draft"),
                         help="none, ngram, self, early-exit:<layers>, mtp (the target's own MTP "
                              "layers), a learned drafter (EAGLE-3, DFlash, DSpark or Gemma 4 "
-                             "assistant folder or hub id, builtin:smollm2-135m-eagle3, <learned>+ngram), or a "
+                             "assistant folder or hub id, "
+                             + ", ".join(f"builtin:{n}" for n in BUILTIN_DRAFTERS) + ", <learned>+ngram), or a "
                              f"model like --target (default {draft_default})")
     parser.set_defaults(draft_default=draft_default)
     parser.add_argument("--max-new-tokens", default=128,
@@ -82,9 +84,6 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
                         help="allow code from the model repository to run (off by default)")
     add_backend_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-DEFAULT_TARGET = "builtin:smollm2-135m"
 
 
 def chosen_preset(args):
@@ -125,7 +124,7 @@ def resolve_decode_args(args) -> None:
         args.target, args.draft, args.dtype, args.quantization = preset_models(preset, args)
         if args.draft_length is None:
             args.draft_length = preset.draft_length
-    args.target = args.target or DEFAULT_TARGET
+    args.target = args.target or default_target()
     args.draft = args.draft or args.draft_default
     args.draft_length = 4 if args.draft_length is None else args.draft_length
     args.dtype = args.dtype or "auto"

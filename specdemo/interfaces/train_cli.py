@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ..checks import inputs
+from ..services.presets import default_target
 from .decode_cli import checked, fail
 
 
@@ -26,9 +27,9 @@ def _count(flag: str):
 def register(sub) -> None:
     p = sub.add_parser("train-draft",
                        help="train an EAGLE-3, DFlash or DSpark drafter for a target on this machine")
-    p.add_argument("--target", default="builtin:smollm2-135m",
+    p.add_argument("--target", default=default_target(),
                    help="the target the drafter is trained for: builtin:NAME, a local folder or a "
-                        "hub id (default: builtin:smollm2-135m)")
+                        "hub id (default: %(default)s, the default preset's)")
     p.add_argument("--out", required=True, type=Path, help="output folder (resumable)")
     p.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash", "dspark"],
                    help="eagle3 (default), dflash, or dspark (DFlash's block drafter with a Markov "

@@ -37,6 +37,7 @@ import torch
 from ..core import family_backends
 from ..core.errors import ModelLoadError
 from ..core.kv import PREFILL_CHUNK, feed_in_chunks, unknown_hidden_states
+from ..core.model_spec import builtin_name
 from ..core.machine import default_threads
 from . import builtin, llama_ctypes
 from .llama_ctypes import (clear_errors, last_error, library, meta_string,
@@ -341,9 +342,10 @@ def gguf_path(spec: str) -> Path | None:
     if spec.lower().endswith(".gguf"):
         path = Path(spec).expanduser()
         return path if path.is_file() else None
-    if not spec.startswith("builtin:"):
+    name = builtin_name(spec)
+    if name is None:
         return None
-    b = builtin._builtin(spec.split(":", 1)[1])
+    b = builtin._builtin(name)
     parts = builtin._locate_parts(b)
     if len(parts) == 1:
         return parts[0]

@@ -23,6 +23,8 @@ import torch
 from .. import PACKAGE_DIR
 from . import loading as models
 from ..core.errors import DrafterRefused, ModelLoadError  # noqa: F401  (DrafterRefused: callers look here)
+from ..core.model_spec import builtin_name
+from .builtin import builtin_hub_id
 from ..core.drafters import dflash, dspark, eagle_io, folders, mtp
 from ..core.drafters.eagle import Eagle3Drafter, Eagle3Head
 from ..core.drafters.features import index_problems, num_layers
@@ -78,8 +80,8 @@ def resolve(spec: str) -> tuple[Path, str] | None:
     """
     if spec.endswith(COMBINE):
         return resolve(spec[:-len(COMBINE)])
-    if spec.startswith("builtin:"):
-        name = spec.split(":", 1)[1]
+    name = builtin_name(spec)
+    if name is not None:
         if name not in BUILTIN_DRAFTERS:
             return None
         folder = BUILTIN_DIR / name
@@ -109,7 +111,7 @@ def is_learned(spec: str) -> bool:
     except folders.DrafterFolderError:  # a damaged config.json: load_learned says what is wrong
         return True
     except Exception:
-        return spec.startswith("builtin:") and spec.split(":", 1)[1] in BUILTIN_DRAFTERS
+        return builtin_name(spec) in BUILTIN_DRAFTERS
 
 
 @dataclass
@@ -195,15 +197,13 @@ def eagle3_problems(head: Eagle3Head, info: dict, target) -> tuple[list[str], li
     return problems, [warning] if warning else []
 
 
-BUILTIN_ALIASES = folders.BUILTIN_ALIASES  # other names of built-in targets (where callers look)
-
-
 def verifier_name(target) -> str:
     """The name a head saved for ``target`` records as its verifier: the hub id (what ``vllm
     serve`` and speculators resolve), never ``builtin:`` nor a path on this machine (a local
     folder's own name then)."""
-    if target.spec in BUILTIN_ALIASES:
-        return BUILTIN_ALIASES[target.spec][0]
+    hub_id = builtin_hub_id(target.spec)
+    if hub_id is not None:
+        return hub_id
     name = _target_name(target)
     path = Path(name).expanduser()
     if path.is_absolute() or name.startswith((".", "~")) or path.exists():

@@ -71,8 +71,8 @@ def save(kind: str, drafter, out: Path, recipe, target, answers, timings, state,
         from . import dspark_train  # lazy: imports torch; --help stays fast
         dspark_train.save(drafter, out, dtype=torch_bf16(), verifier=hub_id(target))
     else:
-        from ...models.learned import BUILTIN_ALIASES  # lazy: imports torch; --help stays fast
-        verifier = BUILTIN_ALIASES.get(target.spec, (target.spec,))[0]  # not builtin: or a path
+        from ...models.builtin import builtin_hub_id  # lazy: --help stays fast
+        verifier = builtin_hub_id(target.spec) or target.spec  # not builtin: or a path
         dflash_train.save(drafter, out, target, dtype=torch_bf16(), verifier=verifier)
     (out / "train.json").write_text(json.dumps(info, indent=1))
     return info

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...core.model_spec import builtin_name
+
 def init_folder(folder: Path) -> Path:
     """``builtin:NAME`` -> the shipped drafter's folder; any other value as given."""
-    text = str(folder)
-    if text.startswith("builtin:"):
+    name = builtin_name(str(folder))
+    if name is not None:
         from ...models.learned import BUILTIN_DIR  # lazy: imports torch; --help stays fast
-        return BUILTIN_DIR / text.split(":", 1)[1]
+        return BUILTIN_DIR / name
     return folder
 
 
