@@ -1,7 +1,7 @@
 """The ggml target backend: a GGUF target's forward through llama.cpp's own library.
 
 Our engine, drafters, verification, statistics and race stay as they are; only the target's
-forward changes. :class:`GgmlKV` has :class:`specdemo.core.kv.KVModel`'s interface (``forward``,
+forward changes. :class:`GgmlKV` implements :class:`specdemo.core.kv.TargetKV` (``forward``,
 ``forward_features``, ``rollback``, ``reset``, ``length``, ``ids``, ``cache_bytes``), computed by
 ``llama_decode`` over a llama.cpp context whose KV cache holds one sequence:
 
@@ -128,7 +128,7 @@ def vocab_problems(gmodel: GgmlModel, tokenizer, vocab_size: int) -> list[str]:
 
 
 class GgmlKV:
-    """:class:`specdemo.core.kv.KVModel`'s interface over a llama.cpp context (one sequence).
+    """:class:`specdemo.core.kv.TargetKV` over a llama.cpp context (one sequence).
 
     Args:
         gmodel: the loaded GGUF.
@@ -188,31 +188,17 @@ class GgmlKV:
         self.ids: list[int] = []
 
     def forward(self, ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
-        """Feed ``ids`` after the cached tokens; return the logits of the last positions.
+        """As ``core.kv.TargetKV.forward`` (float32 logits).
 
-        Args:
-            ids: the S new token ids (S >= 1), fed in chunks of ``kv.PREFILL_CHUNK`` (fewer
-                for a context smaller than that).
-            logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
-        Returns:
-            (logits_to_keep, V) float32 logits; row j predicts the token after ids[S - n + j].
         Raises:
-            Cancelled: inside ``kv.stop_on``, when its event is set between two chunks.
             GgmlError: the context is full or llama_decode failed.
         """
         return self._feed(ids, logits_to_keep, ())[0]
 
     def forward_features(self, ids: list[int], logits_to_keep: int,
                          layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward` that also returns hidden states from the same decode.
+        """As ``core.kv.TargetKV.forward_features`` (float32 features).
 
-        Args:
-            ids, logits_to_keep: as :meth:`forward`.
-            layers: transformers ``hidden_states`` indices (0 = embeddings, k = input of layer k,
-                L = final output after the norm).
-        Returns:
-            ((logits_to_keep, V) logits, (S, len(layers) * H) float32 features of every fed
-            position, the layers concatenated in the order given).
         Raises:
             GgmlError: an index outside 0..L, or inputs of layers on an architecture whose
                 llama.cpp graph does not record them (see :data:`LAYER_INPUT_ARCHS`).

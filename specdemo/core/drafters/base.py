@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..clock import read_on_host
+from ..kv import cache_bytes
 from ..sampling import (Generators, SamplingParams, choose, generator_for, next_token_probs,
                         penalize, probs_from_logits)
 from .vocab import expand_logits
@@ -225,6 +226,25 @@ def draw(logits: torch.Tensor, context: list[int], params: SamplingParams,
             else _EMPTY)
     p = next_token_probs(logits, seen, params)
     return choose(p, params, generator), p
+
+
+class ModuleDrafter:
+    """What a drafter built from a loaded module shares (DFlash, DSpark, MTP, the Gemma 4
+    assistant): its extra memory is the module's own weights plus its cache, and ``feedback`` has
+    nothing to do (the target features it observes, of settled positions only, keep it in step).
+    Subclasses set ``_weight_bytes`` and ``_cache`` (a transformers cache), or override
+    :attr:`extra_memory_bytes`."""
+
+    _weight_bytes: int
+    _cache: object
+
+    def feedback(self, n_accepted: int) -> None:
+        """Nothing to do: the features it observes keep it in step."""
+
+    @property
+    def extra_memory_bytes(self) -> int:
+        """Bytes of the module's own weights (not the target's it reads) and its cache."""
+        return self._weight_bytes + cache_bytes(self._cache)
 
 
 class DraftSampler:

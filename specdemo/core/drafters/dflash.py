@@ -28,10 +28,9 @@ import torch
 from torch import nn
 
 from ..errors import DrafterRefused
-from ..kv import cache_bytes
 from ..sampling import SamplingParams
 from . import folders
-from .base import DraftSampler, LoadedModule, Proposal, fit_vocab, param_bytes
+from .base import DraftSampler, LoadedModule, ModuleDrafter, Proposal, fit_vocab, param_bytes
 from .features import dflash_indices, num_layers
 
 FAMILY = "dflash"
@@ -238,7 +237,7 @@ def noise_embeddings(embeddings: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         embeddings.embed_norm = norm
 
 
-class DFlashDrafter:
+class DFlashDrafter(ModuleDrafter):
     """Drafting with a DFlash assistant inside the engine (a FeatureDrafter).
 
     The assistant's cache holds keys/values of the accepted context only: each proposal appends
@@ -328,13 +327,6 @@ class DFlashDrafter:
         for row in self._block_logits(context, k):
             sampler.draw(row)
         return sampler.proposal(self.name)
-
-    def feedback(self, n_accepted: int) -> None:
-        pass
-
-    @property
-    def extra_memory_bytes(self) -> int:
-        return self._weight_bytes + cache_bytes(self._cache)
 
 
 @dataclass

@@ -58,7 +58,6 @@ from .base import DraftSampler, LoadedModule, Proposal, fit_vocab, param_bytes
 from .dflash import DFlashDrafter
 from .features import index_problems, num_layers
 from .vocab import map_problems, target_ids
-from ..kv import cache_bytes
 
 FAMILY = "dspark"
 LAYOUT = "speculators"
@@ -609,10 +608,6 @@ class DSparkDrafter(DFlashDrafter):
                 if not keep_going(said):
                     break
         return rows, confidence
-
-    @property
-    def extra_memory_bytes(self) -> int:
-        return self._weight_bytes + cache_bytes(self._cache)
 
 
 @dataclass

@@ -35,9 +35,8 @@ import torch
 from torch import nn
 
 from ..errors import DrafterRefused
-from ..kv import cache_bytes
 from ..sampling import SamplingParams
-from .base import DraftSampler, LoadedModule, Proposal, fit_vocab, param_bytes
+from .base import DraftSampler, LoadedModule, ModuleDrafter, Proposal, fit_vocab, param_bytes
 from .features import num_layers
 from . import folders
 from .folders import DrafterFolderError
@@ -146,7 +145,7 @@ def assistant_feature_layers(assistant: nn.Module, target: nn.Module) -> tuple[i
     return tuple(i for i, _ in assistant_store_layers(assistant, target)) + (num_layers(target),)
 
 
-class Gemma4AssistantDrafter:
+class Gemma4AssistantDrafter(ModuleDrafter):
     """Drafting with a Gemma 4 assistant inside the engine (a FeatureDrafter).
 
     Args:
@@ -220,16 +219,13 @@ class Gemma4AssistantDrafter:
             hidden = out.last_hidden_state
         return sampler.proposal(self.name)
 
-    def feedback(self, n_accepted: int) -> None:
-        pass
-
     @property
     def extra_memory_bytes(self) -> int:
         held = sum(t.numel() * t.element_size() for kv in self._kv.values() for t in kv)
         return self._weight_bytes + held
 
 
-class NativeMtpDrafter:
+class NativeMtpDrafter(ModuleDrafter):
     """Drafting with a model's own MTP layers (transformers ``MtpModel``; a FeatureDrafter).
 
     Args:
@@ -289,12 +285,6 @@ class NativeMtpDrafter:
             self._cache.crop(-(k - 1))  # keep only accepted pairs
         return sampler.proposal(self.name)
 
-    def feedback(self, n_accepted: int) -> None:
-        pass
-
-    @property
-    def extra_memory_bytes(self) -> int:
-        return self._weight_bytes + cache_bytes(self._cache)
 
 
 @dataclass
