@@ -8,13 +8,13 @@
 # Steps (each with its own time limit; a failed step does not stop the next):
 #   1. environment: Python, torch and its CUDA, the GPU;
 #   2. answers: scripts/grow_data.py answers on the GPU (transformers' batched generate, 512
-#      sequences at once, float32) for ANSWER_MIN minutes, over the prompts no shard holds, in an
+#      sequences at once, float32) for 3.5 minutes (ANSWER_MIN), over the prompts no shard holds, in an
 #      order seeded apart from the CPU job's (--seed 1), packed into new shards in a copy of the
 #      committed ones (the tree is not changed) and copied to $OUT/shards (bring them home with `python scripts/grow_data.py import DIR`, which skips
 #      answers the committed shards already hold, then commit);
 #   3. training: train-draft --online-features from the shipped head (builtin:smollm2-135m-eagle3),
 #      on every committed and new answer (shipped prompt set + prompts at scale), bfloat16, the
-#      learning-rate schedule fitted to TRAIN_MIN minutes; the head lands in $OUT/head.
+#      learning-rate schedule fitted to 2.5 minutes (TRAIN_MIN), then a held-out report on 12 prompts; the head lands in $OUT/head.
 # Everything goes to $OUT/gpu_grow_train.txt ($OUT unset: ./gpu-grow-out/); exit status 0 when
 # every step passed. Held-out figures of the head are taken afterwards, on any machine, by
 # scripts/heldout_acceptance.py (float32 reference) so they compare with the shipped head's.
@@ -46,10 +46,10 @@ run() {  # run LIMIT_S NAME CMD...: output into the report, verdict into the sum
 }
 
 if [[ $DRY -eq 1 ]]; then
-  DEVICE=cpu; ANSWER_MIN=1; SLOTS=8; CHUNK=16; TRAIN_MIN=0.3; EXTRA=(--max-steps 4 --max-prompts 400); MAXTOK=32; DTYPE=float32
+  DEVICE=cpu; ANSWER_MIN=1; SLOTS=8; CHUNK=16; TRAIN_MIN=0.3; EXTRA=(--max-steps 4 --max-prompts 400 --report-prompts 0); MAXTOK=32; DTYPE=float32
   BATCH_TOKENS=1024
 else
-  DEVICE=cuda; ANSWER_MIN=4; SLOTS=512; CHUNK=20000; TRAIN_MIN=3; EXTRA=(); BATCH_TOKENS=16384; MAXTOK=384; DTYPE=bfloat16
+  DEVICE=cuda; ANSWER_MIN=3.5; SLOTS=512; CHUNK=20000; TRAIN_MIN=2.5; EXTRA=(--report-prompts 12); BATCH_TOKENS=16384; MAXTOK=384; DTYPE=bfloat16
 fi
 log "mode: $([[ $DRY -eq 1 ]] && echo 'CPU dry run (tiny sizes; plumbing only)' || echo 'GPU')"
 log "date: $(date -u +%FT%TZ)  commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
@@ -67,7 +67,7 @@ for f in $(ls "$WORK" | sort); do
 done
 log "new shards: $(ls "$OUTDIR/shards" | tr '\n' ' ')"
 
-run $(( 60 * ${TRAIN_MIN%.*} + 180 )) "train" $PY -m specdemo train-draft --target builtin:smollm2-135m \
+run $(( 60 * ${TRAIN_MIN%.*} + 240 )) "train" $PY -m specdemo train-draft --target builtin:smollm2-135m \
   --out "$OUTDIR/head" --kind eagle3 --scale-prompts --answers-dir "$WORK" \
   --answers-per-prompt 1 --max-tokens "$MAXTOK" --generate-minutes 0 --init builtin:smollm2-135m-eagle3 \
   --online-features --train-dtype "$DTYPE" --device "$DEVICE" --epochs 2 --train-minutes "$TRAIN_MIN" \

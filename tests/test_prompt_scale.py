@@ -191,3 +191,20 @@ def test_magpie_prompts_are_what_the_target_writes_after_its_user_turn_prefix(mo
         assert 12 <= len(r["prompt"]) <= 600 and "\0" not in r["prompt"]
     with pytest.raises(grow.GrowError, match="no chat template"):
         grow.user_turn_prefix(CharTokenizer())
+
+
+def test_import_skips_held_answers_and_refuses_shorter_limits(tmp_path):
+    rows = [{"prompt": f"p{i}", "split": "train"} for i in range(4)]
+
+    def answer(i, a=0, limit=384):
+        return {"key": shards.prompt_key(rows[i]), "answer_index": a, "temperature": 0.0, "n_prompt": 3,
+                "answer": [5, 6, 7], "max_new_tokens": limit}
+    have = [answer(0), answer(1)]
+    added, written = grow.import_answers([answer(1), answer(2), answer(3, 1)], have, rows, tmp_path, "t")
+    assert added == 2 and len(written) == 1
+    got, _ = shards.read_all(tmp_path, target="t")
+    assert sorted((a["key"], a["answer_index"]) for a in got) == sorted(
+        [(shards.prompt_key(rows[2]), 0), (shards.prompt_key(rows[3]), 1)])
+    assert {a["max_new_tokens"] for a in got} == {384}
+    with pytest.raises(grow.GrowError, match="at most 32 tokens, fewer than the 384"):
+        grow.import_answers([answer(2, limit=32)], have, rows, tmp_path, "t")

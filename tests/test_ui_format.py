@@ -173,3 +173,39 @@ def test_no_projection_above_a_run_whose_verification_cost_under_a_step():
     assert e.projected_speedup_free_verification >= e.modelled_speedup
     line = explanation_text(e)
     assert "Projection" not in line and "no projection from them" in line
+
+
+def _explained(drafter, verify_s=0.10, draft_length_sum=0, new_tokens=11):
+    from specdemo.core.stats import DecodeStats, explain
+    plain = DecodeStats(new_tokens=11, prompt_tokens=4, verify_s=0.10, target_forwards=10)
+    spec = DecodeStats(new_tokens=new_tokens, prompt_tokens=4, verify_s=verify_s,
+                       target_forwards=10, draft_s=0.001, draft_length_sum=draft_length_sum,
+                       drafted=draft_length_sum, drafter=drafter)
+    return explain(plain, spec)
+
+
+def test_the_why_line_of_a_lane_without_a_drafter_does_not_blame_one():
+    """``--draft none`` (also ``/race``): the line blamed "prompt lookup ... or auto"; it says
+    there is no drafter. A drafter that proposed nothing keeps its own reasons."""
+    from specdemo.interfaces.ui_format import explanation_text
+    none = _explained(None)
+    assert none.has_drafter is False and none.as_dict()["has_drafter"] is False
+    line = explanation_text(none)
+    assert line.startswith("No draft tokens were verified (the speculative lane has no drafter: "
+                           "draft none), so every round was a plain one-token step")
+    assert "prompt lookup" not in line and "auto" not in line and "choosing the draft" not in line
+    quiet = explanation_text(_explained("ngram"))
+    assert "the drafter proposed none, e.g. prompt lookup finding no match" in quiet
+
+
+@pytest.mark.parametrize("verify_s, projected", [(0.09994, True), (0.1, True), (0.09949, False)])
+def test_the_projection_follows_the_verification_cost_as_written(verify_s, projected):
+    """Verification at 0.9994 steps was written "cost 1.00 one-token steps" and then called
+    cheaper than a plain step; the line decides on the figure it writes."""
+    from specdemo.interfaces.ui_format import explanation_text
+    e = _explained("ngram", verify_s=verify_s, draft_length_sum=20, new_tokens=21)
+    line = explanation_text(e)
+    written = f"{e.verify_cost_steps:.2f}"
+    assert f"cost {written} one-token steps" in line
+    assert ("Projection, not measured" in line) is projected
+    assert ("Verifying cost less than the plain run's one-token steps" in line) is (not projected)

@@ -96,10 +96,11 @@ def register(sub) -> None:
     p.add_argument("--train-minutes", type=float, default=None,
                    help="fit the learning-rate schedule to this many minutes of training (timed on its "
                         "first steps; never more than --epochs)")
-    p.add_argument("--capture-backend", default="transformers", choices=["transformers", "native"],
+    p.add_argument("--capture-backend", default="transformers", choices=["transformers", "native", "native-w8a8"],
                    help="the forward that captures the target's features: transformers (float32, "
-                        "the reference) or native (our C forward, BF16 weights: about 2x faster "
-                        "on a CPU with AVX512-BF16)")
+                        "the reference), native (our C forward, BF16 weights: about 2x faster "
+                        "on a CPU with AVX512-BF16) or native-w8a8 (int8 weights and activations: "
+                        "the features of the forward auto picks on most CPUs)")
     p.add_argument("--batch-tokens", type=_count("--batch-tokens"), default=1024)
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--answer-loss-only", action="store_true",

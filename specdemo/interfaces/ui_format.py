@@ -259,7 +259,8 @@ def explanation_text(e, times: str = "×", lang: str | None = DEFAULT) -> str:
     ``times``: the sign after a speedup, as the speedup beside it is written ("×" on the page,
     "x" in the terminal)."""
     if e.mean_draft_length == 0:
-        return t("why_none", lang, cost=f"{e.break_even_mean_acceptance_length:.2f}",
+        key = "why_none" if e.has_drafter else "why_no_drafter"  # no drafter: no one to blame
+        return t(key, lang, cost=f"{e.break_even_mean_acceptance_length:.2f}",
                  verify=f"{e.verify_cost_steps:.2f}", draft=f"{e.draft_cost_steps:.2f}")
     k = f"{e.mean_draft_length:.1f}"  # an average: a run's last rounds draft fewer
     drafts = t("why_drafts_one" if k == "1.0" else "why_drafts", lang, k=k)
@@ -267,7 +268,8 @@ def explanation_text(e, times: str = "×", lang: str | None = DEFAULT) -> str:
                  draft=f"{e.draft_cost_steps:.2f}",
                  even=f"{e.break_even_mean_acceptance_length:.2f}",
                  got=f"{e.mean_acceptance_length:.2f}")
-    if e.verify_cost_steps < 1:  # the plain lane's steps were the dearer: nothing to project
+    if float(f"{e.verify_cost_steps:.2f}") < 1:  # as written above (0.9994 is "1.00" and is
+        # projected): the plain lane's steps were the dearer, so nothing to project
         return measured + t("why_slowed", lang)
     return measured + t("why_projection", lang,
                         x=f"{e.projected_speedup_free_verification:.2f}", times=times,

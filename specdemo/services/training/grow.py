@@ -123,7 +123,17 @@ def import_answers(theirs: list[dict], have: list[dict], rows: list[dict], shard
                    target_name: str) -> tuple[int, list[Path]]:
     """Pack shard answers ``theirs`` (``shards.read_all`` of another machine's folder) into new
     shards in ``shard_dir``, leaving out the (prompt, answer index) pairs ``have`` holds and
-    answers to prompts not in ``rows``. Returns (answers added, new shard files)."""
+    answers to prompts not in ``rows``. Returns (answers added, new shard files).
+
+    Raises:
+        GrowError: an answer of ``theirs`` was generated with a lower token limit than the least
+            of ``have``'s (a training run reading both would have to cut every answer to it).
+    """
+    floor = min((a["max_new_tokens"] or 0 for a in have), default=0)
+    short = {a["max_new_tokens"] for a in theirs if (a["max_new_tokens"] or 0) < floor}
+    if short:
+        raise GrowError(f"those shards hold answers of at most {min(x or 0 for x in short)} tokens, fewer than "
+                        f"the {floor} of the shards here: importing them would cut every training answer")
     known = {(a["key"], a["answer_index"]) for a in have}
     index = {shards.prompt_key(r): i for i, r in enumerate(rows)}
     made, limits = [], []

@@ -187,7 +187,8 @@ def _features_stage(args, target, answers: list[dict], recipe, out: Path, timing
     timings["capture_s"] = time.time() - t0
     device = str(target.device)
     on = (f"the target on {device}" if args.capture_backend == "transformers"
-          else "the target on the native backend (BF16 weights)")
+          else "the target on the native backend (int8 weights and activations)"
+          if args.capture_backend == "native-w8a8" else "the target on the native backend (BF16 weights)")
     where["capture"] = (f"the target on {device}, batch by batch during training (online)" if online
                         else on if kept < len(shards)
                         else "kept from an earlier run (feature shards in the folder)")
