@@ -34,6 +34,19 @@ def register(sub) -> None:
     p.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash", "dspark"],
                    help="eagle3 (default), dflash, or dspark (DFlash's block drafter with a Markov "
                         "head and a confidence head, reading the target layers EAGLE-3 reads)")
+    _data_flags(p)
+    _drafter_flags(p)
+    _run_flags(p)
+    p.set_defaults(func=cmd_train)
+    s = sub.add_parser("shards", help="summarise a folder of answer shards (train-draft "
+                                      "--answers-dir) as JSON")
+    s.add_argument("directory", nargs="?", type=Path, default=None,
+                   help="the shard folder (default: assets/train/answers in the checkout)")
+    s.set_defaults(func=cmd_shards)
+
+
+def _data_flags(p) -> None:
+    """The training data: prompts, answers (generated here, by a server, or given), shards."""
     p.add_argument("--prompts", type=Path, default=None,
                    help="JSONL of {task, prompt[, split]} (default: the shipped prompt set)")
     p.add_argument("--scale-prompts", action="store_true",
@@ -69,6 +82,10 @@ def register(sub) -> None:
                    help="answer shards kept in git (e.g. assets/train/answers): the target's answers "
                         "there are used and only the missing ones generated; what is generated is "
                         "packed into a new shard there (services/training/shards.py)")
+
+
+def _drafter_flags(p) -> None:
+    """The drafter's shape and the held-out report."""
     p.add_argument("--draft-vocab", type=_count("--draft-vocab"), default=8192, help="EAGLE-3: draft vocabulary size")
     p.add_argument("--ttt-steps", type=_count("--ttt-steps"), default=3,
                    help="EAGLE-3: training-time-test depth (unrolled draft steps)")
@@ -96,6 +113,10 @@ def register(sub) -> None:
     p.add_argument("--train-minutes", type=float, default=None,
                    help="fit the learning-rate schedule to this many minutes of training (timed on its "
                         "first steps; never more than --epochs)")
+
+
+def _run_flags(p) -> None:
+    """How the run trains: feature capture, batches, learning rate, device, resuming."""
     p.add_argument("--capture-backend", default="transformers", choices=["transformers", "native", "native-w8a8"],
                    help="the forward that captures the target's features: transformers (float32, "
                         "the reference), native (our C forward, BF16 weights: about 2x faster "
@@ -126,12 +147,6 @@ def register(sub) -> None:
                    help="with --init: keep the earlier head's draft vocabulary (its size must be "
                         "--draft-vocab) instead of building one from this run's answers, e.g. "
                         "to train more on answers of one task without losing the ids of others")
-    p.set_defaults(func=cmd_train)
-    s = sub.add_parser("shards", help="summarise a folder of answer shards (train-draft "
-                                      "--answers-dir) as JSON")
-    s.add_argument("directory", nargs="?", type=Path, default=None,
-                   help="the shard folder (default: assets/train/answers in the checkout)")
-    s.set_defaults(func=cmd_shards)
 
 
 def _temperatures(text: str) -> float | tuple[float, ...]:
