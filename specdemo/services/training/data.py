@@ -225,6 +225,26 @@ def generate_answers_native(target, rows: list[dict], out_dir: Path, answers_per
     return path
 
 
+def _reply_tokens(reply, base: str) -> list[int]:
+    """The token ids of a llama-server ``/completion`` reply (``return_tokens``).
+
+    Raises:
+        RuntimeError: no token ids, or ids that are not whole numbers of 0 or more.
+    """
+    try:
+        reply_json = reply.json()
+    except ValueError:
+        reply_json = None
+    answer = reply_json.get("tokens") if isinstance(reply_json, dict) else None
+    if not isinstance(answer, list):
+        raise RuntimeError(f"{base}/completion answered without token ids (is it llama-server?)")
+    bad = next((t for t in answer if isinstance(t, bool) or not isinstance(t, int) or t < 0), None)
+    if bad is not None:
+        raise RuntimeError(f"the server at {base} sent {bad!r} among the token ids of "
+                           "/completion's tokens, where whole numbers of 0 or more belong")
+    return answer
+
+
 def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
                               temperature: float | tuple[float, ...] = 0.7, max_new_tokens: int = 160,
                               eos_token_ids: set[int] | frozenset[int] = frozenset(), concurrency: int = 16,
@@ -277,17 +297,7 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
             except httpx.HTTPStatusError as exc:
                 raise RuntimeError(f"{base}/completion answered HTTP {exc.response.status_code} "
                                    "(is it llama-server?)") from None
-        try:
-            reply_json = reply.json()
-        except ValueError:
-            reply_json = None
-        answer = reply_json.get("tokens") if isinstance(reply_json, dict) else None
-        if not isinstance(answer, list):
-            raise RuntimeError(f"{base}/completion answered without token ids (is it llama-server?)")
-        bad = next((t for t in answer if isinstance(t, bool) or not isinstance(t, int) or t < 0), None)
-        if bad is not None:
-            raise RuntimeError(f"the server at {base} sent {bad!r} among the token ids of "
-                               "/completion's tokens, where whole numbers of 0 or more belong")
+        answer = _reply_tokens(reply, base)
         cut = next((n + 1 for n, t in enumerate(answer) if t in eos_token_ids), len(answer))
         return {"prompt_index": i, "answer_index": a, "task": rows[i].get("task", "chat"), "temperature": temp,
                 "ids": ids + answer[:cut], "n_prompt": len(ids), "source": "llama-server"}
