@@ -248,7 +248,7 @@ class Pipeline:
         self.target = target
         self.draft_spec = draft_spec
         self.draft = draft
-        self.kv = target_kv(target)  # KVModel, or GgmlKV when target.backend is "ggml"
+        self.kv = target_kv(target)  # a core.kv.TargetKV of the target's backend
 
     @property
     def draft_source(self):
