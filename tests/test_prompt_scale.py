@@ -78,12 +78,16 @@ def test_registers():
 
 
 @pytest.mark.slow
-def test_seeded_rows_are_deterministic_and_cover_both_chinese_scripts():
-    a, b = prompt_scale.seeded_rows(0), prompt_scale.seeded_rows(0)
-    assert a == b
-    hans = [r["prompt"] for r in a if r["family"] == "scale:zh-hans"]
-    hant = [r["prompt"] for r in a if r["family"] == "scale:zh-hant"]
-    assert len(hans) == len(hant) and "什麼是黑洞？" in hant and "什么是黑洞？" in hans
+def test_the_shipped_file_holds_what_the_command_builds_and_both_chinese_scripts(scale_rows, base_rows):
+    """Every admissible seeded row is in the shipped file (the build is the same in every process:
+    no order that follows string hashing), and Chinese comes in both scripts."""
+    shipped = {shards.prompt_key(r) for r in scale_rows}
+    kept, _ = prompt_scale.admit_all(prompt_scale.seeded_rows(0), base_rows, [])
+    assert len(kept) > 65_000
+    assert [r["prompt"] for r in kept if shards.prompt_key(r) not in shipped] == []
+    hans = {r["prompt"] for r in kept if r["family"] == "scale:zh-hans"}
+    hant = {r["prompt"] for r in kept if r["family"] == "scale:zh-hant"}
+    assert "請解釋恆星的誕生。" in hant and "请解释恒星的诞生。" in hans
 
 
 def test_follow_ups_continue_the_targets_answer():
@@ -208,3 +212,11 @@ def test_import_skips_held_answers_and_refuses_shorter_limits(tmp_path):
     assert {a["max_new_tokens"] for a in got} == {384}
     with pytest.raises(grow.GrowError, match="at most 32 tokens, fewer than the 384"):
         grow.import_answers([answer(2, limit=32)], have, rows, tmp_path, "t")
+
+
+def test_a_chinese_follow_up_is_in_the_conversations_script():
+    rows = prompt_scale.follow_up_rows([({"task": "chinese", "prompt": "请解释这段代码"}, "好的。"),
+                                        ({"task": "chinese", "prompt": "請解釋這段程式碼"}, "好的。")], per_answer=8)
+    hans = {r["prompt"] for r in rows[:8]}
+    hant = {r["prompt"] for r in rows[8:]}
+    assert "为什么？" in hans and "為什麼？" in hant and not hans & {"為什麼？", "請用表格整理。"}
