@@ -333,7 +333,7 @@ def test_auto_probes_every_backend_and_stores_the_choice(tiny, monkeypatch, tmp_
         first = backend_choice.choose_backend(loaded)
         # a float32 Llama: int8 too, and the native backends where a C compiler is found
         from specdemo.core import family_backends
-        from specdemo.models.native_backend import unavailable_reason
+        from specdemo.models.native import unavailable_reason
         native = set() if unavailable_reason(loaded) else set(family_backends("native"))
         # torch's int8 only where the native backends (the same int8 weights in C) are not
         expected = {"transformers", "ggml"} | (native or {"int8"})

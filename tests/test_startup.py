@@ -177,14 +177,14 @@ def test_the_native_backends_first_compile_is_a_step_of_its_own(cache, monkeypat
     no step."""
     from types import SimpleNamespace
 
-    from specdemo.models import native_backend as nb
+    from specdemo.models import native as nb
     from specdemo.services import backend_choice
-    if nb._compiler() is None:
+    if nb.build._compiler() is None:
         pytest.skip("no C compiler here")
     steps = Steps()
     monkeypatch.setattr(startup, "STEPS", steps)
-    monkeypatch.setattr(nb, "_LIB", None)
-    monkeypatch.setattr(nb, "_LIB_ERROR", None)
+    monkeypatch.setattr(nb.build, "_LIB", None)
+    monkeypatch.setattr(nb.build, "_LIB_ERROR", None)
     loaded = SimpleNamespace(model=tiny_llama(seed=0, layers=1), device=torch.device("cpu"))
     assert not nb.library_path().exists()  # SPECDEMO_CACHE is this test's folder
     backend_choice._compile_native_once(loaded, "auto")

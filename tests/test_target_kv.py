@@ -15,7 +15,7 @@ from specdemo.core import TARGET_BACKENDS
 from specdemo.core.kv import KVModel, TargetKV
 from specdemo.models import compiled_backend as cb
 from specdemo.models import ggml_backend as gg
-from specdemo.models import native_backend as nb
+from specdemo.models import native as nb
 from tiny import tiny_llama
 
 #: the class each family of backends runs the target on (a new family must be added here)

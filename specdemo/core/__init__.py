@@ -12,7 +12,7 @@ class BackendFacts(NamedTuple):
     Attributes:
         family: the module that computes the forward: ``transformers`` (the model's own),
             ``ggml`` (models/ggml_backend.py), ``int8`` (models/compiled_backend.py),
-            ``native`` (models/native_backend.py).
+            ``native`` (models/native/).
         weights: the weight format: for ``ggml`` the llama-quantize type a GGUF is converted to
             (None: the file's own weights), for ``native`` the format of its C forward, None for
             the model's own weights.

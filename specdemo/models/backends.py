@@ -10,7 +10,7 @@ says which ones ``auto`` may weigh. ``auto`` itself, which measures, is a servic
 The families (``core.TARGET_BACKENDS``): ``transformers`` (the model's own forward,
 :class:`specdemo.core.kv.KVModel`), ``ggml`` (llama.cpp over the GGUF file,
 :mod:`specdemo.models.ggml_backend`), ``int8`` (torch int8, :mod:`specdemo.models.compiled_backend`)
-and ``native`` (our C forward, :mod:`specdemo.models.native_backend`).
+and ``native`` (our C forward, :mod:`specdemo.models.native`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..core import BACKENDS, TARGET_BACKENDS, family_backends
 from ..core.kv import KVModel
 from . import compiled_backend as cb
 from . import ggml_backend as gg
-from . import native_backend as nb
+from . import native as nb
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def backend_of(loaded) -> str:
 def target_kv(loaded):
     """A KV-cached target for the engine on ``loaded``'s backend (its :data:`TABLE` row's
     ``kv``): a ``ggml_backend.GgmlKV``, a ``compiled_backend.Int8KV``, a
-    ``native_backend.NativeKV``, else transformers' :class:`specdemo.core.kv.KVModel`."""
+    ``native.NativeKV``, else transformers' :class:`specdemo.core.kv.KVModel`."""
     return TABLE.get(backend_of(loaded), TABLE["transformers"]).kv(loaded)
 
 
@@ -156,14 +156,14 @@ def with_backend(loaded, backend: str):
     Args:
         loaded: a ``models.LoadedModel``.
         backend: ``transformers``, ``ggml``, ``ggml-bf16``, ``int8`` (``compiled_backend.py``),
-            ``native``, ``native-int8`` or ``native-w8a8`` (``native_backend.py``: BF16 or int8
+            ``native``, ``native-int8`` or ``native-w8a8`` (``models/native/``: BF16 or int8
             weights; int8 activations too).
     Returns:
         a LoadedModel with ``backend`` set (the same model, tokenizer and weights objects).
     Raises:
         GgmlError: ``ggml`` cannot serve this target (the reason).
         compiled_backend.Int8Error: ``int8`` cannot serve this target.
-        native_backend.NativeError: a ``native`` backend cannot serve this target.
+        native.NativeError: a ``native`` backend cannot serve this target.
         ValueError: not a backend's name (``auto`` included).
     """
     name = (backend or "").strip().lower()

@@ -27,7 +27,7 @@ from ..core import machine
 from ..core.drafters.base import LoadedDrafter
 from ..models import backends as mb
 from ..models import ggml_backend as gg
-from ..models import native_backend
+from ..models import native
 from ..models.hardware import _cpu_name
 from . import backend_rules as bc
 from . import backend_store as store
@@ -343,14 +343,14 @@ def _compile_native_once(loaded, backend: str) -> None:
     its own, so the start-up says what it waits for (a failure is said by the backend choice)."""
     if (backend != "auto" and backend_family(backend) != "native") or loaded.device.type != "cpu":
         return
-    if native_backend.unsupported_reason(loaded.model) or native_backend.library_path().exists():
+    if native.unsupported_reason(loaded.model) or native.library_path().exists():
         return
     with startup.STEPS.step("native compile",
                             "compiling our C forward for this CPU (once per machine)",
                             startup.GUESS_S["native compile"]):
         try:
-            native_backend.library()
-        except native_backend.NativeError:
+            native.library()
+        except native.NativeError:
             pass  # auto leaves native out and says why; --backend native raises it again
 
 

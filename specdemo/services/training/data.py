@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 
 from ...core import family_backends
 from ...core.drafters.features import capture
-from ...models import native_backend as nb
-from ...models.native_backend import NativeKV, native_model
+from ...models import native as nb
+from ...models.native import NativeKV, native_model
 
 ANSWERS = "answers.jsonl"
 FEATURES = "features"
@@ -148,7 +148,7 @@ def generate_answers_native(target, rows: list[dict], out_dir: Path, answers_per
                             slots: int = 32, weights: str = "w8a8", seed: int = 0,
                             budget_s: float | None = None) -> Path:
     """Append answers to ``out_dir/answers.jsonl`` from the target on our native CPU forward
-    (``models.native_backend``, ``weights`` ``w8a8``, ``int8`` or ``bf16``), ``slots`` answers
+    (``models.native``, ``weights`` ``w8a8``, ``int8`` or ``bf16``), ``slots`` answers
     decoded together with continuous batching (``NativeBatch``: a finished answer's slot takes
     the next prompt in the same forward as the others' next tokens). Resumable; the same lines
     as :func:`generate_answers`, plus "source".
@@ -359,7 +359,7 @@ def capture_features(target, answers: list[dict], indices: tuple[int, ...], out_
             same forward with the int8 weights and activations ``auto`` picks on most CPUs: the
             features a head reads when users run it there).
     Raises:
-        ValueError: an unknown backend; models.native_backend.NativeError: native unavailable.
+        ValueError: an unknown backend; models.native.NativeError: native unavailable.
     """
     if backend not in CAPTURE_BACKENDS:
         raise ValueError(f"capture backend {backend!r}: one of {', '.join(CAPTURE_BACKENDS)}")

@@ -35,7 +35,7 @@ def generate_backend(args, target) -> str:
     to ``args`` so that train.json names it."""
     if args.generate_backend == "auto":
         # lazy: imports torch; --help stays fast
-        from ...models.native_backend import unavailable_reason
+        from ...models.native import unavailable_reason
         runs = target.device.type == "cpu" and unavailable_reason(target) is None
         args.generate_backend = "native-w8a8" if runs else "transformers"
     return args.generate_backend
@@ -138,7 +138,7 @@ def _answers_stage(args, target, train_rows: list[dict], out: Path, recipe, timi
         except RuntimeError as exc:  # the answers written so far are kept for --resume
             raise TrainingError(f"--generate-endpoint: {exc}") from None
     elif generate_backend(args, target) != "transformers":
-        from ...models.native_backend import NativeError  # lazy: imports torch
+        from ...models.native import NativeError  # lazy: imports torch
         try:
             data.generate_answers_native(target, train_rows, out, recipe.answers_per_prompt,
                                          recipe.temperature, recipe.max_new_tokens,
