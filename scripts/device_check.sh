@@ -20,9 +20,9 @@
 #      the target assisting itself, in float32 and bfloat16;
 #   6. plain decoding: ours (transformers backend, cuda-graphs) against generate() with a
 #      dynamic and a static cache; races on the cuda-graphs backend;
-#   7. the CPU's projection: the default, eagle3 k=4 and ngram races on this machine's CPU
-#      (float32, --backend auto), to set the page's projection beside the GPU's speedups;
-#   8. a 4-bit bitsandbytes target, if bitsandbytes loads.
+#   7. a 4-bit bitsandbytes target, if bitsandbytes loads;
+#   8. the CPU's projection: the default, eagle3 k=4 and ngram races on this machine's CPU
+#      (float32, --backend auto), to set the page's projection beside the GPU's speedups.
 # The log is $OUT/device_check.txt ($OUT unset: ./device-check-out/); the results file, one
 # record per (kind, engine or backend, drafter, dtype, prompt) with the environment, the tests'
 # outcome, the costs and each speedup beside its projection, is $OUT/device_check.json (copy it
@@ -105,7 +105,7 @@ CHECK=(env PYTHONUNBUFFERED=1 "$PY" scripts/device_check.py)
 if [[ $DRY -eq 1 ]]; then
   DEVICE=cpu; TOKENS=8; COSTS_ARGS=(--max-n 2 --repeats 1 --context 16)
   F32=(--prompts chat,chinese); BF16=(--prompts code,copying); REF=(--prompts chat)
-  GRAPHS=(--prompts copying)
+  GRAPHS=(--prompts copying --drafters "eagle3 tree,ngram,self")
 else
   DEVICE=cuda; TOKENS=128; COSTS_ARGS=(--max-n 16 --repeats 5)
   F32=(); BF16=(); REF=(); GRAPHS=(--prompts chat,copying)
@@ -129,24 +129,24 @@ run 75 "races bfloat16" "${CHECK[@]}" races "${COMMON[@]}" --dtype bfloat16 "${B
 
 # 4. costs: forward time per width
 run 40 "costs" bash -c "$PY -m specdemo costs --target builtin:smollm2-135m --device $DEVICE \
-  ${COSTS_ARGS[*]} --json | tee $COSTS"
+  ${COSTS_ARGS[*]} --json > $COSTS && cat $COSTS"
 
 # 5. the reference lane: transformers' generate() on the same device
 run 60 "reference" bash -c "${CHECK[*]} reference ${COMMON[*]} --dtype bfloat16 ${REF[*]} && \
   ${CHECK[*]} reference ${COMMON[*]} --dtype float32 ${REF[*]}"
 
 # 6. plain decoding against generate() with a static cache; races on the cuda-graphs backend
-run 60 "plain vs static cache" bash -c "${CHECK[*]} plain ${COMMON[*]} --dtype bfloat16 --prompts chat && \
+run 90 "plain vs static cache" bash -c "${CHECK[*]} plain ${COMMON[*]} --dtype bfloat16 --prompts chat && \
   ${CHECK[*]} plain ${COMMON[*]} --dtype float32 --prompts chat"
 run 45 "races cuda-graphs" "${CHECK[@]}" races "${COMMON[@]}" --dtype bfloat16 \
   --backend cuda-graphs "${GRAPHS[@]}"
 
-# 7. the CPU's projection for the same races (the page's line on a CPU)
-run 60 "races on the CPU" "${CHECK[@]}" races --out "$RECORDS" --device cpu --tokens "$TOKENS" \
-  --dtype float32 --backend auto --prompts chat,copying --drafters default,"eagle3 k=4",ngram
-
-# 8. a 4-bit bitsandbytes target, if bitsandbytes loads here
+# 7. a 4-bit bitsandbytes target, if bitsandbytes loads here
 run 40 "bitsandbytes 4-bit" "${CHECK[@]}" bnb4 "${COMMON[@]}"
+
+# 8. the CPU's projection for the same races (the page's line on a CPU), last: the GPU's first
+run 60 "races on the CPU" "${CHECK[@]}" races --out "$RECORDS" --device cpu --tokens "$TOKENS" \
+  --dtype float32 --backend auto --prompts chat,copying --drafters "default,eagle3 k=4,ngram"
 
 # summary: one results file, and its figures in a few lines at the end of the report
 section "summary"
