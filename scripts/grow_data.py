@@ -2,6 +2,7 @@
 
     python scripts/grow_data.py prompts  [--follow-ups] [--magpie N] [--minutes M]
     python scripts/grow_data.py answers  [--minutes M] [--chunk-minutes C] [--commit] [--backend w8a8|transformers] ...
+    python scripts/grow_data.py import   FOLDER [--commit]
     python scripts/grow_data.py bench    [--slots 16,32,64] [--answers 64] [--json FILE]
 
 ``prompts`` appends to assets/train/prompts-scale.jsonl.gz: the seeded prompts
@@ -14,6 +15,9 @@ on no held-out family (``prompt_scale.Admission``).
 in assets/train/answers; with --commit each shard is committed at once), until --minutes are
 spent or nothing is missing. Stopped at any point (Ctrl-C, a machine taken away), a later run on
 any machine continues from what is committed.
+
+``import`` re-packs shards generated on another machine (scripts/gpu_grow_train.sh) into new
+shards here, leaving out answers the committed shards already hold.
 
 ``bench`` measures the answer generator's tokens/s on this machine at several batch widths
 (answers of real training prompts, greedy, nothing written to the shards).
@@ -83,20 +87,21 @@ def cmd_prompts(args) -> int:
 def cmd_answers(args) -> int:
     target = _load(args.target, args.device)
     rows = prompt_scale.training_rows()
-    have, _ = shards.read_all(shards.SHARDS_DIR, target=args.target)
+    shard_dir = Path(args.shards)
+    have, _ = shards.read_all(shard_dir, target=args.target)
     todo = grow.missing(rows, have, args.answers_per_prompt, seed=args.seed)
     temps = tuple(float(t) for t in args.temperatures.split(","))
-    print(f"answers: {len(todo)} missing of {args.target}; {len(have)} in {len(shards.shard_paths(shards.SHARDS_DIR))} shards",
+    print(f"answers: {len(todo)} missing of {args.target}; {len(have)} in {len(shards.shard_paths(shard_dir))} shards",
           file=sys.stderr)
     began = time.perf_counter()
     total_tokens = total_s = 0.0
     while todo:
         left = None if args.minutes is None else 60 * args.minutes - (time.perf_counter() - began)
-        if left is not None and left < 30:
+        if left is not None and left < 10:  # no chunk starts in the last seconds
             break
         budget = 60 * args.chunk_minutes if left is None else min(60 * args.chunk_minutes, left)
         chunk, todo = todo[:args.chunk], todo[args.chunk:]
-        result = grow.answer_chunk(target, rows, chunk, shards.SHARDS_DIR, max_new_tokens=args.max_tokens,
+        result = grow.answer_chunk(target, rows, chunk, shard_dir, max_new_tokens=args.max_tokens,
                                    temperatures=temps, backend=args.backend, slots=args.slots, budget_s=budget,
                                    target_name=args.target)
         total_tokens += result.answer_tokens
@@ -104,14 +109,32 @@ def cmd_answers(args) -> int:
         print(f"answers: {result.answers} answers, {result.answer_tokens} tokens in {result.seconds:.0f} s "
               f"({result.tokens_per_s:.0f} tokens/s) -> {result.shard.name if result.shard else 'nothing'}", flush=True)
         if result.shard is not None and args.commit:
-            s = shards.summary()
-            _git_commit([shards.SHARDS_DIR], f"answers: shard {result.shard.name} ({result.answers} answers, "
+            s = shards.summary(shard_dir)
+            _git_commit([shard_dir], f"answers: shard {result.shard.name} ({result.answers} answers, "
                                         f"{result.answer_tokens} tokens; {s['answers']} answers, "
                                         f"{s['answer_tokens']} tokens in all)")
         if result.answers < len(chunk):  # the budget ended the chunk: unfinished answers come back later
             break
     if total_s:
         print(f"answers: {total_tokens:.0f} tokens in {total_s:.0f} s, {total_tokens / total_s:.0f} tokens/s", flush=True)
+    return 0
+
+
+def cmd_import(args) -> int:
+    """Re-pack the shards of another machine's run (``gpu_grow_train.sh``'s $OUT/shards) into
+    new shards here, without the answers the shards here already hold."""
+    rows = prompt_scale.training_rows()
+    have, _ = shards.read_all(shards.SHARDS_DIR, target=args.target)
+    theirs, notes = shards.read_all(Path(args.folder), target=args.target)
+    for note in notes:
+        print(f"import: skipped {note}", file=sys.stderr)
+    added, written = grow.import_answers(theirs, have, rows, shards.SHARDS_DIR, args.target)
+    print(f"import: {added} answers added ({len(theirs) - added} already held) -> "
+          + (", ".join(p.name for p in written) or "nothing"))
+    if written and args.commit:
+        s = shards.summary()
+        _git_commit([shards.SHARDS_DIR], f"answers: {added} imported from a GPU run ({s['answers']} answers, "
+                                         f"{s['answer_tokens']} tokens in all)")
     return 0
 
 
@@ -160,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--temperatures", default="0.7,1.0")
     a.add_argument("--backend", default="w8a8", choices=["w8a8", "int8", "bf16", "transformers"])
     a.add_argument("--device", default="cpu")
+    a.add_argument("--shards", default=str(shards.SHARDS_DIR), help="the shard folder to complete")
+    i = sub.add_parser("import", parents=[common])
+    i.add_argument("folder", help="a folder of shards generated elsewhere")
     b = sub.add_parser("bench", parents=[common])
     b.add_argument("--slots", default="16,32,64", help="batch widths, comma-separated")
     b.add_argument("--answers", type=int, default=64)
@@ -169,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     try:
-        return {"prompts": cmd_prompts, "answers": cmd_answers, "bench": cmd_bench}[args.cmd](args)
+        return {"prompts": cmd_prompts, "answers": cmd_answers, "import": cmd_import, "bench": cmd_bench}[args.cmd](args)
     except (prompt_scale.PromptSetError, grow.GrowError, shards.ShardError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

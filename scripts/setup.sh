@@ -78,13 +78,15 @@ if [ "$done_already" = false ]; then
 fi
 
 # 5. The browser test's Chromium (Debian/Ubuntu): installed where apt is usable as root.
-if [ "$verb" = test ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+# fonts-noto-cjk: the page's Chinese in the zh-TW/zh-CN screenshots (else every character is a box)
+cjk_font() { command -v fc-list >/dev/null 2>&1 && fc-list :lang=zh | grep -q .; }
+if [ "$verb" = test ] && ! { command -v chromium && command -v chromedriver && cjk_font; } >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    say "installing chromium and chromium-driver for the browser test (apt-get)"
+    say "installing chromium, chromium-driver and a Chinese font for the browser test (apt-get)"
     DEBIAN_FRONTEND=noninteractive apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver fonts-noto-cjk
   else
     say "note: the browser test is skipped without Chromium; install it with"
-    say "  sudo apt-get install chromium chromium-driver"
+    say "  sudo apt-get install chromium chromium-driver fonts-noto-cjk"
   fi
 fi

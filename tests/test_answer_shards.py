@@ -232,3 +232,155 @@ def test_nothing_left_to_generate_is_one_line_not_an_empty_bar(tmp_path, capsys)
     data.generate_answers(target, _rows(2), tmp_path, answers_per_prompt=1, max_new_tokens=3)
     err = capsys.readouterr().err
     assert err == "generating answers: nothing left to generate (2 answers already in answers.jsonl)\n"
+
+
+def _arrays(**change):
+    """A valid one-answer shard's arrays with ``change`` applied (an array or a meta dict)."""
+    arrays = dict(keys=np.array(["0123456789abcdef"], dtype="<U16"),
+                  answer_index=np.array([0], dtype=np.int16), temperature=np.zeros(1, np.float32),
+                  n_prompt=np.array([3], np.int32), lengths=np.array([2], np.int32),
+                  tokens=np.array([5, 6], np.uint16),
+                  meta={"target": "t", "max_new_tokens": 8, "generated_on": "cpu",
+                        "created": "2026-12-06"})
+    arrays.update(change)
+    if isinstance(arrays["meta"], (dict, list)):
+        arrays["meta"] = np.array(json.dumps(arrays["meta"]))
+    return arrays
+
+
+#: one damaged field of each kind -> words the refusal must hold (the field's name)
+DAMAGED_FIELDS = {
+    "meta a list": (dict(meta=[]), "its meta must be a JSON object"),
+    "meta not JSON": (dict(meta=np.array("{oops")), "its meta is not JSON"),
+    "meta an array": (dict(meta=np.array(["{}", "{}"])), "its meta must be one JSON text"),
+    "max_new_tokens text": (dict(meta={"target": "t", "max_new_tokens": "8"}),
+                            "its meta's \"max_new_tokens\" must be a whole number of at least 1, not \"8\""),
+    "max_new_tokens 0": (dict(meta={"target": "t", "max_new_tokens": 0}),
+                         "its meta's \"max_new_tokens\" must be a whole number of at least 1, not 0"),
+    "max_new_tokens a bool": (dict(meta={"target": "t", "max_new_tokens": True}),
+                              "\"max_new_tokens\" must be a whole number"),
+    "target a number": (dict(meta={"target": 7}), "its meta's \"target\" must be a model name"),
+    "created a number": (dict(meta={"target": "t", "created": 2026}), "\"created\" must be text"),
+    "keys not prompt keys": (dict(keys=np.array(["short"])), "its keys must be 16-hex-digit"),
+    "keys numbers": (dict(keys=np.array([7])), "its keys must be a list of 16-hex-digit"),
+    "answer_index negative": (dict(answer_index=np.array([-1], np.int16)),
+                              "its answer_index must be whole numbers of at least 0, not -1"),
+    "answer_index fractions": (dict(answer_index=np.array([0.5])), "its answer_index must be"),
+    "temperature NaN": (dict(temperature=np.array([np.nan], np.float32)), "its temperature must be"),
+    "temperature negative": (dict(temperature=np.array([-0.5], np.float32)),
+                             "its temperature must be finite numbers of at least 0, not -0.5"),
+    "temperature text": (dict(temperature=np.array(["hot"])), "its temperature must be"),
+    "n_prompt 0": (dict(n_prompt=np.array([0], np.int32)), "its n_prompt must be whole numbers of at least 1"),
+    "lengths negative": (dict(lengths=np.array([-2], np.int32)), "its lengths must be"),
+    "tokens fractions": (dict(tokens=np.array([5.0, 6.5])), "its tokens must be a list of token ids"),
+    "tokens negative": (dict(tokens=np.array([5, -6], np.int64)), "its tokens must be token ids"),
+    "tokens in rows": (dict(tokens=np.array([[5, 6]], np.uint16)), "its tokens must be a list"),
+    "lengths not adding up": (dict(lengths=np.array([3], np.int32)),
+                              "inconsistent lengths (lengths add up to 3, tokens has 2)"),
+    "one index too many": (dict(answer_index=np.array([0, 1], np.int16)),
+                           "inconsistent lengths (answer_index has 2 entries, keys 1)"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_FIELDS))
+def test_every_field_of_a_shard_is_checked(tmp_path, case):
+    """A shard whose field has the wrong type or range is refused in one sentence naming the file
+    and the field (it once gave AttributeError for a list as meta, TypeError for a text
+    max_new_tokens), by every reader, and the file is left as it was."""
+    change, words = DAMAGED_FIELDS[case]
+    path = tmp_path / "00000.npz"
+    np.savez_compressed(path, **_arrays(**change))
+    before = path.read_bytes()
+    for read in (lambda: shards.read_all(tmp_path, target="t"), lambda: shards.summary(tmp_path)):
+        with pytest.raises(shards.ShardError) as err:
+            read()
+        msg = str(err.value)
+        assert msg.startswith(f"answer shard {path}: ") and words in msg and "\n" not in msg, msg
+    assert path.read_bytes() == before
+
+
+def test_the_valid_shard_of_the_field_checks_is_read(tmp_path):
+    """The base of the cases above passes, so each refusal is its one change."""
+    np.savez_compressed(tmp_path / "00000.npz", **_arrays())
+    answers, _ = shards.read_all(tmp_path, target="t")
+    assert [(a["key"], a["answer"], a["max_new_tokens"]) for a in answers] == \
+        [("0123456789abcdef", [5, 6], 8)]
+
+
+@pytest.mark.parametrize("write", ["lacks tokens", "one array", "cut short"])
+def test_a_shard_that_is_no_archive_or_lacks_an_array_is_one_sentence(tmp_path, write):
+    path = tmp_path / "00000.npz"
+    if write == "lacks tokens":
+        arrays = _arrays()
+        del arrays["tokens"]
+        np.savez_compressed(path, **arrays)
+        words = "lacks the array 'tokens'"
+    elif write == "one array":
+        with open(path, "wb") as f:
+            np.save(f, np.arange(4))
+        words = "cannot be read (ValueError): the file is damaged"
+    else:
+        np.savez_compressed(path, **_arrays())
+        path.write_bytes(path.read_bytes()[:-40])
+        words = "the file is damaged"
+    with pytest.raises(shards.ShardError) as err:
+        shards.read_all(tmp_path)
+    assert str(err.value).startswith(f"answer shard {path}") and words in str(err.value)
+
+
+def test_a_damaged_shard_stops_train_draft_in_one_line(tmp_path, capsys):
+    """``train-draft --answers-dir`` with a shard whose max_new_tokens is text: exit status 2 and
+    one line (it was a TypeError in _fit_shard_answers), nothing written to the run."""
+    from types import SimpleNamespace
+    from specdemo.interfaces import train_cli
+    target = LoadedModel("t", tiny_llama(seed=3, layers=2), CharTokenizer(), torch.device("cpu"),
+                         torch.float32, 0.0, "test")
+    shard_dir, out = tmp_path / "answers", tmp_path / "run"
+    shard_dir.mkdir()
+    out.mkdir()
+    np.savez_compressed(shard_dir / "00000.npz", **_arrays(meta={"target": "t", "max_new_tokens": "8"}))
+    args = SimpleNamespace(answers_dir=shard_dir, target="t")
+    recipe = SimpleNamespace(max_new_tokens=6, answers_per_prompt=1, temperature=0.7)
+    with pytest.raises(SystemExit) as done:
+        train_cli._answers_from_shards(args, target, _rows(2), out, recipe)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1 and "\"max_new_tokens\"" in err, err
+    assert list(out.iterdir()) == []
+
+
+def test_the_summary_command_names_a_damaged_shard_in_one_line(tmp_path, capsys):
+    np.savez_compressed(tmp_path / "00000.npz", **_arrays(meta=[]))
+    assert shards.main([str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"error: answer shard {tmp_path / '00000.npz'}: its meta must be a "
+                            "JSON object, not []; delete it and generate its answers again\n")
+
+
+def test_shard_ids_beyond_the_targets_vocabulary_are_refused_before_any_work(tmp_path, capsys):
+    """A shard labelled for the target whose ids lie beyond its vocabulary (32 ids here) is
+    refused when the shards are read, before generation or capture (it died with IndexError in
+    feature capture); another target's shard is skipped, not judged."""
+    from types import SimpleNamespace
+    from specdemo.interfaces import train_cli
+    target = LoadedModel("t", tiny_llama(seed=3, layers=2), CharTokenizer(), torch.device("cpu"),
+                         torch.float32, 0.0, "test")
+    assert target.vocab_size == 32
+    shard_dir, out = tmp_path / "answers", tmp_path / "run"
+    shard_dir.mkdir()
+    out.mkdir()
+    np.savez_compressed(shard_dir / "00000.npz", **_arrays(tokens=np.array([5, 32], np.uint16)))
+    np.savez_compressed(shard_dir / "00001.npz",
+                        **_arrays(tokens=np.array([5, 900], np.uint16), meta={"target": "other"}))
+    with pytest.raises(shards.ShardError, match=r"00000\.npz: its tokens hold the id 32, beyond "
+                                                r"the 32-id vocabulary of t"):
+        shards.read_all(shard_dir, target="t", vocab_size=32)
+    _, notes = shards.read_all(shard_dir, target="other", vocab_size=1000)
+    assert notes == ["00000.npz: answers of 't', not 'other'"]
+    args = SimpleNamespace(answers_dir=shard_dir, target="t")
+    recipe = SimpleNamespace(max_new_tokens=2, answers_per_prompt=1, temperature=0.7)
+    with pytest.raises(SystemExit) as done:
+        train_cli._answers_from_shards(args, target, _rows(2), out, recipe)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1 and "00000.npz: its tokens" in err
+    assert list(out.iterdir()) == []

@@ -38,7 +38,7 @@ from test_ui import answers, free_port  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOT = ROOT / "screenshots" / "race.png"
 COLD_SCREENSHOTS = ROOT / "screenshots" / "cold-start-progress.png", ROOT / "screenshots" / "cold-start.png"
-HUMAN_LABELS = ("Tokens/s", "Time to first token", "Acceptance", "Mean accepted per step",
+HUMAN_LABELS = ("Tokens/s", "Time to first token", "Acceptance", "Mean acceptance length",
                 "Drafted / accepted", "Extra memory")
 PROMPT = "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog by the river."
 MAX_NEW_TOKENS = 32

@@ -365,3 +365,61 @@ def test_the_dropdown_lists_a_compatible_dspark_folder(tmp_path, monkeypatch):
     assert (f"{good} (DSpark)", str(good)) in choices
     assert [spec for spec, _ in refused] == [str(bad)]
     assert str(bad) not in [spec for _, spec in choices]
+
+
+@pytest.mark.parametrize("key", list(dspark.DEFAULTS))
+@pytest.mark.parametrize("how", ["absent", "null"])
+def test_a_setting_left_to_its_default_is_said(target, tmp_path, key, how):
+    """A config that leaves a setting of :data:`dspark.DEFAULTS` out (or null) loads with that
+    default and a warning naming it and its value (a config without block_size drafted blocks
+    of 8 without a word; ``"markov_rank": null`` failed with int()'s words); the drafter is the
+    one its config with the default written in gives."""
+    value = dspark.DEFAULTS[key]
+    options = {"markov_rank": 256} if key == "markov_rank" else {}
+    folder = _folder(target, tmp_path, **options)
+    explicit = load_learned(str(_edit(folder, {key: value})), loaded(target))
+    config = json.loads((folder / "config.json").read_text())
+    if how == "absent":
+        del config[key]
+    else:
+        config[key] = None
+    (folder / "config.json").write_text(json.dumps(config))
+    back = load_learned(str(folder), loaded(target))
+    assert back.warnings == [f"{folder / 'config.json'} gives no {key}: this loader's default "
+                             f"{key} {json.dumps(value)} is used, which may not be how it was "
+                             "trained"]
+    assert back.summary == explicit.summary and explicit.warnings == []
+    context = PROMPT + [5]
+    ours = _fed(back.model, target, context).propose(context, 5, SamplingParams(), None)
+    theirs = _fed(explicit.model, target, context).propose(context, 5, SamplingParams(), None)
+    assert ours.ids == theirs.ids and ours.confidence == theirs.confidence
+
+
+def test_a_default_that_does_not_fit_the_weights_is_named_in_the_refusal(target, tmp_path):
+    """``"markov_rank": null`` for weights of rank 8: refused because the weights do not fit,
+    and the sentence says the rank was the default's (not "cannot load a tokenizer")."""
+    folder = _edit(_folder(target, tmp_path), {"markov_rank": None})
+    _refused(folder, target, "markov_head.markov_w1.weight (32, 8) (expected (32, 256)), "
+                             "markov_head.markov_w2.weight (32, 8) (expected (32, 256)); "
+                             "config.json gives no markov_rank, so markov_rank 256 was assumed")
+
+
+@pytest.mark.parametrize("spec, verifier, warned", [
+    ("builtin:smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", False),  # what train-draft saves
+    ("tiny-llama", "tiny-llama", False),
+    ("/models/tiny-llama", "tiny-llama", False),  # a local target is recorded by its folder name
+    ("builtin:smollm2-135m", "Qwen/Qwen3-8B", True),
+])
+def test_the_verifier_a_dspark_folder_records_is_matched_as_an_eagle3_heads_is(
+        target, tmp_path, spec, verifier, warned):
+    """A DSpark drafter trained by train-draft for builtin:smollm2-135m records its hub id and
+    was then warned about as trained for another model; the EAGLE-3 head of the same command
+    was not. Both families now share one rule."""
+    from specdemo.core.drafters import folders
+    folder = _folder(target, tmp_path, speculators_config={"verifier": {"name_or_path": verifier}})
+    model = LoadedModel(spec, target, CharTokenizer(), torch.device("cpu"), torch.float32, 0.0, "test")
+    words = (f"the DSpark drafter was trained for {verifier}, not {spec}; expect low acceptance "
+             "unless they are the same model")
+    assert load_learned(str(folder), model).warnings == ([words] if warned else [])
+    head = folders.verifier_warning("the head", verifier, model)
+    assert head == (words.replace("the DSpark drafter", "the head") if warned else None)

@@ -39,10 +39,12 @@ def finish(model: str = "m") -> list[dict]:
 class FakeServer:
     """A llama-server look-alike: ``/v1/models`` (owned_by llamacpp unless told), ``/props``
     with ``model_path`` when given, and a chat stream of ``chunks``; with ``cut`` the stream
-    ends without ``[DONE]`` (the server went away mid-answer)."""
+    ends without ``[DONE]`` (the server went away mid-answer); with ``done=False`` the stream
+    closes cleanly (its HTTP body complete) but without ``[DONE]``."""
 
-    def __init__(self, chunks, model_path=None, owned_by="llamacpp", model_id="m", cut=False):
-        self.chunks, self.model_path, self.cut = chunks, model_path, cut
+    def __init__(self, chunks, model_path=None, owned_by="llamacpp", model_id="m", cut=False,
+                 done=True):
+        self.chunks, self.model_path, self.cut, self.done = chunks, model_path, cut, done
         self.completion_tokens = [1, 2]
         self.models = {"object": "list", "data": [{"id": model_id, "object": "model",
                                                    "owned_by": owned_by}]}
@@ -80,7 +82,8 @@ class FakeServer:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 events = [f"data: {json.dumps(c)}\n\n" for c in server.chunks]
-                for event in events + ([] if server.cut else ["data: [DONE]\n\n"]):
+                sent_done = server.done and not server.cut
+                for event in events + (["data: [DONE]\n\n"] if sent_done else []):
                     data = event.encode()
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 if server.cut:  # gone mid-answer: no last chunk, the connection just closes
@@ -134,6 +137,35 @@ def test_two_lanes_cut_mid_stream_get_no_verdict(servers):
     out = snapshot_dict(snap)
     assert out["identical"] is None and out["not_compared"] == snap.not_compared
     assert out[SPECULATIVE]["text"] == "Once upon a"  # what it produced is kept
+
+
+@pytest.mark.parametrize("last", ["no finish_reason", "finish_reason null"])
+def test_a_stream_that_closes_cleanly_without_an_end_is_cut(servers, last):
+    """A server that closes its stream cleanly (the HTTP body complete) after chunks whose
+    finish_reason stays null, without ``[DONE]``: the lane did not finish, so it is cut as a lane
+    that errors (it got a speedup and an identical verdict); its text is kept."""
+    ending = [] if last == "no finish_reason" else [
+        {"object": "chat.completion.chunk", "model": "m",
+         "choices": [{"index": 0, "delta": {}, "finish_reason": None}]}]
+    spec = servers(WORDS + ending, done=False)
+    snap = race(servers(WORDS + finish()), spec)
+    assert snap.panes[PLAIN].status == DONE and snap.panes[SPECULATIVE].status == ERROR
+    assert snap.panes[SPECULATIVE].text == "Once upon a"
+    assert snap.speedup is None and snap.identical is None
+    assert snap.not_compared == "the speculative run did not finish"
+    assert snap.panes[SPECULATIVE].error == (
+        f"the server at {spec.url} closed the stream after 3 chunks of the answer without "
+        "finishing it (no finish_reason, no [DONE])")
+
+
+def test_a_stream_that_finishes_without_done_is_finished(servers):
+    """A finish_reason ends the answer even when the server then closes without ``[DONE]``;
+    ``[DONE]`` without a closing chunk ends it too."""
+    snap = race(servers(WORDS + finish(), done=False), servers(WORDS + finish()))
+    assert snap.panes[PLAIN].status == snap.panes[SPECULATIVE].status == DONE
+    assert snap.identical is True and snap.speedup is not None
+    snap = race(servers(WORDS + finish()), servers(WORDS))  # [DONE] after null finish_reasons
+    assert snap.panes[SPECULATIVE].status == DONE and snap.identical is True
 
 
 def test_compare_prints_the_cut_lanes_text_marked_as_cut(servers, capsys):

@@ -138,6 +138,15 @@ def test_self_draft_counts_no_refusal_after_a_stop_point(target, end, k):
     assert s.acceptance_rate == 1.0
     assert all(rate == 1.0 for rate in s.per_position_acceptance)
     assert sum(s.position_accepted) == s.accepted
+    assert s.draft_length_sum == s.drafted  # the last round's verified count is cut alike
+
+
+def test_the_stats_name_the_drafter_or_none(target):
+    """The why-line needs to know a lane without a drafter from one whose drafter proposed
+    nothing: the engine says which drafter the decode had."""
+    assert run(target, max_new_tokens=5).stats.drafter is None
+    assert run(target, drafter=make_drafter("ngram", target, 32), max_new_tokens=5).stats.drafter \
+        == make_drafter("ngram", target, 32).name
 
 
 def test_repetition_penalty_changes_output_identically(target):

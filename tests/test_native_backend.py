@@ -678,3 +678,23 @@ def test_reserve_sizes_the_cache_before_a_prefill_and_changes_no_number(tiny, mo
     before = kv.k_cache
     assert torch.equal(kv.forward(ids, logits_to_keep=5), grown)
     assert kv.k_cache is before  # no new allocation inside the forward
+
+
+@needs_library
+def test_training_features_captured_on_native_w8a8_are_the_int8_forwards(tmp_path):
+    """``--capture-backend native-w8a8``: the features are those of the int8 forward (what a head
+    reads where ``auto`` picks it): close to float32's within int8 rounding, and not the BF16 ones."""
+    from specdemo.services.training import data
+    model = bf16_valued(tiny_llama(seed=5, layers=3, hidden=64))
+    loaded = _Loaded(model)
+    answers = [{"ids": IDS, "n_prompt": 4}]
+    layers = (1, 2, 3)
+    ref, bf16, w8 = (torch.load(data.capture_features(loaded, answers, layers, tmp_path / name, shard_size=1,
+                                                      backend=backend)[0], weights_only=False)[0]
+                     for name, backend in (("hf", "transformers"), ("bf", "native"), ("w8", "native-w8a8")))
+    kv = nb.NativeKV(nb.native_model(loaded, "w8a8"))
+    _, direct = kv.forward_features(IDS, 1, layers + (3,))
+    torch.testing.assert_close(w8["features"].float(), direct[:, :-64].half().float())
+    err = (w8["features"].float() - ref["features"].float()).abs().max()
+    assert 0 < err < 0.25 * ref["features"].float().abs().max()
+    assert not torch.equal(w8["features"], bf16["features"])

@@ -78,12 +78,16 @@ def test_registers():
 
 
 @pytest.mark.slow
-def test_seeded_rows_are_deterministic_and_cover_both_chinese_scripts():
-    a, b = prompt_scale.seeded_rows(0), prompt_scale.seeded_rows(0)
-    assert a == b
-    hans = [r["prompt"] for r in a if r["family"] == "scale:zh-hans"]
-    hant = [r["prompt"] for r in a if r["family"] == "scale:zh-hant"]
-    assert len(hans) == len(hant) and "什麼是黑洞？" in hant and "什么是黑洞？" in hans
+def test_the_shipped_file_holds_what_the_command_builds_and_both_chinese_scripts(scale_rows, base_rows):
+    """Every admissible seeded row is in the shipped file (the build is the same in every process:
+    no order that follows string hashing), and Chinese comes in both scripts."""
+    shipped = {shards.prompt_key(r) for r in scale_rows}
+    kept, _ = prompt_scale.admit_all(prompt_scale.seeded_rows(0), base_rows, [])
+    assert len(kept) > 65_000
+    assert [r["prompt"] for r in kept if shards.prompt_key(r) not in shipped] == []
+    hans = {r["prompt"] for r in kept if r["family"] == "scale:zh-hans"}
+    hant = {r["prompt"] for r in kept if r["family"] == "scale:zh-hant"}
+    assert "請解釋恆星的誕生。" in hant and "请解释恒星的诞生。" in hans
 
 
 def test_follow_ups_continue_the_targets_answer():
@@ -164,3 +168,55 @@ def test_a_chunk_becomes_a_shard_that_the_next_run_skips(tmp_path):
     assert second.answers == 3
     have, _ = shards.read_all(tmp_path, target="tiny")
     assert grow.missing(rows, have, answers_per_prompt=2) == []
+
+
+class ChatCharTokenizer(CharTokenizer):
+    """CharTokenizer with a chat template: "hi. " + the user's text + "!"."""
+    chat_template = "hi. {content}!"
+
+    def encode(self, text, **kwargs):
+        return super().encode(text)
+
+    def apply_chat_template(self, messages, tokenize=False, **kwargs):
+        return "hi. " + messages[-1]["content"] + "!"
+
+
+@pytest.mark.skipif(NO_LIBRARY is not None, reason=f"{NO_LIBRARY}")
+def test_magpie_prompts_are_what_the_target_writes_after_its_user_turn_prefix(monkeypatch):
+    model = tiny_llama(seed=2, layers=2, hidden=64)
+    target = LoadedModel("tiny", model, ChatCharTokenizer(), torch.device("cpu"), torch.float32, 0.0, "test")
+    assert grow.user_turn_prefix(target.tokenizer) == CharTokenizer().encode("hi. ")
+    monkeypatch.setattr(grow, "MAGPIE_STARTS", ["", "tell me"])
+    rows = grow.magpie_prompts(target, 6, seed=1, slots=4, temperature=50.0, max_new_tokens=40)
+    again = grow.magpie_prompts(target, 6, seed=1, slots=4, temperature=50.0, max_new_tokens=40)
+    assert rows == again and 1 <= len(rows) <= 6  # seeded; near-uniform sampling ends at EOS (id 0) often
+    for r in rows:
+        assert r["family"] == "scale:magpie" and r["source"] == "target-written"
+        assert 12 <= len(r["prompt"]) <= 600 and "\0" not in r["prompt"]
+    with pytest.raises(grow.GrowError, match="no chat template"):
+        grow.user_turn_prefix(CharTokenizer())
+
+
+def test_import_skips_held_answers_and_refuses_shorter_limits(tmp_path):
+    rows = [{"prompt": f"p{i}", "split": "train"} for i in range(4)]
+
+    def answer(i, a=0, limit=384):
+        return {"key": shards.prompt_key(rows[i]), "answer_index": a, "temperature": 0.0, "n_prompt": 3,
+                "answer": [5, 6, 7], "max_new_tokens": limit}
+    have = [answer(0), answer(1)]
+    added, written = grow.import_answers([answer(1), answer(2), answer(3, 1)], have, rows, tmp_path, "t")
+    assert added == 2 and len(written) == 1
+    got, _ = shards.read_all(tmp_path, target="t")
+    assert sorted((a["key"], a["answer_index"]) for a in got) == sorted(
+        [(shards.prompt_key(rows[2]), 0), (shards.prompt_key(rows[3]), 1)])
+    assert {a["max_new_tokens"] for a in got} == {384}
+    with pytest.raises(grow.GrowError, match="at most 32 tokens, fewer than the 384"):
+        grow.import_answers([answer(2, limit=32)], have, rows, tmp_path, "t")
+
+
+def test_a_chinese_follow_up_is_in_the_conversations_script():
+    rows = prompt_scale.follow_up_rows([({"task": "chinese", "prompt": "请解释这段代码"}, "好的。"),
+                                        ({"task": "chinese", "prompt": "請解釋這段程式碼"}, "好的。")], per_answer=8)
+    hans = {r["prompt"] for r in rows[:8]}
+    hant = {r["prompt"] for r in rows[8:]}
+    assert "为什么？" in hans and "為什麼？" in hant and not hans & {"為什麼？", "請用表格整理。"}

@@ -40,8 +40,8 @@ def test_rounds_and_positions():
 
 def test_drafts_after_a_stop_point_are_not_counted():
     s = DecodeStats()
-    s.record_round(4, 4, 2)  # EOS at draft 2: drafts 3 and 4 never refused
-    assert (s.drafted, s.accepted, s.draft_length) == (2, 2, 4)
+    s.record_round(4, 4, 2)  # EOS at draft 2: drafts 3 and 4 never refused, nor counted verified
+    assert (s.drafted, s.accepted, s.draft_length, s.draft_length_sum) == (2, 2, 2, 2)
     s.record_round(4, 1, 2)  # draft 2 rejected, the correction token ends the run: counted
     assert (s.drafted, s.accepted) == (6, 3)
     assert s.position_drafted == [2, 2, 0, 0] and s.position_accepted == [2, 1, 0, 0]
@@ -93,3 +93,20 @@ def test_copy_keeps_counters_a_server_lane_leaves_unset():
     s.position_drafted = s.position_accepted = None
     c = s.copy()
     assert c.position_drafted is None and c.position_accepted is None and c == s
+
+
+def test_a_cut_round_counts_the_same_tokens_drafted_and_verified():
+    """At a run's end inside the accepted drafts (EOS, a stop string, max tokens), drafted was
+    trimmed and the verified count was not (7 drafted against 8 verified; 99 against 112 tree
+    nodes), so mean_draft_length and acceptance_rate disagreed: chains and trees alike."""
+    chain = DecodeStats()
+    chain.record_round(4, 1)  # a refusal: 4 verified, 4 drafted
+    chain.record_round(4, 4, 3)  # the run ends at the third accepted draft
+    assert (chain.drafted, chain.draft_length_sum, chain.accepted) == (7, 7, 4)
+    assert chain.mean_draft_length * chain.rounds == chain.drafted
+    tree = DecodeStats()
+    tree.record_tree_round(14, 4, 1)  # 14 nodes verified, a branch of 1 kept
+    tree.record_tree_round(14, 4, 3, 2)  # max tokens inside the branch: 2 counted
+    assert (tree.drafted, tree.draft_length_sum, tree.accepted) == (16, 16, 3)
+    assert (tree.draft_length, tree.draft_length_min, tree.draft_length_max) == (2, 2, 14)
+    assert tree.position_drafted == [2, 2, 0, 0] and tree.position_accepted == [2, 1, 0, 0]

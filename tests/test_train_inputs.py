@@ -324,3 +324,117 @@ def test_a_damaged_recipe_in_out_is_refused(tmp_path, capsys, no_target_load):
                                        "train-draft wrote (damaged or another program's); give "
                                        "another --out\n")
     assert (out / "recipe.json").read_text() == "{not json"
+
+
+def _prompts(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    return prompts
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "unwritable", "unwritable parent"])
+def test_an_answers_dir_that_cannot_take_shards_is_refused_before_any_work(
+        tmp_path, capsys, no_target_load, monkeypatch, where):
+    """``--answers-dir`` naming a file, a path under a file, a folder that cannot be written or
+    one that cannot be created: refused before the target is loaded (it failed after minutes of
+    generation, with FileExistsError or PermissionError), nothing created or changed."""
+    import os
+    import tempfile
+    prompts = _prompts(tmp_path)
+    blocker = tmp_path / "answers.txt"
+    blocker.write_text("keep me")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    if os.geteuid() == 0:  # root writes anywhere: the operating system's refusal, simulated
+        real = tempfile.TemporaryFile
+
+        def refuse(*args, dir=None, **kwargs):
+            if dir is not None and Path(dir) == locked:
+                raise PermissionError(13, "Permission denied")
+            return real(*args, dir=dir, **kwargs)
+        monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    answers_dir, words = {
+        "a file": (blocker, "is a file, not a folder"),
+        "under a file": (blocker / "shards", f"lies under {blocker}, which is a file"),
+        "unwritable": (locked, "cannot be written (Permission denied)"),
+        "unwritable parent": (locked / "new", f"cannot be created in {locked} (Permission denied)"),
+    }[where]
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        main(["train-draft", "--out", str(out), "--prompts", str(prompts), "--answers-dir",
+              str(answers_dir), "--report-prompts", "0"])
+    err = capsys.readouterr().err
+    locked.chmod(0o700)
+    assert exited.value.code == 2
+    assert err == (f"error: --answers-dir {answers_dir} {words}: the answers generated would "
+                   "have nowhere to go; give a folder that can be written\n")
+    assert not out.exists() and blocker.read_text() == "keep me" and list(locked.iterdir()) == []
+
+
+def test_an_answers_dir_to_be_created_passes_and_is_not_created_by_the_check(tmp_path):
+    from specdemo.interfaces.cli import build_parser
+    from specdemo.interfaces.train_cli import check_inputs
+    answers_dir = tmp_path / "new" / "answers"
+    args = build_parser().parse_args(["train-draft", "--out", str(tmp_path / "out"), "--prompts",
+                                      str(_prompts(tmp_path)), "--answers-dir", str(answers_dir)])
+    assert [row["prompt"] for row in check_inputs(args)] == ["hi"]
+    assert not (tmp_path / "new").exists()
+
+
+def test_answers_with_ids_beyond_the_targets_vocabulary_are_refused_before_capture(
+        tmp_path, capsys, monkeypatch):
+    """``--answers FILE`` made with another tokenizer (an id of 40 for a 32-id target): one
+    sentence naming the file, before any feature is captured (it died with IndexError there)."""
+    import torch
+    import specdemo.models.loading as models
+    from tiny import CharTokenizer, tiny_llama
+    target = models.LoadedModel("tiny", tiny_llama(seed=3, layers=4), CharTokenizer(),
+                                torch.device("cpu"), torch.float32, 0.0, "test")
+    monkeypatch.setattr(models, "load_model", lambda spec, device, dtype: target)
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text(json.dumps({"prompt_index": 0, "answer_index": 0, "task": "chat",
+                                   "temperature": 0.0, "ids": [3, 4, 5, 40], "n_prompt": 2}) + "\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        main(["train-draft", "--target", "tiny", "--out", str(out), "--prompts",
+              str(_prompts(tmp_path)), "--answers", str(answers), "--report-prompts", "0"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: {answers}: an answer's ids hold 40, beyond the 32-id vocabulary of tiny: the "
+        "answers were made with another tokenizer")
+    assert not (out / "features").exists()
+
+
+@pytest.mark.parametrize("theirs, kind", [("eagle3", "dspark"), ("dspark", "eagle3"),
+                                          ("dspark", "dflash"), ("dflash", "dspark")])
+def test_dspark_runs_are_told_apart_from_the_other_kinds(tmp_path, capsys, no_target_load,
+                                                         theirs, kind):
+    """``--kind dspark`` into an EAGLE-3 run gave KeyError 'dspark'; ``--kind eagle3`` into a
+    DSpark run called it a DFlash drafter and suggested ``--kind dflash``."""
+    from dataclasses import asdict
+    from specdemo.interfaces.train_cli import out_kind
+    from specdemo.services.training import dflash_train, dspark_train, train
+    out = tmp_path / "D"
+    out.mkdir()
+    recipe = {"eagle3": lambda: train.Recipe(feature_layers=(1, 2, 3)),
+              "dflash": lambda: dflash_train.DFlashRecipe(target_layer_ids=(1, 2)),
+              "dspark": lambda: dspark_train.DSparkRecipe(target_layer_ids=(1, 2))}[theirs]()
+    (out / "recipe.json").write_text(json.dumps(asdict(recipe)))
+    before = (out / "recipe.json").read_bytes()
+    assert out_kind(out) == theirs
+    words = {"eagle3": "an EAGLE-3 head", "dflash": "a DFlash drafter", "dspark": "a DSpark drafter"}
+    with pytest.raises(SystemExit) as exited:
+        main(["train-draft", "--kind", kind, "--out", str(out), "--prompts",
+              str(_prompts(tmp_path)), "--resume"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {out} holds the run of {words[theirs]} (its recipe.json), this run "
+        f"trains {words[kind]}: give another --out, or --kind {theirs} to continue that one\n")
+    assert (out / "recipe.json").read_bytes() == before
+
+
+def test_a_dspark_run_is_known_by_its_train_json_too(tmp_path):
+    from specdemo.interfaces.train_cli import out_kind
+    (tmp_path / "train.json").write_text(json.dumps({"kind": "dspark"}))
+    assert out_kind(tmp_path) == "dspark"

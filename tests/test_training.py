@@ -242,3 +242,46 @@ def test_the_loss_mask_covers_prompt_positions_only_when_asked():
     assert answer[0].tolist() == [False] * 4 + [True] * 4 + [False]
     assert answer[1].tolist() == [False] * 4 + [True] * 2 + [False] * 3
     assert lengths.tolist() == [7, 5]
+
+
+def test_online_features_train_the_same_head_as_stored_ones(target, features, tmp_path):
+    """--online-features: the target's features computed batch by batch give the same steps as
+    the captured shards (float16 storage aside: the same loss to within its rounding)."""
+    _, items = features
+    bare = [{"ids": x["ids"], "n_prompt": x["n_prompt"]} for x in items]
+    recipe = replace(RECIPE, epochs=1)
+    stored, online = _head(target, items), _head(target, items)
+    a = train.train(stored, target, items, recipe, tmp_path / "stored", max_steps=3)
+    b = train.train(online, target, bare, recipe, tmp_path / "online", max_steps=3)
+    assert a.step == b.step == 3
+    assert b.losses == pytest.approx(a.losses, rel=2e-3)
+    for (name, p), q in zip(stored.named_parameters(), online.parameters()):
+        assert torch.allclose(p, q, atol=1e-4), name
+    assert all("features" not in x for x in bare)  # nothing stored in the items
+
+
+def test_a_time_budget_fits_the_schedule_to_the_pace_of_the_first_steps(monkeypatch, tmp_path):
+    """recipe.train_budget_s: after TIMING_STEPS steps the schedule's length is the steps that
+    fit the budget at their pace (a fake clock: each step takes 2 s), and the learning rate
+    still decays to 0 by the end."""
+    now = [0.0]
+    monkeypatch.setattr(train.time, "perf_counter", lambda: now[0])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    items = [{"ids": torch.zeros(3, dtype=torch.long), "x": torch.randn(4)} for _ in range(400)]
+    recipe = train.Recipe(epochs=2, learning_rate=1e-2, warmup_steps=2, batch_tokens=3, seed=0,
+                          checkpoint_every_s=1e9, train_budget_s=60.0)
+
+    def make_step():
+        def step(batch, n):
+            now[0] += 2.0
+            return model(torch.stack([x["x"] for x in batch])).pow(2).mean() + 0 * other.weight.sum(), [0.0]
+        return step
+    other = torch.nn.Linear(4, 1)
+    state = train.run_training(model, list(model.parameters()), items, recipe, tmp_path, make_step)
+    assert state.planned == 30 and state.step == 30  # 60 s at 2 s a step, not the 800 of 2 epochs
+    assert train._lr(state.step - 1, state.planned, recipe) < 0.01 * recipe.learning_rate
+    assert torch.load(tmp_path / train.CHECKPOINT, weights_only=False)["state"]["planned"] == 30
+    unbounded = train.run_training(other, list(other.parameters()), items[:6], replace(recipe, train_budget_s=None),
+                                   tmp_path / "b", make_step)
+    assert unbounded.planned == unbounded.step == 12  # 6 batches of one item, 2 epochs

@@ -306,8 +306,9 @@ def test_the_page_and_the_readme_say_the_conversation_is_kept():
     starts a new conversation) and in the README."""
     demo = ui.build_ui()
     notes = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "history-note"]
-    assert len(notes) == 1
-    assert "Each pane keeps this conversation" in notes[0].value and "**Clear**" in notes[0].value
+    assert len(notes) == 1 and '"key": "history_note"' in str(notes[0].value)  # gr.I18n's marker
+    note = ui.t("history_note")
+    assert "Each pane keeps this conversation" in note and "**Clear**" in note
     assert ui.clear()[7] == ui.new_conversation() == {"plain": [], "speculative": []}
     assert "each pane keeps the conversation between sends" in (ROOT / "README.md").read_text()
 

@@ -12,7 +12,7 @@ from specdemo.interfaces.ui_format import (acceptance_frame, counters_html, draf
 
 HUMAN = {"new_tokens": "Tokens", "tokens_per_s": "Tokens/s", "ttft_s": "Time to first token",
          "elapsed_s": "Elapsed", "acceptance_rate": "Acceptance",
-         "mean_acceptance_length": "Mean accepted per step", "drafted / accepted": "Drafted / accepted",
+         "mean_acceptance_length": "Mean acceptance length", "drafted / accepted": "Drafted / accepted",
          "draft_length": "Draft length", "extra_memory_bytes": "Extra memory"}
 
 
@@ -68,8 +68,8 @@ def test_a_loading_pane_and_the_startup_panel_show_the_step_with_its_estimate():
     assert '<progress class="sd-progress" value="0.480" max="1">' in line
     assert "converting builtin:smollm2-135m&#x27;s weights" in line and "12 s of about 25 s" in line
     assert "30 s (expected about 25 s" in status_line(view(PLAIN, LOADING), StepView("x", 30, 25))
-    assert status_line(view(PLAIN, LOADING), None) == ("preparing the race (loading the models, "
-                                                      "warming them up)…")
+    # no step running: no claim that models are loading (they may be loaded already)
+    assert status_line(view(PLAIN, LOADING), None) == "preparing the race…"
     panel = startup_html(step, [DoneStep("loading", 1.25)], ready=False)
     assert 'data-state="loading"' in panel and "<progress" in panel and "✓ loading (1.2 s)" in panel
     done = startup_html(None, [DoneStep("a", 20.0), DoneStep("b", 5.0)], ready=True)
@@ -89,11 +89,9 @@ def test_chart_frames_hold_the_timelines_and_the_per_position_acceptance():
     bars = acceptance_frame(spec)
     s = auto_run()
     # 8 drafted, 6 accepted: position 7 was verified and refused, position 8 never verified
-    # each bar's label carries its counts: a 1.0 over one round reads "(1/1)", not a sure thing
-    assert bars["position"].tolist() == [f"{i + 1} ({a}/{n})" for i, (a, n) in enumerate(
-        zip(s.position_accepted, s.position_drafted[:7]))]
-    assert bars["position"].tolist()[:2] == ["1 (2/2)", "2 (2/2)"]
-    assert bars["position"][6] == "7 (0/1)"
+    # each bar is its position (short ticks); its counts are in its tooltip: a 1.0 over one
+    # round reads "1 / 1" there, not a sure thing
+    assert bars["position"].tolist() == [str(i) for i in range(1, 8)]
     assert bars["accepted"].tolist() == s.position_accepted[:7]
     assert bars["acceptance"].tolist() == s.per_position_acceptance[:7]
     assert bars["rounds"].tolist() == s.position_drafted[:7] == [2, 2, 2, 1, 1, 1, 1]
@@ -135,8 +133,13 @@ def test_chart_ticks_are_plain_numbers():
     with gr.Blocks():
         race_chart, acceptance_chart = ui._charts()
     assert race_chart.x_axis_format == race_chart.y_axis_format == AXIS_FORMAT
-    # the acceptance axis title fits its 260-pixel axis (it was cut after ~30 characters)
-    assert len(acceptance_chart.y_title) <= 20 and "accepted / verified" in acceptance_chart.x_title
+    # the acceptance axis titles fit their 260-pixel axes (they were cut after ~30 characters)
+    assert len(acceptance_chart.y_title) <= 20 and len(acceptance_chart.x_title) <= 20
+    # issue 53: positions in numeric order (as text they sorted 1, 10, 11, ..., 2), each tick
+    # one number (labels with counts smeared from ~7 positions), the counts in the tooltip
+    assert acceptance_chart.sort[:12] == [str(k) for k in range(1, 13)]
+    assert acceptance_chart.x_label_angle == 0
+    assert {"accepted", "rounds"} <= set(acceptance_chart.tooltip)
 
 
 def test_the_why_line_of_an_auto_race_is_an_average_in_plain_words():
@@ -170,3 +173,39 @@ def test_no_projection_above_a_run_whose_verification_cost_under_a_step():
     assert e.projected_speedup_free_verification >= e.modelled_speedup
     line = explanation_text(e)
     assert "Projection" not in line and "no projection from them" in line
+
+
+def _explained(drafter, verify_s=0.10, draft_length_sum=0, new_tokens=11):
+    from specdemo.core.stats import DecodeStats, explain
+    plain = DecodeStats(new_tokens=11, prompt_tokens=4, verify_s=0.10, target_forwards=10)
+    spec = DecodeStats(new_tokens=new_tokens, prompt_tokens=4, verify_s=verify_s,
+                       target_forwards=10, draft_s=0.001, draft_length_sum=draft_length_sum,
+                       drafted=draft_length_sum, drafter=drafter)
+    return explain(plain, spec)
+
+
+def test_the_why_line_of_a_lane_without_a_drafter_does_not_blame_one():
+    """``--draft none`` (also ``/race``): the line blamed "prompt lookup ... or auto"; it says
+    there is no drafter. A drafter that proposed nothing keeps its own reasons."""
+    from specdemo.interfaces.ui_format import explanation_text
+    none = _explained(None)
+    assert none.has_drafter is False and none.as_dict()["has_drafter"] is False
+    line = explanation_text(none)
+    assert line.startswith("No draft tokens were verified (the speculative lane has no drafter: "
+                           "draft none), so every round was a plain one-token step")
+    assert "prompt lookup" not in line and "auto" not in line and "choosing the draft" not in line
+    quiet = explanation_text(_explained("ngram"))
+    assert "the drafter proposed none, e.g. prompt lookup finding no match" in quiet
+
+
+@pytest.mark.parametrize("verify_s, projected", [(0.09994, True), (0.1, True), (0.09949, False)])
+def test_the_projection_follows_the_verification_cost_as_written(verify_s, projected):
+    """Verification at 0.9994 steps was written "cost 1.00 one-token steps" and then called
+    cheaper than a plain step; the line decides on the figure it writes."""
+    from specdemo.interfaces.ui_format import explanation_text
+    e = _explained("ngram", verify_s=verify_s, draft_length_sum=20, new_tokens=21)
+    line = explanation_text(e)
+    written = f"{e.verify_cost_steps:.2f}"
+    assert f"cost {written} one-token steps" in line
+    assert ("Projection, not measured" in line) is projected
+    assert ("Verifying cost less than the plain run's one-token steps" in line) is (not projected)

@@ -228,7 +228,8 @@ class _Decoding:
         self.generator = Generators(params.seed) if params.seed is not None else None
         self.device = target.device
         self.stats = DecodeStats(prompt_tokens=len(prompt_ids),
-                                 extra_memory_bytes=drafter.extra_memory_bytes if drafter else 0)
+                                 extra_memory_bytes=drafter.extra_memory_bytes if drafter else 0,
+                                 drafter=drafter.name if drafter else None)
         self.context = list(prompt_ids)
         self.text = TextTracker(tokenizer, stop_strings)
         self.penalised = params.repetition_penalty != 1.0

@@ -82,6 +82,8 @@ class DecodeStats:
             asked. A tree round verifies all its nodes (``drafted``) and accepts one branch
             (``accepted``); per-position counters count depths.
         tree_rounds: rounds that verified a draft tree (the others were chains).
+        drafter: the name of the drafter this decode had (whether or not it proposed), None
+            for plain decoding and for a server lane.
     """
 
     new_tokens: int = 0
@@ -111,6 +113,7 @@ class DecodeStats:
     not_reported: list[str] = field(default_factory=list)
     tree: str | None = None
     tree_rounds: int = 0
+    drafter: str | None = None
 
     # --- derived metrics (docs/design.md names) -------------------------------------------------
     @property
@@ -173,30 +176,33 @@ class DecodeStats:
                 correction/bonus token, cut at a stop point (EOS, stop string, max_new_tokens);
                 None means all ``n_accepted + 1``. When the cut falls inside the accepted drafts
                 (``n_emitted <= n_accepted``), the drafts after it were never refused, only not
-                needed: the round counts ``n_emitted`` drafted, all accepted (also per position).
+                needed: the round counts ``n_emitted`` drafted, all accepted (also per position),
+                and ``n_emitted`` verified (its draft length), so that ``mean_draft_length``
+                and ``acceptance_rate`` count the same tokens.
             source: the drafter that proposed them (counted in ``drafted_by``/``accepted_by``).
         """
         counted_drafted, counted_accepted = n_drafted, n_accepted
         if n_emitted is not None and n_emitted <= n_accepted:
             counted_drafted = counted_accepted = n_emitted
-        self._record(n_drafted, counted_drafted, counted_accepted, counted_drafted, source)
+        self._record(counted_drafted, counted_accepted, counted_drafted, source)
 
     def record_tree_round(self, n_nodes: int, depth: int, n_accepted: int,
                           n_emitted: int | None = None, source: str | None = None) -> None:
         """Record one draft-tree round: ``n_nodes`` verified, a branch of ``n_accepted`` kept
         (``depth``: the tree's longest branch, for the per-depth counters). ``n_emitted`` as
-        :meth:`record_round`: a stop point inside the branch counts only the tokens before it."""
+        :meth:`record_round`: a stop point inside the branch counts only the tokens before it,
+        as drafted and as verified."""
         drafted, accepted, deep = n_nodes, n_accepted, depth
         if n_emitted is not None and n_emitted <= n_accepted:
             drafted = accepted = deep = n_emitted
         self.tree_rounds += 1
-        self._record(n_nodes, drafted, accepted, deep, source)
+        self._record(drafted, accepted, deep, source)
 
-    def _record(self, verified: int, drafted: int, accepted: int, positions: int,
-                source: str | None) -> None:
-        """A round's counters: ``verified`` draft tokens in the forward (its draft length),
-        ``drafted``/``accepted`` counted (after a stop point's cut), the per-position counters
-        over ``positions`` positions."""
+    def _record(self, drafted: int, accepted: int, positions: int, source: str | None) -> None:
+        """A round's counters: ``drafted`` draft tokens verified (its draft length) and
+        ``accepted``, both counted after a stop point's cut, the per-position counters over
+        ``positions`` positions."""
+        verified = drafted
         self.drafted += drafted
         self.accepted += accepted
         if source and drafted:
@@ -278,6 +284,7 @@ class RaceExplanation:
         modelled_speedup: mean_acceptance_length / break_even_mean_acceptance_length.
         projected_speedup_free_verification: mean_acceptance_length / (min(1,
             verify_cost_steps) + draft_cost_steps).
+        has_drafter: whether the speculative lane had a drafter (``--draft none``: no).
     """
 
     step_s: float
@@ -288,6 +295,7 @@ class RaceExplanation:
     mean_acceptance_length: float
     modelled_speedup: float
     projected_speedup_free_verification: float
+    has_drafter: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -315,4 +323,5 @@ def explain(plain: DecodeStats | None, speculative: DecodeStats | None) -> RaceE
                            verify_cost_steps=verify, draft_cost_steps=draft,
                            break_even_mean_acceptance_length=verify + draft,
                            mean_acceptance_length=tokens, modelled_speedup=tokens / (verify + draft),
-                           projected_speedup_free_verification=tokens / (min(1.0, verify) + draft))
+                           projected_speedup_free_verification=tokens / (min(1.0, verify) + draft),
+                           has_drafter=speculative.drafter is not None)

@@ -19,8 +19,9 @@ from .. import PROJECT_DIR
 from ..services import bench
 from ..services.prompts import TASKS, load_prompts
 from ..services.presets import PresetError, list_presets
-from ..services.startup import about
 from ..models.loading import cache_dir
+from .ui_format import about
+from .ui_i18n import DEFAULT, locale, t, words
 
 DRAFT_LENGTH_CHOICES = ["1", "2", "3", "4", "6", "8", "12", "16", "auto"]
 CONCURRENCY_CHOICES = ["1", "2", "4", "8", "16"]
@@ -28,12 +29,6 @@ TABLE_COLUMNS = ("task", "draft_length", "engine", "plain_tokens_per_s", "tokens
                  "speedup_min", "speedup_max", "acceptance_rate", "mean_acceptance_length",
                  "ttft_s", "identical", "status")
 FALLBACK = {"target": "builtin:smollm2-135m", "draft": "ngram", "dtype": "auto", "quantization": "none"}
-INTRO = (
-    "**Does speculation pay for this model, task and machine, and with which draft length?** "
-    "For every task prompt this runs plain decoding once, then speculative decoding at each draft "
-    "length, in our engine and (reference column) through transformers' own `generate()` on the "
-    "same model object. Decodes run one at a time, so each is timed alone; on a CPU a full sweep "
-    "takes minutes. The CSV and the report hold the same numbers as the plots.")
 
 
 @dataclass
@@ -139,21 +134,22 @@ _SECONDS_PER_TOKEN: list[float] = []  # measured by this process's last sweep
 
 
 def seconds_per_token() -> tuple[float | None, str]:
-    """(seconds per decoded token, where it comes from): this process's last sweep, else the
-    reference sweep in docs/results (the built-in model on a 2-core CPU), else (None, "")."""
+    """(seconds per decoded token, the words' key of where it comes from): this process's last
+    sweep, else the reference sweep in docs/results (the built-in model on a 2-core CPU), else
+    (None, "")."""
     if _SECONDS_PER_TOKEN:
-        return _SECONDS_PER_TOKEN[-1], "the last sweep here"
+        return _SECONDS_PER_TOKEN[-1], "bench_source_last"
     try:
         import json
         runs = json.loads(REFERENCE_SWEEP.read_text())["runs"]
         tokens = sum(r["new_tokens"] for r in runs)
-        return sum(r["elapsed_s"] for r in runs) / tokens, "docs/results (2-core CPU)"
+        return sum(r["elapsed_s"] for r in runs) / tokens, "bench_source_docs"
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         return None, ""
 
 
 def estimate_text(tasks, draft_lengths, max_new_tokens, repeats, prompts_per_task, reference,
-                  concurrency=()) -> str:
+                  concurrency=(), lang=DEFAULT) -> str:
     """How many decodes the form's sweep runs and about how long it takes, for the line above
     Run: decodes x max new tokens x seconds per token (:func:`seconds_per_token`)."""
     lengths = list(draft_lengths or [])
@@ -162,12 +158,12 @@ def estimate_text(tasks, draft_lengths, max_new_tokens, repeats, prompts_per_tas
     decodes = len(tasks or []) * int(prompts_per_task) * int(repeats) * per_prompt
     tokens = decodes * int(max_new_tokens)
     rate, source = seconds_per_token()
-    text = f"This sweep: {decodes} decodes of up to {int(max_new_tokens)} new tokens"
+    text = t("bench_estimate", lang, decodes=decodes, tokens=int(max_new_tokens))
     if rate is None or not decodes:
-        return text + "."
-    extra = " plus the concurrency sweep" if concurrency else ""
-    return (f"{text}; at most {about(tokens * rate)}{extra} at {rate:.3f} s per token "
-            f"({source}; a bigger model or a busy machine takes longer).")
+        return text + ("." if locale(lang) == DEFAULT else "。")
+    extra = t("bench_plus_concurrency", lang) if concurrency else ""
+    return text + t("bench_estimate_time", lang, time=about(tokens * rate, lang), extra=extra,
+                    rate=f"{rate:.3f}", source=t(source, lang))
 
 
 def output_dir() -> Path:
@@ -182,7 +178,8 @@ def output_dir() -> Path:
 
 
 def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
-                  prompts_per_task, temperature, reference, concurrency, progress=gr.Progress()):
+                  prompts_per_task, temperature, reference, concurrency, lang=DEFAULT,
+                  progress=gr.Progress()):
     """The Run button: load, sweep with progress, write the files, show plots and table.
 
     Raises:
@@ -199,12 +196,12 @@ def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_toke
     how = (pair["dtype"] if target == pair["target"] else "auto",
            pair["quantization"] if target == pair["target"] else None)
     loaded = getattr(pipelines(), "loaded", lambda *a: None)(target, draft, *how)
-    progress(0, desc=f"loading {target} + {draft}" if loaded is None else
-             f"{target} + {draft} loaded; warming up (untimed), then the first decode")
+    progress(0, desc=t("bench_loading" if loaded is None else "bench_loaded", lang,
+                       target=target, draft=draft))
     try:
         pipe = pipelines().get(target, draft, *how)
         if loaded is None:
-            progress(0, desc="warming up (untimed), then the first decode")
+            progress(0, desc=t("bench_warming", lang))
         prompts = load_prompts(config.tasks)
         sweep = on_device(lambda report: bench.run_sweep(pipe, prompts, config, show_bar=False,
                                                          progress=report),
@@ -218,9 +215,9 @@ def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_toke
     figs = bench.figures(sweep)
     out = output_dir()
     paths = bench.write_outputs(sweep, out, figs)
-    summary = "\n".join([f"{bench.summary_text(sweep).splitlines()[0]}. Best draft length per task:"]
+    summary = "\n".join([f"{bench.summary_text(sweep).splitlines()[0]}. {t('bench_best', lang)}"]
                         + [f"- {line}" for line in bench.best_lines(sweep)]
-                        + [f"\nFiles: `{out}`"])
+                        + ["\n" + t("bench_files", lang, path=out)])
     concurrency_fig = figs.get("concurrency")
     return (summary, results_table(sweep), figs["speedup"], figs["acceptance"], figs["tokens_per_s"],
             gr.Plot(value=concurrency_fig, visible=concurrency_fig is not None),
@@ -255,8 +252,12 @@ def on_preset(preset_name):
     return pair["target"], pair["draft"]
 
 
-def build_benchmark_tab() -> BenchmarkTab:
+def build_benchmark_tab(lang: gr.Radio | None = None) -> BenchmarkTab:
     """Add the Benchmark components to the Blocks/Tab being built; returns them.
+
+    Args:
+        lang: the page's language switch (``ui_i18n``), whose value the tab's computed lines
+            (the estimate, the progress, the summary) are written in; English without one.
 
     Nothing loads here: models load when Run is pressed. The run shares the app's ``device``
     concurrency group, so it never overlaps a race (each would slow the other and both numbers
@@ -264,57 +265,58 @@ def build_benchmark_tab() -> BenchmarkTab:
     """
     presets, default = _presets()
     start = pairing(default)
-    gr.Markdown(INTRO, elem_id="bench-intro")
+    gr.Markdown(words("bench_intro"), elem_id="bench-intro")
     with gr.Row():
-        preset = gr.Dropdown([p.name for p in presets], value=default, label="Preset",
+        preset = gr.Dropdown([p.name for p in presets], value=default, label=words("preset"),
                              elem_id="bench-preset", interactive=bool(presets))
-        target = gr.Textbox(start["target"], label="Target", elem_id="bench-target")
-        draft = gr.Textbox(start["draft"], label="Draft (ngram, self, early-exit:N or a model)",
+        target = gr.Textbox(start["target"], label=words("bench_target"), elem_id="bench-target")
+        draft = gr.Textbox(start["draft"], label=words("bench_draft"),
                            elem_id="bench-draft")
     with gr.Row():
-        tasks = gr.CheckboxGroup(list(TASKS), value=list(TASKS), label="Tasks", elem_id="bench-tasks")
+        tasks = gr.CheckboxGroup(list(TASKS), value=list(TASKS), label=words("bench_tasks"), elem_id="bench-tasks")
         draft_lengths = gr.CheckboxGroup(DRAFT_LENGTH_CHOICES, value=["1", "2", "4", "8", "auto"],
-                                         label="Draft lengths", elem_id="bench-draft-lengths")
+                                         label=words("bench_draft_lengths"), elem_id="bench-draft-lengths")
     with gr.Row():
-        max_new_tokens = gr.Slider(8, 512, value=64, step=8, label="Max new tokens",
+        max_new_tokens = gr.Slider(8, 512, value=64, step=8, label=words("max_new_tokens"),
                                    elem_id="bench-max-new-tokens")
-        repeats = gr.Slider(1, 10, value=1, step=1, label="Repeats (median, min, max)",
+        repeats = gr.Slider(1, 10, value=1, step=1, label=words("bench_repeats"),
                             elem_id="bench-repeats")
-        prompts_per_task = gr.Slider(1, 8, value=2, step=1, label="Prompts per task",
+        prompts_per_task = gr.Slider(1, 8, value=2, step=1, label=words("bench_prompts"),
                                      elem_id="bench-prompts-per-task")
-        temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+        temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label=words("temperature"),
                                 elem_id="bench-temperature")
     with gr.Row():
-        reference = gr.Checkbox(True, label="Reference column: transformers generate()",
+        reference = gr.Checkbox(True, label=words("bench_reference"),
                                 elem_id="bench-reference")
         concurrency = gr.CheckboxGroup(CONCURRENCY_CHOICES, value=[],
-                                       label="Concurrency sweep (requests at once; empty = skip)",
+                                       label=words("bench_concurrency"),
                                        elem_id="bench-concurrency")
     form = [tasks, draft_lengths, max_new_tokens, repeats, prompts_per_task, reference, concurrency]
     estimate = gr.Markdown(estimate_text(*(c.value for c in form)), elem_id="bench-estimate")
-    run = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
+    run = gr.Button(words("bench_run"), variant="primary", elem_id="bench-run")
     summary = gr.Markdown("", elem_id="bench-summary")
     with gr.Row():
-        speedup_plot = gr.Plot(label="Speedup vs draft length", elem_id="bench-speedup-plot")
-        tokens_plot = gr.Plot(label="Tokens/s", elem_id="bench-tokens-plot")
+        speedup_plot = gr.Plot(label=words("bench_speedup_plot"), elem_id="bench-speedup-plot")
+        tokens_plot = gr.Plot(label=words("bench_tokens_plot"), elem_id="bench-tokens-plot")
     with gr.Row():
-        acceptance_plot = gr.Plot(label="Acceptance per draft position", elem_id="bench-acceptance-plot")
-        concurrency_plot = gr.Plot(label="Throughput under load", elem_id="bench-concurrency-plot",
+        acceptance_plot = gr.Plot(label=words("bench_acceptance_plot"), elem_id="bench-acceptance-plot")
+        concurrency_plot = gr.Plot(label=words("bench_concurrency_plot"), elem_id="bench-concurrency-plot",
                                    visible=False)
     table = gr.Dataframe(headers=[table_header(c) for c in TABLE_COLUMNS],
-                         label="Results (as in the CSV)",
+                         label=words("bench_table"),
                          elem_id="bench-table", interactive=False, wrap=True)
     with gr.Row():
         csv_file = gr.File(label="bench.csv", elem_id="bench-csv", interactive=False)
         report_file = gr.File(label="report.md", elem_id="bench-report", interactive=False)
 
     preset.change(on_preset, preset, [target, draft], api_visibility="undocumented")
-    for control in form:
-        control.change(estimate_text, form, estimate, api_visibility="private",
+    language = [lang] if lang is not None else []
+    for control in form + language:
+        control.change(estimate_text, form + language, estimate, api_visibility="private",
                        show_progress="hidden")
     run.click(run_benchmark,
               [preset, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
-               prompts_per_task, temperature, reference, concurrency],
+               prompts_per_task, temperature, reference, concurrency] + language,
               [summary, table, speedup_plot, acceptance_plot, tokens_plot, concurrency_plot,
                csv_file, report_file],
               concurrency_id="device", concurrency_limit=1, api_name="benchmark",

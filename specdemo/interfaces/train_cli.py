@@ -110,10 +110,18 @@ def register(sub) -> None:
                         "report at each, write data_size_curve.{json,md,png}")
     p.add_argument("--report-k", default="4",
                    help="comma-separated draft lengths of the held-out report (first = headline)")
-    p.add_argument("--capture-backend", default="transformers", choices=["transformers", "native"],
+    p.add_argument("--online-features", action="store_true",
+                   help="EAGLE-3: compute the target's features batch by batch during training instead "
+                        "of storing them first (no disk: what millions of answer tokens need; the target "
+                        "runs again each epoch)")
+    p.add_argument("--train-minutes", type=float, default=None,
+                   help="fit the learning-rate schedule to this many minutes of training (timed on its "
+                        "first steps; never more than --epochs)")
+    p.add_argument("--capture-backend", default="transformers", choices=["transformers", "native", "native-w8a8"],
                    help="the forward that captures the target's features: transformers (float32, "
-                        "the reference) or native (our C forward, BF16 weights: about 2x faster "
-                        "on a CPU with AVX512-BF16)")
+                        "the reference), native (our C forward, BF16 weights: about 2x faster "
+                        "on a CPU with AVX512-BF16) or native-w8a8 (int8 weights and activations: "
+                        "the features of the forward auto picks on most CPUs)")
     p.add_argument("--batch-tokens", type=_count("--batch-tokens"), default=1024)
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--answer-loss-only", action="store_true",
@@ -237,7 +245,8 @@ def _recipe(args, target, recipe_file: Path, counts=None, temperature=0.7):
         if saved:
             return train.Recipe(**{**saved, "feature_layers": tuple(saved["feature_layers"])})
         return train.Recipe(draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps,
-                            feature_noise=args.feature_noise, feature_layers=eagle3_default_layers(num_layers(target.model)), **common)
+                            feature_noise=args.feature_noise, feature_layers=eagle3_default_layers(num_layers(target.model)),
+                            train_budget_s=None if args.train_minutes is None else 60 * args.train_minutes, **common)
     if saved:
         saved.pop("feature_layers", None)
         kind = dspark_train.DSparkRecipe if args.kind == "dspark" else dflash_train.DFlashRecipe
@@ -363,19 +372,30 @@ def _train(args: argparse.Namespace) -> int:
     answers = data.load_answers(out)
     if not answers:
         fail(f"no answers to train on in {out / data.ANSWERS}")
+    online = getattr(args, "online_features", False)
+    if online and args.kind != "eagle3":
+        fail(f"--online-features trains EAGLE-3 heads only, not --kind {args.kind}")
+    beyond = max((max(a["ids"], default=0) for a in answers), default=0)
+    if beyond >= target.vocab_size:  # --answers of another tokenizer: refused before capture
+        fail(f"{args.answers or out / data.ANSWERS}: an answer's ids hold {beyond}, beyond the "
+             f"{target.vocab_size:,}-id vocabulary of {args.target}: the answers were made with "
+             "another tokenizer")
     hidden = target.model.config.get_text_config().hidden_size
-    _check_space(sum(len(a["ids"]) for a in answers), hidden * (len(recipe.feature_layers) + 1), out)
+    if not online:
+        _check_space(sum(len(a["ids"]) for a in answers), hidden * (len(recipe.feature_layers) + 1), out)
     t0 = time.time()
     kept = len(list((out / data.FEATURES).glob("*.pt"))) if (out / data.FEATURES).is_dir() else 0
     try:
-        shards = data.capture_features(target, answers, recipe.feature_layers, out,
-                                       backend=args.capture_backend)
+        shards = [] if online else data.capture_features(target, answers, recipe.feature_layers, out,
+                                                         backend=args.capture_backend)
     except loading.ModelLoadError as exc:  # native unavailable here (no compiler, another architecture)
         fail(f"--capture-backend {args.capture_backend}: {exc}")
     timings["capture_s"] = time.time() - t0
     on = (f"the target on {device}" if args.capture_backend == "transformers"
-          else "the target on the native backend (BF16 weights)")
-    where["capture"] = (on if kept < len(shards)
+          else "the target on the native backend (int8 weights and activations)"
+          if args.capture_backend == "native-w8a8" else "the target on the native backend (BF16 weights)")
+    where["capture"] = (f"the target on {device}, batch by batch during training (online)" if online
+                        else on if kept < len(shards)
                         else "kept from an earlier run (feature shards in the folder)")
     where["train"] = f"{device}, {recipe.train_dtype}"
     note = slow_bf16_note(str(device), recipe.train_dtype)
@@ -389,7 +409,8 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     import torch
     # memory-mapped: 1.2M answer tokens of EAGLE-3 features are ~8 GB; batches read what they use
-    all_items = [x for s in shards for x in torch.load(s, weights_only=False, mmap=True)]
+    all_items = ([{"ids": torch.tensor(a["ids"], dtype=torch.int32), "n_prompt": a["n_prompt"]} for a in answers]
+                 if online else [x for s in shards for x in torch.load(s, weights_only=False, mmap=True)])
     if args.kind in ("dflash", "dspark") and recipe.mask_token_id < 0:
         recipe.mask_token_id = dflash_train.pick_mask_token(
             train.token_counts(all_items, target.vocab_size), target.eos_token_ids)
@@ -497,7 +518,8 @@ def _answers_from_shards(args, target, train_rows: list[dict], out: Path, recipe
     temperatures, a token limit at least ``--max-tokens``; longer answers are cut to it)."""
     from ..services.training import data, shards  # lazy: imports torch; --help stays fast
     try:
-        kept, notes = shards.read_all(args.answers_dir, target=args.target)
+        kept, notes = shards.read_all(args.answers_dir, target=args.target,
+                                      vocab_size=target.vocab_size)
     except shards.ShardError as exc:
         fail(str(exc))
     for note in notes:
@@ -530,7 +552,10 @@ def _answers_to_shards(args, target, train_rows: list[dict], out: Path, recipe) 
     from ..services.training import data, shards  # lazy: imports torch; --help stays fast
     if not (out / data.ANSWERS).exists():
         return
-    have, _ = shards.read_all(args.answers_dir, target=args.target)
+    try:
+        have, _ = shards.read_all(args.answers_dir, target=args.target)
+    except shards.ShardError as exc:
+        fail(f"{exc} (the answers generated are kept in {out / data.ANSWERS})")
     known = {(a["key"], a["answer_index"]) for a in have}
     fresh = [r for r in data.load_answers(out)
              if r["prompt_index"] < len(train_rows)
@@ -539,7 +564,11 @@ def _answers_to_shards(args, target, train_rows: list[dict], out: Path, recipe) 
         return
     meta = {"target": args.target, "max_new_tokens": recipe.max_new_tokens,
             "generated_on": str(target.device)}
-    paths = shards.write_shards(args.answers_dir, fresh, train_rows, meta)
+    try:
+        paths = shards.write_shards(args.answers_dir, fresh, train_rows, meta)
+    except OSError as exc:
+        fail(f"--answers-dir {args.answers_dir} cannot be written ({exc.strerror or exc}); the "
+             f"answers generated are kept in {out / data.ANSWERS}")
     print(f"--answers-dir: {len(fresh)} new answers packed into "
           + ", ".join(p.name for p in paths) + f" in {args.answers_dir}", file=sys.stderr)
 
@@ -664,13 +693,11 @@ def check_init(args: argparse.Namespace) -> None:
              f"{saved['d2t'].numel():,} ids; give --draft-vocab {saved['d2t'].numel()}")
 
 
-KIND_WORDS = {"eagle3": "an EAGLE-3 head", "dflash": "a DFlash drafter"}
-
-
 def out_kind(out: Path) -> str | None:
-    """Which drafter kind the run saved in ``out`` trains (``eagle3``/``dflash``), from its
-    ``recipe.json`` (a DFlash recipe has ``block_size``, an EAGLE-3 one ``ttt_steps``), else
-    from ``train.json``'s ``kind``; None for a folder without either.
+    """Which drafter kind the run saved in ``out`` trains (``eagle3``/``dflash``/``dspark``),
+    from its ``recipe.json`` (a DFlash recipe has ``block_size``, a DSpark one ``block_size`` and
+    ``markov_rank``, an EAGLE-3 one ``ttt_steps``), else from ``train.json``'s ``kind``; None for
+    a folder without either.
 
     Raises:
         SystemExit(2): a recipe.json that cannot be read as one (one sentence).
@@ -682,7 +709,9 @@ def out_kind(out: Path) -> str | None:
         except (OSError, UnicodeDecodeError, ValueError):
             saved = None
         if isinstance(saved, dict) and ("block_size" in saved) != ("ttt_steps" in saved):
-            return "dflash" if "block_size" in saved else "eagle3"
+            if "block_size" in saved:
+                return "dspark" if "markov_rank" in saved else "dflash"
+            return "eagle3"
         fail(f"--out {out}: its recipe.json is not one train-draft wrote (damaged or another "
              "program's); give another --out")
     info = out / "train.json"
@@ -691,7 +720,7 @@ def out_kind(out: Path) -> str | None:
             kind = json.loads(info.read_text()).get("kind")
         except (OSError, UnicodeDecodeError, ValueError, AttributeError):
             kind = None
-        if kind in KIND_WORDS:
+        if kind in KIND_NAMES:
             return kind
     return None
 
@@ -705,7 +734,8 @@ def check_inputs(args: argparse.Namespace) -> list[dict]:
             non-empty folder of something else, or the run of another drafter kind (its
             ``recipe.json``: nothing of it is overwritten); the prompts file is missing, a folder, not
             UTF-8 text, has a line that is not a JSON object with a non-empty "prompt", or
-            holds no training prompt.
+            holds no training prompt; ``--answers-dir`` (when answers are generated) is a file
+            or a folder that cannot be written or created.
     """
     from ..services.training import data, prompt_set  # lazy: imports torch; --help stays fast
     out = args.out
@@ -716,8 +746,8 @@ def check_inputs(args: argparse.Namespace) -> list[dict]:
         fail(f"{out} is not empty; give --resume to continue a run there, or another folder")
     theirs = out_kind(out)
     if theirs is not None and theirs != args.kind:
-        fail(f"--out {out} holds the run of {KIND_WORDS[theirs]} (its recipe.json), this run "
-             f"trains {KIND_WORDS[args.kind]}: give another --out, or --kind {theirs} to "
+        fail(f"--out {out} holds the run of {_a(KIND_NAMES[theirs])} (its recipe.json), this "
+             f"run trains {_a(KIND_NAMES[args.kind])}: give another --out, or --kind {theirs} to "
              f"continue that one")
     path = Path(args.prompts or prompt_set.PROMPTS_FILE)
     if not path.exists():
@@ -741,6 +771,13 @@ def check_inputs(args: argparse.Namespace) -> list[dict]:
     if not data.split_rows(rows, heldout=False):
         fail(f"--prompts {path} holds no training prompts ({len(rows)} rows, none outside the "
              "held-out split): training on nothing would save an untrained drafter")
+    answers_dir = getattr(args, "answers_dir", None)
+    if answers_dir is not None and getattr(args, "answers", None) is None:
+        from ..services.training import shards  # lazy: imports torch; --help stays fast
+        problem = shards.folder_problem(answers_dir)
+        if problem:
+            fail(f"--answers-dir {answers_dir} {problem}: the answers generated would have "
+                 "nowhere to go; give a folder that can be written")
     check_init(args)
     return rows
 

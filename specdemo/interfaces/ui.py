@@ -24,11 +24,12 @@ from ..checks import inputs
 from ..checks.compat import NON_MODEL_DRAFTS, is_early_exit, non_model_verdict
 from ..services import race as racing
 from ..core.machine import ACTIVE_RACES
-from .ui_format import (AXIS_FORMAT, CHART_COLORS, LEGEND, acceptance_frame,  # noqa: F401
-                        chat_messages, counters_html, privacy_html, race_frame, startup_html,
-                        tokens_html, verdict_html)
-from .ui_race import (clear, model_messages, new_conversation, race_api, replay,  # noqa: F401
-                      rerender, send, stop, turn_of)
+from .ui_format import (AXIS_FORMAT, CHART_COLORS, acceptance_frame,  # noqa: F401
+                        chat_messages, counters_html, exact_check, legend, privacy_html,
+                        race_frame, startup_html, tokens_html, verdict_html)
+from .ui_i18n import DEFAULT, HEAD, LANGUAGES, LOAD_LANG_JS, SWITCH_JS, i18n, t, words
+from .ui_race import (clear, model_messages, new_conversation, race_api, redraw,  # noqa: F401
+                      replay, rerender, send, stop, turn_of)
 from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, _default_preset_name,  # noqa: F401
                        _pairing, _presets, engine_imports, follow_startup, loaded_backend,
                        model_status, preload,
@@ -37,7 +38,6 @@ from ..models.learned import BUILTIN_DRAFTERS, is_learned
 from ..models import hardware
 from ..models.loading import ModelLoadError, resolve_device, resolve_dtype
 from ..services.pipeline import lossless_expectation
-from .ui_format import EXACT_CHECK
 from ..checks import compat
 from ..models import loading
 from ..services.check_worker import CheckWorker
@@ -50,16 +50,6 @@ CSS_PATH = ASSETS / "specdemo.css"
 PLAIN_DRAFTS = tuple(spec for spec in NON_MODEL_DRAFTS if spec != "none")
 DRAFT_LENGTHS = ["auto"] + [str(k) for k in range(1, 17)]
 
-RACE_NOTE = (
-    "**How the race is run.** Plain decoding runs first, alone on the device; then speculative "
-    "decoding runs alone on the same prompt and settings. Running both at once on one device "
-    "would slow each down and make both numbers wrong, so each pane's counters are what that "
-    "decode achieves by itself; while a decode is timed the page updates sparingly (once a second "
-    "on a small CPU, which the browser shares). **Replay race** then plays both side by side, "
-    "smoothly, at their measured pace, so you can see which one finishes first.")
-HISTORY_NOTE = (
-    "Each pane keeps this conversation: a Send continues it, so the models see the earlier turns "
-    "(the same prompt twice can get another answer). **Clear** starts a new conversation.")
 _VERDICTS: dict[tuple[str, str], Any] = {}
 
 
@@ -170,43 +160,44 @@ KIND_LABELS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark",
                "gemma4-assistant": "Gemma 4 assistant", "mtp": "MTP"}
 
 
-def load_models(preset_name, draft):
+def load_models(preset_name, draft, lang=DEFAULT):
     """The explicit Load path: load target and draft, reporting progress."""
     engine_imports()
     p = _pairing(preset_name)
     draft = draft or p["draft"]
-    yield f"Loading `{p['target']}`…"
+    yield t("loading_target", lang, target=p["target"])
     try:
         CACHE.get(p["target"], "none", p["dtype"], p["quantization"])
-        yield f"Loaded `{p['target']}`; preparing draft `{draft}`…"
+        yield t("loaded_preparing", lang, target=p["target"], draft=draft)
         CACHE.get(p["target"], draft, p["dtype"], p["quantization"])
     except Exception as exc:  # ModelLoadError, incompatible draft, out of memory
         yield f"⚠ {racing.describe_error(exc)}"
         return
-    yield model_status(preset_name, draft)
+    yield model_status(preset_name, draft, lang)
 
 
-def preset_info(preset_name: str | None) -> str:
+def preset_info(preset_name: str | None, lang: str | None = DEFAULT) -> str:
     """The preset's note and whether it fits this machine."""
     engine_imports()
     presets, error = _presets()
     if error:
-        return f"⚠ presets could not be read: {error}. Using `{FALLBACK_TARGET}`."
+        return t("presets_unreadable", lang, error=error, target=FALLBACK_TARGET)
     p = _pairing(preset_name)["preset"]
     if p is None:
-        return f"Target `{FALLBACK_TARGET}`."
+        return t("target_only", lang, target=FALLBACK_TARGET)
     try:
         ok, reason = hardware.fits(p, hardware.detect(), alternatives=presets)
     except Exception as exc:  # hardware probing must not break the page
         ok, reason = True, f"(could not check this machine: {exc})"
-    mark = "fits this machine" if ok else "⚠ does not fit this machine"
+    mark = t("fits" if ok else "fits_not", lang)
     runs = loaded_backend(preset_name)  # what the race computes in, not only the load dtype
-    runs = f"runs on {runs}" if runs else f"{p.dtype}; forward backend chosen at load (auto)"
-    return (f"Target `{p.target}` · draft `{p.draft}` · {runs}. {p.note}  \n"
-            f"{mark}: {reason}" + precision_line(p.dtype, p.quantization))
+    runs = t("runs_on", lang, runs=runs) if runs else t("backend_at_load", lang, dtype=p.dtype)
+    return (t("preset_line", lang, target=p.target, draft=p.draft, runs=runs, note=p.note)
+            + f"  \n{mark}: {reason}" + precision_line(p.dtype, p.quantization, lang=lang))
 
 
-def precision_line(dtype: str, quantization: str | None, device: str = "auto") -> str:
+def precision_line(dtype: str, quantization: str | None, device: str = "auto",
+                   lang: str | None = DEFAULT) -> str:
     """``""`` when a preset races in float32; else a line saying, before any race, that greedy
     outputs may differ in its precision (``auto`` is bfloat16 on CUDA), why, and that float32
     gives an exact check where memory allows."""
@@ -215,21 +206,21 @@ def precision_line(dtype: str, quantization: str | None, device: str = "auto") -
     except ModelLoadError:
         return ""
     expected, why = lossless_expectation(resolved, quantization)
-    return "" if expected else f"  \n⚠ Greedy outputs may differ: {why}. {EXACT_CHECK}"
+    return "" if expected else "  \n" + t("may_differ", lang, why=why, check=exact_check(lang))
 
 
-def on_preset(preset_name):
+def on_preset(preset_name, lang=DEFAULT):
     """Preset changed: draft, draft length and the notes follow (the draft check comes next)."""
     p = _pairing(preset_name)
     choices = [(d, d) for d in PLAIN_DRAFTS]
     if p["draft"] not in PLAIN_DRAFTS:
         choices.append((p["draft"], p["draft"]))
     return (gr.update(choices=choices, value=p["draft"]), str(p["draft_length"]),
-            preset_info(preset_name), "Checking which drafts fit this target…",
-            model_status(preset_name, p["draft"]))
+            preset_info(preset_name, lang), t("checking_drafts", lang),
+            model_status(preset_name, p["draft"], lang))
 
 
-def check_drafts(preset_name, draft, recheck: bool = False):
+def check_drafts(preset_name, draft, lang=DEFAULT, recheck: bool = False):
     """Offer only compatible drafts for the preset's target; list refused ones with reasons.
 
     Waits until the preset's models are loaded: a tokenizer check holds the load lock (and a
@@ -245,15 +236,15 @@ def check_drafts(preset_name, draft, recheck: bool = False):
     if p["draft"] not in values and p["draft"] not in [spec for spec, _ in refused]:
         choices.append((p["draft"], p["draft"]))
         values.append(p["draft"])
-    note = (f"Drafts offered for `{p['target']}`: {len(choices)}. "
-            + ("Refused:  \n" + "  \n".join(f"✗ `{spec}`: {why}" for spec, why in refused) if refused
-               else "None refused."))
+    note = (t("drafts_offered", lang, target=p["target"], n=len(choices))
+            + (t("refused", lang) + "  \n".join(f"✗ `{spec}`: {why}" for spec, why in refused)
+               if refused else t("none_refused", lang)))
     if draft in values:  # keep what the user may have picked while the check ran
         return gr.update(choices=choices), note
     return gr.update(choices=choices, value=p["draft"]), note
 
 
-def on_draft(preset_name, draft):
+def on_draft(preset_name, draft, lang=DEFAULT):
     """A draft typed or picked: say whether it can serve the target (a model is checked)."""
     engine_imports()
     p = _pairing(preset_name)
@@ -269,8 +260,9 @@ def on_draft(preset_name, draft):
             verdict = _verdict(p["target"], draft)
         except Exception as exc:
             return f"⚠ `{draft}`: {_cannot_check(draft, exc)}"
-    mark = {"compatible": "✓", "compatible with warnings": "⚠", "incompatible": "✗"}[verdict.status]
-    return f"{mark} `{draft}`: {verdict.status}. " + " ".join(verdict.reasons[:2])
+    mark, word = {"compatible": ("✓", "v_compatible"), "compatible with warnings": ("⚠", "v_warnings"),
+                  "incompatible": ("✗", "v_incompatible")}[verdict.status]
+    return f"{mark} `{draft}`: {t(word, lang)}. " + " ".join(verdict.reasons[:2])
 
 
 # --- the page ------------------------------------------------------------------------------
@@ -283,8 +275,9 @@ def _theme():
 
 
 def launch_options() -> dict:
-    """Keyword arguments for ``Blocks.launch`` (gradio 6 takes css and theme there)."""
-    return {"css_paths": [CSS_PATH], "theme": _theme()}
+    """Keyword arguments for ``Blocks.launch`` (gradio 6 takes css, theme, head and i18n
+    there): the page's words in English, Traditional and Simplified Chinese (``ui_i18n``)."""
+    return {"css_paths": [CSS_PATH], "theme": _theme(), "head": HEAD, "i18n": i18n()}
 
 
 QUEUE_IDLE_SLEEP_S = 0.05  # gradio's queue loop polls every 1 ms when idle (50 ms on Windows)
@@ -328,12 +321,10 @@ def _examples(prompt: gr.Textbox) -> None:
     except (OSError, ValueError) as exc:
         gr.Markdown(f"⚠ example prompts could not be read: {exc}")
         return
-    labels = {"code": "Code", "maths": "Maths", "grounded": "Grounded / copying", "chat": "Chat",
-              "creative": "Creative"}
-    with gr.Accordion("Example prompts by task (acceptance changes with the kind of text)",
-                      open=False, elem_id="examples"):
+    with gr.Accordion(words("examples"), open=False, elem_id="examples"):
         for task in TASKS:
-            with gr.Tab(labels.get(task, task)):
+            with gr.Tab(words(f"task_{task}") if f"task_{task}" in i18n().translations_dict[DEFAULT]
+                        else task):
                 gr.Examples([[p] for p in prompts[task]], inputs=[prompt], label=None,
                             examples_per_page=10)
 
@@ -357,136 +348,165 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
     with gr.Blocks(title="specdemo: plain vs speculative decoding", analytics_enabled=False) as demo:
         conv = gr.State(new_conversation())
         last_race = gr.State(None)
-        gr.HTML('<div class="sd-header"><h1>Plain vs speculative decoding</h1>'
-                '<p>One prompt, two panes: the same model decodes it plainly (left) and '
-                'speculatively (right).</p></div>')
-        with gr.Tab("Race", elem_id="race-tab"):
+        with gr.Row(equal_height=True):
+            gr.HTML(words("header_html"), elem_id="sd-title", scale=4)
+            lang = gr.Radio([(name, code) for code, name in LANGUAGES], value=DEFAULT,
+                            label="Language / 語言 / 语言", elem_id="lang", scale=1,
+                            min_width=260)
+        with gr.Tab(words("tab_race"), elem_id="race-tab"):
             startup = gr.HTML(startup_html(None, [], ready=False), elem_id="startup")
             with gr.Row(equal_height=False):
                 with gr.Column(scale=3):
                     with gr.Row():
                         with gr.Column():
-                            plain_chat = gr.Chatbot(label="Plain (autoregressive)", elem_id="plain-chat",
+                            plain_chat = gr.Chatbot(label=words("pane_plain"), elem_id="plain-chat",
                                                     height=420, buttons=["copy"], latex_delimiters=[],
                                                     feedback_options=None, group_consecutive_messages=False)
                             plain_stats = gr.HTML(counters_html(None, False), elem_id="plain-stats")
                         with gr.Column():
-                            spec_chat = gr.Chatbot(label="Speculative", elem_id="spec-chat", height=420,
+                            spec_chat = gr.Chatbot(label=words("pane_spec"), elem_id="spec-chat", height=420,
                                                    buttons=["copy"], latex_delimiters=[],
                                                    feedback_options=None, group_consecutive_messages=False)
                             spec_stats = gr.HTML(counters_html(None, True), elem_id="spec-stats")
                     verdict = gr.HTML(verdict_html(None, 0), elem_id="race-verdict")
                     race_chart, acceptance_chart = _charts()
-                    prompt = gr.Textbox(label="Prompt", elem_id="prompt", lines=3, max_lines=12,
-                                        placeholder="Ask something; both panes answer it.")
+                    prompt = gr.Textbox(label=words("prompt"), elem_id="prompt", lines=3, max_lines=12,
+                                        placeholder=words("prompt_placeholder"))
                     with gr.Row():
-                        send_btn = gr.Button("Send", variant="primary", elem_id="send")
-                        stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
-                        replay_btn = gr.Button("Replay race", elem_id="replay")
-                        clear_btn = gr.Button("Clear", elem_id="clear")
-                    gr.Markdown(HISTORY_NOTE, elem_id="history-note")
+                        send_btn = gr.Button(words("send"), variant="primary", elem_id="send")
+                        stop_btn = gr.Button(words("stop"), variant="stop", elem_id="stop")
+                        replay_btn = gr.Button(words("replay"), elem_id="replay")
+                        clear_btn = gr.Button(words("clear"), elem_id="clear")
+                    gr.Markdown(words("history_note"), elem_id="history-note")
                     with gr.Row():
-                        highlight = gr.Checkbox(True, label="Highlight draft tokens",
+                        highlight = gr.Checkbox(True, label=words("highlight"),
                                                 elem_id="highlight", scale=0, min_width=200)
-                        gr.HTML(LEGEND)
+                        gr.HTML(words("legend_html"))
                     _examples(prompt)
                 with gr.Column(scale=1, min_width=420):  # long draft names fit their box
-                    preset = gr.Dropdown(names, value=preset_name, label="Preset", elem_id="preset",
-                                         interactive=bool(names))
+                    preset = gr.Dropdown(names, value=preset_name, label=words("preset"),
+                                         elem_id="preset", interactive=bool(names))
                     info = gr.Markdown(f"⚠ {preset_error}" if preset_error else "", elem_id="preset-info")
                     engine_inputs = list(engines_controls())
                     with gr.Row():
-                        load_btn = gr.Button("Load models", size="sm", elem_id="load")
-                        recheck_btn = gr.Button("Re-check drafts", size="sm", elem_id="recheck")
+                        load_btn = gr.Button(words("load_models"), size="sm", elem_id="load")
+                        recheck_btn = gr.Button(words("recheck"), size="sm", elem_id="recheck")
                     status = gr.Markdown("", elem_id="model-status")
                     draft = gr.Dropdown([(d, d) for d in dict.fromkeys([*PLAIN_DRAFTS, start["draft"]])],
-                                        value=start["draft"], label="Draft", elem_id="draft",
-                                        allow_custom_value=True,
-                                        info="compatible drafts only; type a model id or path to check one")
+                                        value=start["draft"], label=words("draft"), elem_id="draft",
+                                        allow_custom_value=True, info=words("draft_info"))
                     draft_note = gr.Markdown("", elem_id="draft-note")
-                    refused = gr.Markdown("Checking which model drafts fit this target…",
-                                          elem_id="draft-refused")
+                    refused = gr.Markdown(words("checking_drafts"), elem_id="draft-refused")
                     draft_length = gr.Dropdown(DRAFT_LENGTHS, value=str(start["draft_length"]),
-                                               label="Draft length (k)", elem_id="draft-length")
+                                               label=words("draft_length"), elem_id="draft-length")
                     draft_tree = gr.Dropdown(["off", "default"], value="off",
-                                             label="Draft tree (EAGLE-3, greedy)",
-                                             elem_id="draft-tree",
-                                             info="verify a tree of the drafter's guesses a round "
-                                                  "instead of a chain; with auto, kept only while "
-                                                  "faster here")
-                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+                                             label=words("draft_tree"), elem_id="draft-tree",
+                                             info=words("draft_tree_info"))
+                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label=words("temperature"),
                                             elem_id="temperature")
-                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="top-p")
-                    max_new = gr.Slider(1, 2048, value=128, step=1, label="Max new tokens",
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label=words("top_p"),
+                                      elem_id="top-p")
+                    max_new = gr.Slider(1, 2048, value=128, step=1, label=words("max_new_tokens"),
                                         elem_id="max-new-tokens")
-                    seed = gr.Number(-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
-                    system = gr.Textbox(label="System prompt (optional)", lines=2, elem_id="system")
-            gr.Markdown(RACE_NOTE, elem_id="race-note")
-            gr.HTML(privacy_html(host, share))
+                    seed = gr.Number(-1, precision=0, label=words("seed"), elem_id="seed")
+                    system = gr.Textbox(label=words("system_prompt"), lines=2, elem_id="system")
+            gr.Markdown(words("race_note"), elem_id="race-note")
+            privacy = gr.HTML(privacy_html(host, share))
 
         bench = _benchmark_builder()
         if bench is not None:
-            with gr.Tab("Benchmark", elem_id="benchmark-tab"):
-                bench()
+            with gr.Tab(words("tab_benchmark"), elem_id="benchmark-tab"):
+                bench(lang)
 
         race_outputs = [plain_chat, spec_chat, plain_stats, spec_stats, verdict, race_chart,
                         acceptance_chart]
         go = dict(fn=send, inputs=[prompt, system, preset, draft, draft_length, temperature, top_p,
-                                   max_new, seed, highlight, conv] + engine_inputs + [draft_tree],
+                                   max_new, seed, highlight, conv] + engine_inputs + [draft_tree, lang],
                   outputs=race_outputs + [conv, last_race, prompt, status], concurrency_id="device",
                   concurrency_limit=1, show_progress="hidden")
         send_btn.click(**go, api_name="send", api_visibility="undocumented")
         prompt.submit(**go, api_visibility="private")
         stop_btn.click(stop, None, None, api_name="stop", concurrency_limit=None)
-        replay_btn.click(replay, [last_race, conv, highlight], race_outputs, concurrency_limit=None,
-                         show_progress="hidden", api_visibility="undocumented")
-        clear_btn.click(clear, None, race_outputs + [conv, last_race], api_visibility="undocumented")
-        highlight.change(rerender, [conv, highlight], [plain_chat, spec_chat],
+        replay_btn.click(replay, [last_race, conv, highlight, lang], race_outputs,
+                         concurrency_limit=None, show_progress="hidden",
                          api_visibility="undocumented")
-        load_btn.click(load_models, [preset, draft], status, concurrency_id="device",
+        clear_btn.click(clear, lang, race_outputs + [conv, last_race], api_visibility="undocumented")
+        highlight.change(rerender, [conv, highlight, lang], [plain_chat, spec_chat],
+                         api_visibility="undocumented")
+        load_btn.click(load_models, [preset, draft, lang], status, concurrency_id="device",
                        concurrency_limit=1, api_visibility="undocumented")
-        preset.change(on_preset, preset, [draft, draft_length, info, refused, status],
+        preset.change(on_preset, [preset, lang], [draft, draft_length, info, refused, status],
                       api_visibility="undocumented").then(
-            check_drafts, [preset, draft], [draft, refused], concurrency_id="compat",
+            check_drafts, [preset, draft, lang], [draft, refused], concurrency_id="compat",
             show_progress="minimal", api_visibility="undocumented")
-        recheck_btn.click(lambda p, d: check_drafts(p, d, recheck=True), [preset, draft],
+        recheck_btn.click(lambda p, d, lg: check_drafts(p, d, lg, recheck=True), [preset, draft, lang],
                           [draft, refused], concurrency_id="compat", show_progress="minimal",
                           api_visibility="undocumented")
-        draft.change(on_draft, [preset, draft], draft_note, concurrency_id="compat",
+        draft.change(on_draft, [preset, draft, lang], draft_note, concurrency_id="compat",
                      api_visibility="undocumented")
-        draft.change(model_status, [preset, draft], status, api_visibility="private")  # at once
+        draft.change(model_status, [preset, draft, lang], status, api_visibility="private")  # at once
+
+        # The language: the switch starts at the browser's language (gradio's i18n translates
+        # the static words); what the handlers wrote is drawn again in the switch's language.
+        def relang(code, replayable, conversation, highlight_on, preset_name, draft_spec):
+            return (*redraw(replayable, conversation or new_conversation(), highlight_on, code),
+                    privacy_html(host, share, code), preset_info(preset_name, code),
+                    model_status(preset_name, draft_spec, code), *_chart_titles(code))
+        relang_outputs = race_outputs + [privacy, info, status, race_chart, acceptance_chart]
+        relang_inputs = [lang, last_race, conv, highlight, preset, draft]
+        lang.input(relang, relang_inputs, relang_outputs, js=SWITCH_JS, api_visibility="private",
+                   show_progress="hidden")
+
         # Getting ready first (progress above the panes), then the draft checks: a tokenizer
         # check holds the load lock, so it waits until the models are loaded.
-        demo.load(follow_startup, preset, startup, concurrency_id="startup", concurrency_limit=None,
-                  show_progress="hidden", api_visibility="private").then(
-            model_status, [preset, draft], status, api_visibility="private").then(
-            check_drafts, [preset, draft], [draft, refused], concurrency_id="compat",
+        opened = demo.load(None, None, lang, js=LOAD_LANG_JS, api_visibility="private")
+        opened.then(relang, relang_inputs, relang_outputs, api_visibility="private",
+                    show_progress="hidden")
+        opened.then(follow_startup, [preset, lang], startup, concurrency_id="startup",
+                    concurrency_limit=None, show_progress="hidden", api_visibility="private").then(
+            model_status, [preset, draft, lang], status, api_visibility="private").then(
+            check_drafts, [preset, draft, lang], [draft, refused], concurrency_id="compat",
             show_progress="minimal", api_visibility="undocumented").then(
-            startup_done, None, startup, api_visibility="private")  # Ready once checks are done
-        demo.load(lambda p, d: (preset_info(p), model_status(p, d)), [preset, draft], [info, status],
-                  api_visibility="undocumented")
+            startup_done, lang, startup, api_visibility="private")  # Ready once checks are done
         gr.api(race_api, api_name="race", concurrency_id="device", concurrency_limit=1)
     return demo
 
 
+#: the per-position chart's order of positions: numeric (as text they would sort 1, 10, 11, 2)
+POSITION_ORDER = [str(k) for k in range(1, 65)]
+
+
 def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
     """The race as a picture, under the panes: tokens against seconds for both lanes (the gap
-    between the lines is the speedup), and the speculative lane's acceptance per position."""
+    between the lines is the speedup), and the speculative lane's acceptance per position
+    (positions in numeric order; the counts behind each bar in its tooltip). The titles are
+    set in the page's language when the page opens (:func:`_chart_titles`)."""
     with gr.Row():
         race_chart = gr.LinePlot(
             race_frame(None), x="seconds", y="tokens", color="lane", color_map=CHART_COLORS,
-            title="The race: tokens generated over time", x_title="seconds since the request",
-            y_title="tokens generated", height=260, elem_id="race-chart", scale=3,
-            x_axis_format=AXIS_FORMAT, y_axis_format=AXIS_FORMAT,
-            label="tokens generated against seconds, per lane", show_label=False)
+            **_race_titles(DEFAULT), height=260, elem_id="race-chart", scale=3,
+            x_axis_format=AXIS_FORMAT, y_axis_format=AXIS_FORMAT, show_label=False)
         acceptance_chart = gr.BarPlot(
             acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
-            title="Acceptance per draft position",
-            x_title="draft position (accepted / verified)", y_title="acceptance",
-            tooltip=["accepted", "rounds"], height=260,
-            elem_id="acceptance-chart", scale=2, show_label=False,
-            label="per-position acceptance of the speculative lane")
+            **_acceptance_titles(DEFAULT), sort=POSITION_ORDER, x_label_angle=0,
+            tooltip=["position", "acceptance", "accepted", "rounds"], height=260,
+            elem_id="acceptance-chart", scale=2, show_label=False)
     return race_chart, acceptance_chart
+
+
+def _race_titles(lang: str) -> dict:
+    return {"title": t("chart_race_title", lang), "x_title": t("chart_race_x", lang),
+            "y_title": t("chart_race_y", lang), "label": t("chart_race_label", lang)}
+
+
+def _acceptance_titles(lang: str) -> dict:
+    return {"title": t("chart_acc_title", lang), "x_title": t("chart_acc_x", lang),
+            "y_title": t("chart_acc_y", lang), "label": t("chart_acc_label", lang)}
+
+
+def _chart_titles(lang: str) -> tuple:
+    """Both charts' titles in ``lang`` (gradio's i18n does not translate axis titles)."""
+    return gr.LinePlot(**_race_titles(lang)), gr.BarPlot(**_acceptance_titles(lang))
 
 
 def _benchmark_builder():

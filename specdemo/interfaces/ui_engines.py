@@ -12,6 +12,7 @@ import threading
 
 import gradio as gr
 
+from .ui_i18n import words
 from .ui_race import ENGINE_CHOICES
 from ..services.serve import LlamaServer, ServeError
 
@@ -22,23 +23,20 @@ _SERVERS_LOCK = threading.Lock()
 def engines_controls() -> tuple:
     """Build the Engines controls; returns (engines, plain_endpoint, spec_endpoint,
     endpoint_model, key_env, allow_remote) in the order ``ui_race.send`` takes them."""
-    engines = gr.Radio(list(ENGINE_CHOICES), value=ENGINE_CHOICES[0], label="Engines",
-                       elem_id="engines",
-                       info="race our engine, or servers you run (a lane left empty stays ours)")
-    with gr.Accordion("Server lanes", open=False, elem_id="engines-servers"):
-        plain_ep = gr.Textbox(label="Plain lane endpoint", placeholder="http://127.0.0.1:8080",
+    engines = gr.Radio(list(ENGINE_CHOICES), value=ENGINE_CHOICES[0], label=words("engines"),
+                       elem_id="engines", info=words("engines_info"))
+    with gr.Accordion(words("server_lanes"), open=False, elem_id="engines-servers"):
+        plain_ep = gr.Textbox(label=words("plain_endpoint"), placeholder="http://127.0.0.1:8080",
                               elem_id="plain-endpoint")
-        spec_ep = gr.Textbox(label="Speculative lane endpoint", placeholder="http://127.0.0.1:8081",
+        spec_ep = gr.Textbox(label=words("spec_endpoint"), placeholder="http://127.0.0.1:8081",
                              elem_id="spec-endpoint")
-        model = gr.Textbox(label="Model name (empty: the server's first)", elem_id="endpoint-model")
-        key_env = gr.Textbox(label="API key: name of an environment variable of the app",
-                             placeholder="OPENAI_API_KEY", elem_id="endpoint-key-env",
-                             info="the variable's name only; the key is never shown")
-        allow_remote = gr.Checkbox(False, label="allow remote endpoints (the prompt leaves this "
-                                   "machine)", elem_id="allow-remote")
+        model = gr.Textbox(label=words("endpoint_model"), elem_id="endpoint-model")
+        key_env = gr.Textbox(label=words("key_env"), placeholder="OPENAI_API_KEY",
+                             elem_id="endpoint-key-env", info=words("key_env_info"))
+        allow_remote = gr.Checkbox(False, label=words("allow_remote"), elem_id="allow-remote")
         with gr.Row():
-            start_btn = gr.Button("Start llama.cpp (plain + n-gram)", size="sm", elem_id="serve-start")
-            stop_btn = gr.Button("Stop servers", size="sm", elem_id="serve-stop")
+            start_btn = gr.Button(words("serve_start"), size="sm", elem_id="serve-start")
+            stop_btn = gr.Button(words("serve_stop"), size="sm", elem_id="serve-stop")
         note = gr.Markdown("", elem_id="serve-note")
     start_btn.click(start_servers, None, [engines, plain_ep, spec_ep, note],
                     api_visibility="undocumented", concurrency_id="serve", concurrency_limit=1)

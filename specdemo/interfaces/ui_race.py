@@ -20,6 +20,7 @@ from ..services.race import DONE, PLAIN, SPECULATIVE, STOPPED, PaneView, Race, R
 from ..services.startup import STEPS
 from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, explanation_text, not_compared,
                         race_frame, verdict_html)
+from .ui_i18n import DEFAULT, t
 from .ui_state import (CACHE, LOAD_LOCK, _default_preset_name, _pairing, _presets, engine_imports,
                        model_status)
 from ..services.pipeline import DecodeSettings
@@ -41,14 +42,41 @@ def turn_of(prompt: str, view: PaneView) -> dict:
             "status": view.status, "error": view.error}
 
 
-def model_messages(turns: list[dict]) -> list[dict]:
-    """The messages a pane's next prompt is built from: finished or stopped turns with text."""
+def model_messages(turns: list[dict], kept: list[bool] | None = None) -> list[dict]:
+    """The messages a pane's next prompt is built from: its turns with text that ended in both
+    panes (``kept``, from :func:`kept_turns`; default: the turns that finished or were stopped
+    with text in this pane)."""
     out = []
-    for t in turns:
-        if t["status"] in (DONE, STOPPED) and t["text"].strip():
-            out += [{"role": "user", "content": t["user"]},
-                    {"role": "assistant", "content": t["text"]}]
+    for i, turn in enumerate(turns):
+        keep = kept[i] if kept is not None else (turn["status"] in (DONE, STOPPED)
+                                                 and turn["text"].strip())
+        if keep:
+            out += [{"role": "user", "content": turn["user"]},
+                    {"role": "assistant", "content": turn["text"]}]
     return out
+
+
+def kept_turns(conv: dict) -> list[bool]:
+    """Per turn of the conversation, whether it goes into the next prompt of both panes: only a
+    turn that finished with text in every pane. A turn stopped in either pane (the plain lane
+    stopped at 126 tokens, the speculative one not started) is left out of both, so the two
+    panes always continue the same conversation."""
+    panes = [conv[name] for name in PANES]
+    return [all(turns[i]["status"] == DONE and turns[i]["text"].strip() for turns in panes)
+            for i in range(min(len(turns) for turns in panes))]
+
+
+def histories(conv: dict) -> dict[str, list[dict]]:
+    """{pane: the messages its next prompt is built from} (:func:`kept_turns`)."""
+    kept = kept_turns(conv)
+    return {name: model_messages(conv[name][:len(kept)], kept) for name in PANES}
+
+
+def histories_differ(conv: dict) -> bool:
+    """Whether the panes' earlier answers differ (sampling, or an earlier divergence): then the
+    two lanes continue different conversations, which a divergence in this turn may come from."""
+    texts = {name: [m["content"] for m in messages] for name, messages in histories(conv).items()}
+    return len({tuple(v) for v in texts.values()}) > 1
 
 
 def _session(request: gr.Request | None) -> str:
@@ -155,8 +183,7 @@ def _new_race(prompt, system, preset_name, draft, settings, conv, request) -> Ra
     pairing = _pairing(preset_name)
     draft = _valid(inputs.draft, "draft", draft or pairing["draft"])
     _valid(compat.before_load, pairing["target"], draft)  # the CLI's check, before any load
-    histories = {name: model_messages(conv[name]) for name in PANES}
-    lanes = racing.race_lanes(CACHE, pairing["target"], draft, histories,
+    lanes = racing.race_lanes(CACHE, pairing["target"], draft, histories(conv),
                               prompt, pairing["dtype"], pairing["quantization"])
     return Race(lanes, settings, system, cancel=_session_cancel(request), device_lock=LOAD_LOCK)
 
@@ -165,7 +192,8 @@ ENGINE_CHOICES = ("specdemo (this app)", "servers (OpenAI-compatible endpoints)"
 
 
 def _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_env,
-                    allow_remote, preset_name: str | None = None) -> dict | None:
+                    allow_remote, preset_name: str | None = None,
+                    lang: str | None = DEFAULT) -> dict | None:
     """{"plain": Endpoint or None, "speculative": ...} when the Engines choice is servers (or
     the API names an endpoint), else None (both lanes are our engine). With servers chosen (or
     from the API) and no URL given, the endpoints the preset names (``plain_endpoint``,
@@ -183,8 +211,7 @@ def _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_
     if engines != ENGINE_CHOICES[1] and not any(urls.values()):
         return None
     if engines == ENGINE_CHOICES[1] and not any(urls.values()):
-        raise refusal("Engines is set to servers but no endpoint URL is given: fill in the plain "
-                      "and/or speculative endpoint (or start llama.cpp servers).")
+        raise refusal(t("err_no_endpoint", lang))
     try:
         return {name: Endpoint(url, (endpoint_model or "").strip() or None,
                                (key_env or "").strip() or None, allow_remote=bool(allow_remote))
@@ -203,9 +230,8 @@ def _endpoint_race(prompt, system, preset_name, draft, settings, conv, request,
         _valid(compat.before_load, pairing["target"], draft)
     elif endpoints.get(PLAIN) is None:  # our engine decodes plainly: only the target matters
         _valid(inputs.obtainable, "target", pairing["target"])
-    histories = {name: model_messages(conv[name]) for name in PANES}
     ours = {lane.name: lane for lane in racing.race_lanes(
-        CACHE, pairing["target"], draft, histories, prompt, pairing["dtype"],
+        CACHE, pairing["target"], draft, histories(conv), prompt, pairing["dtype"],
         pairing["quantization"])}
     lanes = []
     for name in PANES:
@@ -217,18 +243,20 @@ def _endpoint_race(prompt, system, preset_name, draft, settings, conv, request,
 
 
 def _render(snap: RaceSnapshot, conv: dict, prompt: str, upto: int, highlight: bool,
-            settings) -> tuple:
+            settings, lang: str | None = DEFAULT) -> tuple:
     """Chatbots, counters, verdict and the two charts for a snapshot shown after the first
     ``upto`` turns; a pane that is loading shows the step in progress."""
     out = []
     step = STEPS.current()
     for name in PANES:
         turns = conv[name][:upto] + [turn_of(prompt, snap.panes[name])]
-        out.append(chat_messages(turns, name == SPECULATIVE, highlight, step))
+        out.append(chat_messages(turns, name == SPECULATIVE, highlight, step, lang))
     spec = snap.panes[SPECULATIVE]
-    return (out[0], out[1], counters_html(snap.panes[PLAIN], False, step=step),
-            counters_html(spec, True, settings.draft_length, step),
-            verdict_html(snap, settings.temperature), race_frame(snap), acceptance_frame(spec))
+    before = {name: conv[name][:upto] for name in PANES}
+    return (out[0], out[1], counters_html(snap.panes[PLAIN], False, step=step, lang=lang),
+            counters_html(spec, True, settings.draft_length, step, lang),
+            verdict_html(snap, settings.temperature, lang, histories_differ(before)),
+            race_frame(snap), acceptance_frame(spec))
 
 
 def live_interval_s() -> float:
@@ -259,14 +287,16 @@ def _only_changed(before: tuple | None, after: tuple) -> tuple:
 
 def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, max_new_tokens,
          seed, highlight, conv, request: gr.Request, engines=None, plain_endpoint="",
-         spec_endpoint="", endpoint_model="", key_env="", allow_remote=False, draft_tree="off"):
+         spec_endpoint="", endpoint_model="", key_env="", allow_remote=False, draft_tree="off",
+         lang=DEFAULT):
     """Race the prompt through both panes; yields the page's outputs as the race goes. With
-    Engines set to servers, a lane with an endpoint URL streams from that server."""
+    Engines set to servers, a lane with an endpoint URL streams from that server. ``lang``: the
+    page's locale (``ui_i18n.LOCALES``)."""
     _check_prompt(prompt, system)
     settings = _settings(temperature, top_p, max_new_tokens, seed, draft_length,
                          draft_tree=draft_tree)
     endpoints = _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_env,
-                                allow_remote, preset_name)
+                                allow_remote, preset_name, lang)
     engine_imports()
     conv = conv or new_conversation()
     if endpoints:
@@ -280,38 +310,51 @@ def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, m
         for snap in race.run(min_interval_s=live_interval_s()):
             if gone():  # the tab was closed: stop the race, nobody will see it
                 race.cancel.set()
-            view = _render(snap, conv, prompt, upto, highlight, settings)
+            view = _render(snap, conv, prompt, upto, highlight, settings, lang)
             yield _only_changed(shown, view) + (gr.skip(), gr.skip(), box, gr.skip())
             shown, box = view, gr.skip()
     finally:
         _forget_cancel(request, race.cancel)
     conv = {name: conv[name] + [turn_of(prompt, snap.panes[name])] for name in PANES}
     replayable = {"race": race, "prompt": prompt, "upto": upto}
-    yield _render(snap, conv, prompt, upto, highlight, settings) + (
-        conv, replayable, box, model_status(preset_name, draft))
+    yield _render(snap, conv, prompt, upto, highlight, settings, lang) + (
+        conv, replayable, box, model_status(preset_name, draft, lang))
 
 
-def replay(replayable, conv, highlight, request: gr.Request):
+def replay(replayable, conv, highlight, request: gr.Request, lang=DEFAULT):
     """Play the last race back, both panes side by side at their measured pace."""
     if not replayable:
-        raise refusal("Nothing to replay yet: send a prompt first.")
+        raise refusal(t("err_nothing_to_replay", lang))
     race, prompt, upto = replayable["race"], replayable["prompt"], replayable["upto"]
     cancel = _session_cancel(request)
     try:
         for snap in race.replay(cancel=cancel):
-            yield _render(snap, conv, prompt, upto, highlight, race.settings)
+            yield _render(snap, conv, prompt, upto, highlight, race.settings, lang)
     finally:
         _forget_cancel(request, cancel)
 
 
-def rerender(conv, highlight):
+def rerender(conv, highlight, lang=DEFAULT):
+    """Both panes' conversations drawn again (the highlight or the language changed)."""
     conv = conv or new_conversation()
-    return tuple(chat_messages(conv[name], name == SPECULATIVE, highlight) for name in PANES)
+    return tuple(chat_messages(conv[name], name == SPECULATIVE, highlight, lang=lang)
+                 for name in PANES)
 
 
-def clear():
-    return ([], [], counters_html(None, False), counters_html(None, True), verdict_html(None, 0),
-            race_frame(None), acceptance_frame(None), new_conversation(), None)
+def redraw(replayable, conv, highlight, lang=DEFAULT) -> tuple:
+    """The race outputs drawn again in ``lang`` (the page's language changed): the last race's
+    panes, counters and badges, or the empty ones."""
+    if not replayable:
+        return clear(lang)[:7]
+    race, prompt, upto = replayable["race"], replayable["prompt"], replayable["upto"]
+    return _render(race.snapshot(), {name: conv[name][:upto] for name in PANES}, prompt, upto,
+                   highlight, race.settings, lang)
+
+
+def clear(lang=DEFAULT):
+    return ([], [], counters_html(None, False, lang=lang), counters_html(None, True, lang=lang),
+            verdict_html(None, 0, lang), race_frame(None), acceptance_frame(None),
+            new_conversation(), None)
 
 
 def _pane_dict(view: PaneView, draft_length_setting: int | str | None = None) -> dict:

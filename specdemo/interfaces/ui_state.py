@@ -18,6 +18,7 @@ from ..services import race as racing
 from ..services.race import PipelineCache
 from ..services.startup import STEPS, prepare_timed
 from .ui_format import startup_html
+from .ui_i18n import DEFAULT, t
 from ..services.presets import PresetError, default_preset, list_presets
 from ..services import startup
 
@@ -123,30 +124,30 @@ def loaded_backend(preset_name: str | None) -> str | None:
     return runs_on(plain.target) if plain is not None else None
 
 
-def model_status(preset_name: str | None, draft: str | None) -> str:
-    """Which models of this pairing are loaded (never loads)."""
+def model_status(preset_name: str | None, draft: str | None, lang: str | None = DEFAULT) -> str:
+    """Which models of this pairing are loaded (never loads), in ``lang``."""
     p = _pairing(preset_name)
     draft = draft or p["draft"]
     pipe = CACHE.loaded(p["target"], draft, p["dtype"], p["quantization"])
     plain = pipe or CACHE.loaded(p["target"], "none", p["dtype"], p["quantization"])
     if plain is None:
-        when = ("loading now: see the progress above the panes" if _PRELOAD["started"]
-                and not _READY.is_set() else "loads on first Send or with Load")
-        return f"Models: `{p['target']}` not loaded yet ({when})."
-    t = plain.target
-    line = f"Models: `{t.spec}` loaded ({runs_on(t)} on {t.device}, {t.load_s:.1f} s)"
-    offloaded = getattr(t, "offloaded_layers", {})
+        when = t("models_loading_now" if _PRELOAD["started"] and not _READY.is_set()
+                 else "models_on_send", lang)
+        return t("models_not_loaded", lang, target=p["target"], when=when)
+    target = plain.target
+    line = t("models_loaded", lang, spec=target.spec, runs=runs_on(target), device=target.device,
+             seconds=f"{target.load_s:.1f}")
+    offloaded = getattr(target, "offloaded_layers", {})
     if offloaded:
-        line += (f" - {len(offloaded)} of its modules offloaded to "
-                 f"{'/'.join(sorted(set(offloaded.values())))} (it does not fit {t.device}: every "
-                 "forward streams them, which makes speculation look better than it is)")
+        line += t("models_offloaded", lang, n=len(offloaded), device=target.device,
+                  where="/".join(sorted(set(offloaded.values()))))
     if pipe is None:
-        return line + f"; draft `{draft}` not loaded yet."
+        return line + t("draft_not_loaded", lang, draft=draft)
     if pipe.draft is not None:
-        line += f"; draft `{pipe.draft.spec}` loaded ({pipe.draft.load_s:.1f} s)"
+        line += t("draft_loaded", lang, draft=pipe.draft.spec, seconds=f"{pipe.draft.load_s:.1f}")
     else:
-        line += f"; draft `{draft}` ready"
-    return line + "."
+        line += t("draft_ready", lang, draft=draft)
+    return line + ("" if line.endswith("。") or lang not in (None, DEFAULT) else ".")
 
 
 def preload(preset_name: str | None = None) -> str:
@@ -218,19 +219,32 @@ def startup_steps(n: int = 6) -> list:
     return list(_PRELOAD.get("steps", []))[-n:]
 
 
-def follow_startup(preset_name: str | None):
+def follow_startup(preset_name: str | None, lang: str | None = DEFAULT):
     """The page's progress panel while the models get ready: the step in progress with its
     estimate, every half second, until the models are ready (then one last update: Ready, with
     the page's draft checks running in the background, and the handler ends, so an idle page
     costs nothing; :func:`startup_done` drops the checks' note once they are done)."""
     ready = start_preload(preset_name)
     while not ready.wait(0.5):
-        yield startup_html(STEPS.current(), startup_steps(), ready=False)
+        yield startup_html(STEPS.current(), startup_steps(), ready=False, lang=lang)
     yield startup_html(STEPS.current(), startup_steps(), ready=True, error=_PRELOAD["error"],
-                       checking=True)
+                       checking=True, lang=lang, note=threads_note(lang))
 
 
-def startup_done() -> str:
+def startup_done(lang: str | None = DEFAULT) -> str:
     """The panel once the models are ready and the page's draft checks have run: Ready (or the
-    start-up's error)."""
-    return startup_html(None, startup_steps(), ready=True, error=_PRELOAD["error"])
+    start-up's error), with how the threads wait."""
+    return startup_html(None, startup_steps(), ready=True, error=_PRELOAD["error"], lang=lang,
+                        note=threads_note(lang))
+
+
+def threads_note(lang: str | None = DEFAULT) -> str | None:
+    """How this process's OpenMP threads wait and why (``specdemo.OMP_WAIT``, decided once when
+    the process started: OpenMP reads it once), for the page; passive waiting says what it costs
+    and what to do."""
+    from .. import OMP_WAIT, _omp
+    if not OMP_WAIT:
+        return None
+    how = _omp.describe(OMP_WAIT)
+    return t("threads_passive" if OMP_WAIT.get("policy") == "passive" else "threads_spin", lang,
+             how=how)

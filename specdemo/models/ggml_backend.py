@@ -39,6 +39,7 @@ from ..core.errors import ModelLoadError
 from ..core.kv import PREFILL_CHUNK, feed_in_chunks, unknown_hidden_states
 from ..core.machine import default_threads
 from . import builtin, llama_ctypes
+from .ggufread import GGUFDamaged, check_whole
 from .llama_ctypes import (clear_errors, last_error, library, meta_string,
                            unavailable_reason as library_reason)
 
@@ -84,6 +85,12 @@ class GgmlModel:
         clear_errors()
         self.handle = self.lib.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.handle:
+            try:  # a file cut short or damaged, said in our words rather than llama.cpp's log
+                check_whole([self.path])
+            except GGUFDamaged as exc:
+                raise GgmlError(f"llama.cpp could not load {self.path}: the file {exc}") from None
+            except OSError:  # missing or unreadable: llama.cpp's words say which
+                pass
             why = last_error()
             raise GgmlError(f"llama.cpp could not load {self.path}" + (f" ({why})" if why else ""))
         self.n_layer = int(self.lib.llama_model_n_layer(self.handle))

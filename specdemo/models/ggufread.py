@@ -9,7 +9,10 @@ map once per (architecture, layers); the tensors, config and tokenizer come out 
 reader is read-only; checked by ``tests/test_startup.py``).
 
 :func:`block_count` reads a model's layer count from the metadata at the head of the file
-alone (milliseconds), where ``GGUFReader`` would parse the whole file first.
+alone (milliseconds), where ``GGUFReader`` would parse the whole file first. :func:`check_whole`
+reads the header, metadata and tensor list (half a second for a 100 MB model) and refuses a file
+cut short or damaged in words, before ``GGUFReader`` or llama.cpp would fail in theirs
+("unpack_from requires a buffer of at least 101 bytes").
 """
 
 from __future__ import annotations
@@ -54,18 +57,27 @@ _INTS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q
 _STRING, _ARRAY = 8, 9
 
 
+class _EndsEarly(ValueError):
+    """The GGUF's header, metadata or tensor list goes on past the end of the file."""
+
+
 class _Parts:
     """The files of a GGUF split into parts, read as one stream (only forward)."""
 
     def __init__(self, paths: list[Path]) -> None:
         self._paths, self._file = list(paths), None
+        self.size = sum(Path(p).stat().st_size for p in self._paths)  # bytes in all
+        self.pos = 0  # bytes read so far
 
     def read(self, n: int) -> bytes:
+        if n > self.size - self.pos:  # checked first: a damaged length never reads the file whole
+            raise _EndsEarly("the GGUF file ends inside its metadata")
+        self.pos += n
         out = b""
         while len(out) < n:
             if self._file is None:
-                if not self._paths:
-                    raise ValueError("the GGUF file ends inside its metadata")
+                if not self._paths:  # a part shrank while it was read
+                    raise _EndsEarly("the GGUF file ends inside its metadata")
                 self._file = open(self._paths.pop(0), "rb")
             chunk = self._file.read(n - len(out))
             if not chunk:
@@ -101,6 +113,74 @@ def _value(f: BinaryIO | _Parts, kind: int):
         f.read(_SIZES[kind])
         return None
     raise ValueError(f"unknown GGUF metadata type {kind}")
+
+
+class GGUFDamaged(ValueError):
+    """A GGUF file cut short or damaged (the message says how, in words that follow its name)."""
+
+
+def _tensor_bytes(dims: tuple[int, ...], kind: int) -> int:
+    """Bytes of a tensor of ``dims`` stored as ggml type ``kind`` (blocks of the gguf package's
+    ``GGML_QUANT_SIZES``)."""
+    from gguf.constants import GGML_QUANT_SIZES
+    if kind not in GGML_QUANT_SIZES:
+        raise ValueError(f"a tensor has the unknown type {kind}")
+    block, size = GGML_QUANT_SIZES[kind]
+    n = 1
+    for d in dims:
+        n *= d
+    return n // block * size
+
+
+def check_whole(paths: list[Path]) -> None:
+    """Refuse a GGUF file (one file, or its parts in order) that is cut short or damaged, reading
+    its header, metadata and tensor list only (ggml's gguf.md, "GGUF file structure"): every
+    tensor must lie inside the file, where its offset, shape and type put it.
+
+    Raises:
+        GGUFDamaged: not a GGUF file, an unknown version, metadata or tensor list that ends
+            early or holds a value of no known type, or tensor data beyond the file's end.
+        OSError: a file cannot be read.
+    """
+    f = _Parts(paths)
+    try:
+        if f.size < 4 or f.read(4) != b"GGUF":  # (an empty file too)
+            raise GGUFDamaged("is not a GGUF file (it does not start with the bytes GGUF)")
+        version, n_tensors, n_keys = struct.unpack("<IQQ", f.read(20))
+        if version not in (2, 3):
+            raise GGUFDamaged(f"is damaged or of another format (it declares GGUF version "
+                              f"{version}; versions 2 and 3 exist)")
+        alignment = 32  # GGUF_DEFAULT_ALIGNMENT
+        for _ in range(n_keys):
+            key = f.read(_unpack(f, "<Q")).decode("utf-8", "replace")
+            value = _value(f, _unpack(f, "<I"))
+            if key == "general.alignment" and isinstance(value, int) and value > 0:
+                alignment = value
+        tensors = []
+        for _ in range(n_tensors):
+            f.read(_unpack(f, "<Q"))  # the name
+            n_dims = _unpack(f, "<I")
+            if n_dims > 4:  # GGML_MAX_DIMS
+                raise ValueError(f"a tensor declares {n_dims} dimensions")
+            dims = struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims))
+            kind, offset = _unpack(f, "<I"), _unpack(f, "<Q")
+            tensors.append(offset + _tensor_bytes(dims, kind))
+    except _EndsEarly:
+        raise GGUFDamaged("is cut short or damaged (it ends inside its header: metadata or "
+                          "tensor list)") from None
+    except GGUFDamaged:
+        raise
+    except ValueError as exc:  # a value or tensor of no known type, too many dimensions
+        raise GGUFDamaged(f"is damaged ({exc})") from None
+    finally:
+        f.close()
+    if not tensors:  # no tensor data to hold
+        return
+    start = -(-f.pos // alignment) * alignment  # the tensor data begins at the next alignment
+    need = start + max(tensors)
+    if need > f.size:
+        raise GGUFDamaged(f"is cut short (its tensors need {need:,} bytes, it has "
+                          f"{f.size:,})")
 
 
 def block_count(paths: list[Path]) -> int:

@@ -184,17 +184,11 @@ def eagle3_problems(head: Eagle3Head, info: dict, target) -> tuple[list[str], li
     d2t = None if "d2t" in info.get("missing", []) else head.d2t
     t2d = None if "t2d" in info.get("missing", []) else head.t2d
     problems += map_problems(d2t, t2d, head.draft_vocab_size, vocab)
-    warnings = []
-    verifier = head.verifier.get("name_or_path")
-    names = {target.spec, _target_name(target), *BUILTIN_ALIASES.get(target.spec, ())}
-    if verifier and verifier not in names:
-        warnings.append(f"the head was trained for {verifier}, not {target.spec}; expect low "
-                        "acceptance unless they are the same model")
-    return problems, warnings
+    warning = folders.verifier_warning("the head", head.verifier.get("name_or_path"), target)
+    return problems, [warning] if warning else []
 
 
-#: other names of built-in targets, as a head's verifier may record them (the first: its hub id)
-BUILTIN_ALIASES = {"builtin:smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct",)}
+BUILTIN_ALIASES = folders.BUILTIN_ALIASES  # other names of built-in targets (where callers look)
 
 
 def verifier_name(target) -> str:

@@ -38,7 +38,7 @@ from .hardware import mps_bfloat16_problem  # noqa: F401  (also re-exported here
 from ..core.errors import ModelLoadError
 from ..core.errors import reason as _reason
 from . import quantize
-from .ggufread import block_count
+from .ggufread import GGUFDamaged, block_count, check_whole
 
 if TYPE_CHECKING:
     import torch
@@ -359,9 +359,10 @@ def _remote_code_guard(spec: str, exc: Exception) -> None:
 
 def check_local(spec: str) -> None:
     """Refuse at once, without loading anything, a local spec that cannot be a model: a path that
-    is neither a folder nor a .gguf file (a system file), a folder without a readable
-    ``config.json`` (missing, not JSON, a size or setting of the wrong type) or with a weight
-    file cut short. ``load_model`` refuses with the same words
+    is neither a folder nor a .gguf file (a system file), a .gguf file cut short or damaged
+    (its header, metadata and tensor list read: ``ggufread.check_whole``), a folder without a
+    readable ``config.json`` (missing, not JSON, a size or setting of the wrong type) or with a
+    weight file cut short. ``load_model`` refuses with the same words
     (``check`` and ``run`` agree); hub ids and built-in names pass (checked when loaded).
 
     Raises:
@@ -369,7 +370,14 @@ def check_local(spec: str) -> None:
     """
     kind = _kind(spec)
     if kind == "gguf":
-        _split_gguf(Path(spec).expanduser())
+        folder, name = _split_gguf(Path(spec).expanduser())
+        try:
+            check_whole([folder / name])
+        except GGUFDamaged as exc:
+            raise ModelLoadError(f"could not load {spec}: the file {exc}") from None
+        except OSError as exc:
+            raise ModelLoadError(f"could not load {spec}: the file cannot be read "
+                                 f"({exc.strerror or exc})") from None
     if kind != "dir":
         return
     # lazy: imports torch; --help stays fast

@@ -687,7 +687,8 @@ def stream_events(endpoint: Endpoint, messages: list[dict], settings,
     Raises:
         EndpointError: one sentence: no connection, a timeout, a TLS mismatch, an HTTP error, an
             answer that is not OpenAI's (a field of the wrong type is named), or a server that
-            closed the stream before its end.
+            closed the stream before its end (the answer is finished by ``[DONE]``, or by a
+            ``finish_reason`` when the stream then closes without ``[DONE]``).
     """
     import httpx
 
@@ -755,14 +756,15 @@ def stream_events(endpoint: Endpoint, messages: list[dict], settings,
                         stats.new_tokens = len(ids) or chunks
                     apply_reported(stats, reported)  # live: llama-server sends timings per chunk
                     yield DecodeEvent(part.ids, [False] * len(part.ids), part.text, stats.copy())
-                else:
-                    ended = True
+                else:  # closed without [DONE]: an answer with a finish_reason ended, else it was cut
+                    ended = finish is not None
         except httpx.HTTPError as exc:
             during = f" after {chunks} chunks of the answer" if chunks else ""
             raise EndpointError(_describe_http(exc, endpoint.url, during)) from None
         if finish != "cancelled" and not ended:
-            raise EndpointError(f"the server at {shown_url(endpoint.url)} ended the stream "
-                                f"before its end")
+            raise EndpointError(f"the server at {shown_url(endpoint.url)} closed the stream after "
+                                f"{chunks} chunks of the answer without finishing it (no "
+                                "finish_reason, no [DONE])")
         if finish != "cancelled" and chunks == 0 and usage is None:
             raise EndpointError(f"the server at {shown_url(endpoint.url)} streamed no answer")
         if before is not None:

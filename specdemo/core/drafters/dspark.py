@@ -42,6 +42,7 @@ layer a - 1), ``draft_vocab_size``, ``markov_rank``, ``markov_head_type``,
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,10 @@ _FIELDS = {"block_size": folders.POS_INT, "mask_token_id": folders.INT,
            "markov_head_type": folders.STR, "enable_confidence_head": folders.BOOL,
            "confidence_head_with_markov": folders.BOOL, "sample_from_anchor": folders.BOOL,
            "sliding_window_non_causal": folders.BOOL, "speculators_model_type": folders.STR}
+#: settings that change what is drafted, and the value this loader uses where a config gives none
+#: (absent or null; the loaded drafter's warnings say which were filled in)
+DEFAULTS = {"block_size": 8, "markov_rank": 256, "markov_head_type": "vanilla",
+            "enable_confidence_head": True, "confidence_head_with_markov": True}
 #: keys a saved speculators config carries besides :data:`_FIELDS` that change no computation
 _METADATA = {"architectures", "auto_map", "dtype", "torch_dtype", "transformers_version",
              "speculators_version", "speculators_config", "tie_word_embeddings", "_name_or_path",
@@ -158,6 +163,7 @@ class DSparkModel(nn.Module):
     def __init__(self, config: dict) -> None:
         from transformers import MuseGlimmerAssistantModel
         super().__init__()
+        config = with_defaults(config)[0]
         layer = config["transformer_layer_config"]
         self.config = config
         self.backbone = MuseGlimmerAssistantModel(_backbone_config(config, layer))
@@ -166,13 +172,13 @@ class DSparkModel(nn.Module):
         self.draft_vocab_size = draft_vocab = int(config.get("draft_vocab_size") or vocab)
         self.feature_layers = tuple(int(i) for i in config["aux_hidden_state_layer_ids"])
         self.sample_from_anchor = samples_from_anchor(config)
-        rank = int(config.get("markov_rank", 256))
-        self.with_markov = bool(config.get("confidence_head_with_markov", True))
+        rank = int(config["markov_rank"])
+        self.with_markov = bool(config["confidence_head_with_markov"])
         self.markov_head = (MarkovHead(vocab, draft_vocab, rank, hidden,
-                                       config.get("markov_head_type", "vanilla"))
+                                       config["markov_head_type"])
                             if rank > 0 else None)
         self.confidence_head = None
-        if config.get("enable_confidence_head", True):
+        if config["enable_confidence_head"]:
             self.confidence_head = nn.Module()
             self.confidence_head.proj = nn.Linear(hidden + (rank if self.with_markov else 0), 1)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False) if draft_vocab != vocab else None
@@ -212,7 +218,8 @@ def samples_from_anchor(config: dict) -> bool:
     methods = speculators.get("proposal_methods") if isinstance(speculators, dict) else None
     method = methods[0] if isinstance(methods, list) and methods else None
     method = method if isinstance(method, dict) else {}
-    tokens, block = method.get("speculative_tokens"), config.get("block_size", 8)
+    tokens = method.get("speculative_tokens")
+    block = config.get("block_size") or DEFAULTS["block_size"]
     if isinstance(tokens, int) and isinstance(block, int) and tokens == block - 1:
         return False
     return True
@@ -284,25 +291,42 @@ def _backbone_config(config: dict, layer: dict):
     n = int(layer["num_hidden_layers"])
     heads = int(layer["num_attention_heads"])
     rope = dict(layer.get("rope_parameters") or {}) or {
-        "rope_type": "default", "rope_theta": float(layer.get("rope_theta", 1_000_000.0))}
+        "rope_type": "default", "rope_theta": float(layer.get("rope_theta") or 1_000_000.0)}
     if layer.get("rope_scaling"):
         rope.update(layer["rope_scaling"])
         rope["rope_type"] = rope.pop("type", rope.get("rope_type", "default"))
     rope.setdefault("rope_type", "default")
-    max_pos = int(layer.get("max_position_embeddings", 40960))
+    max_pos = int(layer.get("max_position_embeddings") or 40960)  # null: absent, as everywhere
     aux = [int(i) for i in config["aux_hidden_state_layer_ids"]]
     return MuseGlimmerAssistantConfig(
         hidden_size=layer["hidden_size"], intermediate_size=layer["intermediate_size"],
         num_hidden_layers=n, num_attention_heads=heads,
         num_key_value_heads=layer.get("num_key_value_heads") or heads,
         head_dim=layer.get("head_dim") or int(layer["hidden_size"]) // heads,
-        rms_norm_eps=layer.get("rms_norm_eps", 1e-6), rope_parameters=rope,
+        rms_norm_eps=layer.get("rms_norm_eps") or 1e-6, rope_parameters=rope,
         max_position_embeddings=max_pos, sliding_window=max_pos,
-        layer_types=["full_attention"] * n, hidden_act=layer.get("hidden_act", "silu"),
+        layer_types=["full_attention"] * n, hidden_act=layer.get("hidden_act") or "silu",
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
-        block_size=int(config.get("block_size", 8)), mask_token_id=int(config["mask_token_id"]),
+        block_size=int(config.get("block_size") or DEFAULTS["block_size"]),
+        mask_token_id=int(config["mask_token_id"]),
         # transformers counts outputs of layers (DFlash's convention): hidden state a = layer a - 1
         target_layer_ids=[a - 1 for a in aux])
+
+
+def with_defaults(config: dict) -> tuple[dict, list[str]]:
+    """(``config`` with a :data:`DEFAULTS` value for every such setting it leaves absent or
+    null, the keys filled in)."""
+    missing = [k for k in DEFAULTS if config.get(k) is None]
+    return {**config, **{k: DEFAULTS[k] for k in missing}}, missing
+
+
+def defaults_warning(path: Path, keys: list[str]) -> str | None:
+    """The sentence naming the settings a config left to :data:`DEFAULTS` (None for none)."""
+    if not keys:
+        return None
+    used = ", ".join(f"{k} {json.dumps(DEFAULTS[k])}" for k in keys)
+    return (f"{path} gives no {', '.join(keys)}: this loader's default{'s' if len(keys) > 1 else ''}"
+            f" {used} {'are' if len(keys) > 1 else 'is'} used, which may not be how it was trained")
 
 
 def config_problem(config: dict, layer: dict, path: Path) -> str | None:
@@ -313,15 +337,15 @@ def config_problem(config: dict, layer: dict, path: Path) -> str | None:
         one = len(unknown) == 1
         return (f"{path}: {', '.join(unknown[:4])} {'is not a setting' if one else 'are not settings'}"
                 " of speculators' DSpark config that this loader runs")
-    kind = config.get("markov_head_type", "vanilla")
+    config = with_defaults(config)[0]
+    kind = config["markov_head_type"]
     if kind not in MARKOV_KINDS:
         return (f"{path}: markov_head_type {kind!r} is not one of {', '.join(MARKOV_KINDS)} "
                 "(the kinds speculators' DSpark defines)")
-    rank = int(config.get("markov_rank", 256))
+    rank = int(config["markov_rank"])
     if rank < 0:
         return f"{path}: markov_rank is {rank}; it must be 0 (no sequential head) or more"
-    if config.get("enable_confidence_head", True) and config.get("confidence_head_with_markov",
-                                                                 True) and rank == 0:
+    if config["enable_confidence_head"] and config["confidence_head_with_markov"] and rank == 0:
         return (f"{path}: confidence_head_with_markov needs the Markov head, but markov_rank is 0 "
                 "(speculators refuses the same config)")
     for key in ("mask_token_id", "aux_hidden_state_layer_ids"):
@@ -358,9 +382,10 @@ def load_dspark(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[DSpar
     """Read a DSpark folder in speculators' layout.
 
     Returns:
-        (model in eval mode, {"layout": "speculators", "config": the raw config, "ignored":
-        target-owned tensors found and not read, "t2d": the (V,) bool map or None,
-        "embed_tokens": the folder's (V, H) embedding copy or None}).
+        (model in eval mode, {"layout": "speculators", "config": the config with
+        :data:`DEFAULTS` filled in, "ignored": target-owned tensors found and not read, "t2d":
+        the (V,) bool map or None, "embed_tokens": the folder's (V, H) embedding copy or None,
+        "defaults": the keys of :data:`DEFAULTS` the config did not give}).
     Raises:
         DSparkFormatError: not a DSpark folder of this layout, a setting this loader does not run,
             a setting of the wrong type, or weights that are missing, unused or do not fit.
@@ -380,16 +405,20 @@ def load_dspark(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[DSpar
         raise DSparkFormatError(f"{path}: \"transformer_layer_config\" must be an object of "
                                 "settings")
     folders.check_fields(layer, folders.LAYER_FIELDS, path, "transformer_layer_config")
+    config, defaulted = with_defaults(config)
+    assumed = "" if not defaulted else (
+        f"; {path.name} gives no {', '.join(defaulted)}, so "
+        + ", ".join(f"{k} {json.dumps(DEFAULTS[k])}" for k in defaulted) + " was assumed")
     problem = config_problem(config, layer, path)
     if problem:
-        raise DSparkFormatError(problem)
+        raise DSparkFormatError(problem + assumed)
     vocab = int(layer["vocab_size"])
     draft_vocab = int(config.get("draft_vocab_size") or vocab)
     try:
         model = DSparkModel(config)
     except (TypeError, ValueError, KeyError) as exc:
         raise DSparkFormatError(f"{path}: the settings do not make a DSpark drafter "
-                                f"({folders._first_line(exc)})") from None
+                                f"({folders._first_line(exc)}){assumed}") from None
     state = folders.read_weights(folder)
     ignored = sorted(k for k in state if k in _TARGET_OWNED)
     embed_copy = state.get("embed_tokens.weight")
@@ -403,19 +432,22 @@ def load_dspark(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[DSpar
     if unused:
         back = {v: k for k, v in _RENAMES.items()}
         raise DSparkFormatError(folders.unused_weights_problem(
-            folder, [back.get(k, k.removeprefix("backbone.")) for k in unused], "the DSpark drafter"))
+            folder, [back.get(k, k.removeprefix("backbone.")) for k in unused], "the DSpark drafter")
+            + assumed)
     missing = [k for k in expected if k not in state and "rotary_emb" not in k]
     if missing:
         shown = [{v: k for k, v in _RENAMES.items()}.get(k, k.removeprefix("backbone."))
                  for k in missing]
-        raise DSparkFormatError(f"{folder}: weights missing: {', '.join(shown[:4])}")
+        raise DSparkFormatError(f"{folder}: weights missing: {', '.join(shown[:4])}{assumed}")
     wrong = [f"{k} {tuple(v.shape)} (expected {tuple(expected[k].shape)})"
              for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
     if wrong:
-        raise DSparkFormatError(f"{folder}: weights do not fit the config: {', '.join(wrong[:3])}")
+        raise DSparkFormatError(f"{folder}: weights do not fit the config: "
+                                f"{', '.join(wrong[:3])}{assumed}")
     model.load_state_dict(state, strict=False)
     return model.to(dtype).eval(), {"layout": LAYOUT, "config": config, "ignored": ignored,
-                                    "t2d": t2d, "embed_tokens": embed_copy}
+                                    "t2d": t2d, "embed_tokens": embed_copy,
+                                    "defaults": defaulted}
 
 
 def dspark_problems(model: DSparkModel, info: dict, target) -> tuple[list[str], list[str]]:
@@ -438,14 +470,11 @@ def dspark_problems(model: DSparkModel, info: dict, target) -> tuple[list[str], 
     if model.block_size < (1 if model.sample_from_anchor else 2):
         problems.append(f"block_size {model.block_size} drafts nothing")
     problems += map_problems(model.d2t, info.get("t2d"), model.draft_vocab_size, model.vocab_size)
-    warnings = []
-    verifier = ((info["config"].get("speculators_config") or {}).get("verifier") or {})
+    speculators = info["config"].get("speculators_config")
+    verifier = speculators.get("verifier") if isinstance(speculators, dict) else None
     name = verifier.get("name_or_path") if isinstance(verifier, dict) else None
-    known = {target.spec, str(getattr(target.model.config, "_name_or_path", "") or "")}
-    if name and name not in known and Path(str(name)).name not in {Path(k).name for k in known}:
-        warnings.append(f"the DSpark drafter was trained for {name}, not {target.spec}; expect "
-                        "low acceptance unless they are the same model")
-    return problems, warnings
+    warning = folders.verifier_warning("the DSpark drafter", name, target)
+    return problems, [warning] if warning else []
 
 
 def min_survival_setting() -> float:
@@ -643,4 +672,7 @@ def load_checked(spec: str, folder: Path, target, dtype: torch.dtype = torch.flo
     if ignored:
         warnings.append(f"{folder} also holds {', '.join(ignored)}: DSpark uses the "
                         "target's own embeddings and head, so these are not read")
+    defaulted = defaults_warning(Path(folder) / "config.json", info.get("defaults") or [])
+    if defaulted:
+        warnings.append(defaulted)
     return LoadedDSpark(spec, model.to(target.device), info, warnings, min_survival=min_survival)

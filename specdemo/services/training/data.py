@@ -325,6 +325,10 @@ def load_answers(out_dir: Path) -> list[dict]:
     return rows
 
 
+#: --capture-backend -> the native weights it runs with (None: transformers, float32)
+CAPTURE_BACKENDS = {"transformers": None, "native": "bf16", "native-w8a8": "w8a8"}
+
+
 @torch.inference_mode()
 def capture_features(target, answers: list[dict], indices: tuple[int, ...], out_dir: Path,
                      shard_size: int = 64, batch_size: int = 8,
@@ -338,16 +342,18 @@ def capture_features(target, answers: list[dict], indices: tuple[int, ...], out_
     target's final hidden state (its logits are ``lm_head(last)``).
 
     Args:
-        backend: "transformers" (the float32 model, ``batch_size`` answers a forward) or
+        backend: "transformers" (the float32 model, ``batch_size`` answers a forward),
             "native" (our C forward with BF16 weights, one answer a forward: about twice as
             fast on a CPU with AVX512-BF16; its features are those the target has when it runs
-            on that backend, within BF16 rounding of the float32 ones).
+            on that backend, within BF16 rounding of the float32 ones) or "native-w8a8" (the
+            same forward with the int8 weights and activations ``auto`` picks on most CPUs: the
+            features a head reads when users run it there).
     Raises:
         ValueError: an unknown backend; models.native_backend.NativeError: native unavailable.
     """
-    if backend not in ("transformers", "native"):
-        raise ValueError(f"capture backend {backend!r}: transformers or native")
-    run = _native_capture(target, indices) if backend == "native" else None
+    if backend not in CAPTURE_BACKENDS:
+        raise ValueError(f"capture backend {backend!r}: one of {', '.join(CAPTURE_BACKENDS)}")
+    run = None if backend == "transformers" else _native_capture(target, indices, CAPTURE_BACKENDS[backend])
 
     def captured(chunk: list[dict]):
         """(answer, features (N, F), last (N, H)) per answer of ``chunk``, in order."""
@@ -398,10 +404,11 @@ def _shard_holds(path: Path, chunk: list[dict]) -> bool:
         x["ids"].tolist() == r["ids"] for x, r in zip(items, chunk))
 
 
-def _native_capture(target, indices: tuple[int, ...]):
-    """ids -> (features (N, len(indices) * H), last (N, H)) float32 through the native backend:
-    one forward over the whole answer, the final norm's output as ``last``."""
-    kv = NativeKV(native_model(target))
+def _native_capture(target, indices: tuple[int, ...], weights: str = "bf16"):
+    """ids -> (features (N, len(indices) * H), last (N, H)) float32 through the native backend
+    with ``weights`` ("bf16", "w8a8"): one forward over the whole answer, the final norm's output
+    as ``last``."""
+    kv = NativeKV(native_model(target, weights))
     n_layer, width = kv.n_layer, len(indices) * target.model.config.get_text_config().hidden_size
 
     def run(ids: list[int]):

@@ -119,6 +119,39 @@ def answer_chunk(target, rows: list[dict], todo: list[tuple[int, int]], shard_di
     return ChunkResult(len(made), n_tokens, seconds, written[-1] if written else None)
 
 
+def import_answers(theirs: list[dict], have: list[dict], rows: list[dict], shard_dir: Path,
+                   target_name: str) -> tuple[int, list[Path]]:
+    """Pack shard answers ``theirs`` (``shards.read_all`` of another machine's folder) into new
+    shards in ``shard_dir``, leaving out the (prompt, answer index) pairs ``have`` holds and
+    answers to prompts not in ``rows``. Returns (answers added, new shard files).
+
+    Raises:
+        GrowError: an answer of ``theirs`` was generated with a lower token limit than the least
+            of ``have``'s (a training run reading both would have to cut every answer to it).
+    """
+    floor = min((a["max_new_tokens"] or 0 for a in have), default=0)
+    short = {a["max_new_tokens"] for a in theirs if (a["max_new_tokens"] or 0) < floor}
+    if short:
+        raise GrowError(f"those shards hold answers of at most {min(x or 0 for x in short)} tokens, fewer than "
+                        f"the {floor} of the shards here: importing them would cut every training answer")
+    known = {(a["key"], a["answer_index"]) for a in have}
+    index = {shards.prompt_key(r): i for i, r in enumerate(rows)}
+    made, limits = [], []
+    for a in theirs:
+        i = index.get(a["key"])
+        if i is None or (a["key"], a["answer_index"]) in known:
+            continue
+        known.add((a["key"], a["answer_index"]))
+        made.append({"prompt_index": i, "answer_index": a["answer_index"], "temperature": a["temperature"],
+                     "n_prompt": a["n_prompt"], "ids": [0] * a["n_prompt"] + a["answer"]})
+        limits.append(a["max_new_tokens"])
+    if not made:
+        return 0, []
+    limit = None if None in limits else min(limits)  # the least any of them was allowed
+    meta = {"target": target_name, "max_new_tokens": limit, "generated_on": "imported"}
+    return len(made), shards.write_shards(shard_dir, made, rows, meta)
+
+
 def follow_ups_from_shards(tokenizer, base_rows: list[dict], shard_dir: Path, target_name: str,
                            seed: int = 0, per_answer: int = 2) -> list[dict]:
     """``prompt_scale.follow_up_rows`` for every greedy shard answer to a training row of

@@ -180,7 +180,9 @@ def seeded_rows(seed: int = 0) -> list[dict]:
     english = _english(rng)
     for kind, p in english:
         task = "creative" if kind == "creative" else "chat"
-        for register in {rng.choice(("plain", "terse")), rng.choice(REGISTERS), *rng.sample(REGISTERS[2:], 2)}:
+        # dict, not set: a set's order follows string hashing, which changes with each process
+        for register in dict.fromkeys([rng.choice(("plain", "terse")), rng.choice(REGISTERS),
+                                       *rng.sample(REGISTERS[2:], 2)]):
             rows.append({"task": task, "family": f"scale:{kind}:{register}", "prompt": in_register(p, register, rng)})
     shuffled = english[:]
     rng.shuffle(shuffled)
@@ -207,17 +209,25 @@ def follow_up_rows(answered: list[tuple[dict, str]], seed: int = 0, per_answer: 
             keep their earlier turns.
         per_answer: follow-ups written for each answer (distinct asks).
     Returns:
-        rows {"task": "chat-multiturn", "family": "scale:follow-up", "prompt", "messages", "source"}.
+        rows {"task": "chat-multiturn", "family": "scale:follow-up", "prompt", "messages", "source"};
+        a Chinese conversation gets its follow-up in its own script.
     """
     rng = random.Random(seed)
     en, zh = S.split_list(S.FOLLOW_UPS), S.split_list(S.ZH_FOLLOW_UPS)
+    zh_hans = None  # converted only when a Chinese row needs it
     out = []
     for row, answer in answered:
         answer = answer.strip()
         if not answer:
             continue
         turns = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
-        asks = zh if row.get("task") == "chinese" else en
+        asks = en
+        if row.get("task") == "chinese":
+            text = row_text(row)
+            asks = zh
+            if to_simplified([text])[0] == text:  # the conversation is in Simplified script
+                zh_hans = zh_hans or to_simplified(zh)
+                asks = zh_hans
         for ask in rng.sample(asks, min(per_answer, len(asks))):
             msgs = turns + [{"role": "assistant", "content": answer}, {"role": "user", "content": ask}]
             out.append({"task": "chat-multiturn", "family": "scale:follow-up", "prompt": ask,

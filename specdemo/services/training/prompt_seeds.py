@@ -90,7 +90,7 @@ clean a cluttered garage | fix a squeaky door | patch a hole in a wall | hang a 
 paint a fence | set up a home office | make a small room feel bigger | move house without stress |
 plan a trip to Japan | pack light for two weeks | get over jet lag | find cheap train tickets in Europe |
 plan a first visit to Paris | travel alone for the first time | plan a road trip along the coast | go island hopping |
-learn to climb a rope | improve my posture | stretch after sitting all day | start yoga at home |
+learn to climb a rope | improve my posture | stretch after a long day at a desk | start yoga at home |
 build a habit of drinking water | walk ten thousand steps a day | get back into exercise after a break |
 volunteer at an animal shelter | mentor a student | organise a charity run | write letters to a pen pal
 """

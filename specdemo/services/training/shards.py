@@ -16,6 +16,10 @@ Arrays of a shard (A answers, N answer tokens in all):
     tokens (N,) uint16 or uint32: the answers, concatenated in order.
     meta () str: JSON: {"target", "max_new_tokens", "generated_on", "created"}.
 
+Every field is checked when a shard is read (:func:`read_shard`: the types and ranges above, the
+lengths agreeing; ``meta`` a JSON object whose keys, where present, are of those types), and a
+shard that fails is refused in one sentence naming the file and the field.
+
 A shard is written once, whole (a temporary file renamed), and never changed; generation
 appends new shards. ``train-draft --answers-dir DIR`` reads the shards of its target before it
 generates (so it generates only what is missing) and packs what it generated into a new shard.
@@ -25,8 +29,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import tempfile
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -50,29 +57,92 @@ def prompt_key(row: dict) -> str:
 
 
 def read_shard(path: Path) -> dict:
-    """One shard's arrays and its parsed ``meta``.
+    """One shard's arrays and its parsed ``meta``, every field checked (types, ranges).
 
     Raises:
-        ShardError: the file is missing, damaged, or lacks an array or a consistent length.
+        ShardError: the file is missing or damaged, lacks an array, or a field is of the wrong
+            type, out of range or of an inconsistent length (one sentence naming the file and
+            the field).
     """
+    names = ("keys", "answer_index", "temperature", "n_prompt", "lengths", "tokens", "meta")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            shard = {k: z[k] for k in ("keys", "answer_index", "temperature", "n_prompt",
-                                       "lengths", "tokens", "meta")}
-    except KeyError as exc:
-        raise ShardError(f"answer shard {path} lacks the array {exc}: regenerate it") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):  # one .npy array, not an archive
+            raise ValueError("not a numpy archive")
+        with archive:
+            missing = [k for k in names if k not in archive.files]
+            shard = {k: archive[k] for k in names if k not in missing}
+    except (OSError, ValueError, zipfile.BadZipFile, zlib.error, EOFError) as exc:
         raise ShardError(f"answer shard {path} cannot be read ({type(exc).__name__}): the file "
                          "is damaged; delete it and generate its answers again") from None
-    try:
-        shard["meta"] = json.loads(str(shard["meta"]))
-    except ValueError:
-        raise ShardError(f"answer shard {path} has unreadable metadata: regenerate it") from None
-    a = len(shard["keys"])
-    if any(len(shard[k]) != a for k in ("answer_index", "temperature", "n_prompt", "lengths")) \
-            or int(shard["lengths"].sum()) != len(shard["tokens"]):
-        raise ShardError(f"answer shard {path} has arrays of inconsistent lengths: regenerate it")
+    if missing:
+        raise ShardError(f"answer shard {path} lacks the array {missing[0]!r}; delete it and "
+                         "generate its answers again")
+    problem = _arrays_problem(shard)
+    if problem is None:
+        shard["meta"], problem = _meta(shard["meta"])
+    if problem:
+        raise ShardError(f"answer shard {path}: {problem}; delete it and generate its answers "
+                         "again")
     return shard
+
+
+#: array -> (numpy kinds it may have, the smallest value allowed, its words)
+_ARRAYS = {"keys": ("U", None, "16-hex-digit prompt keys"),
+           "answer_index": ("iu", 0, "whole numbers of at least 0"),
+           "temperature": ("f", 0.0, "finite numbers of at least 0"),
+           "n_prompt": ("iu", 1, "whole numbers of at least 1"),
+           "lengths": ("iu", 0, "whole numbers of at least 0"),
+           "tokens": ("iu", 0, "token ids (whole numbers of at least 0)")}
+
+
+def _arrays_problem(shard: dict) -> str | None:
+    """What is wrong with a shard's arrays (naming the field), or None."""
+    for name, (kinds, least, words) in _ARRAYS.items():
+        values = shard[name]
+        if values.ndim != 1 or values.dtype.kind not in kinds:
+            return f"its {name} must be a list of {words}, not a {values.dtype} array of shape " \
+                   f"{values.shape}"
+        if name == "keys":
+            if any(len(k) != 16 or k.strip("0123456789abcdef") for k in values.tolist()):
+                return f"its {name} must be {words}"
+        else:
+            bad = values[~(np.isfinite(values) & (values >= least))]
+            if bad.size:
+                return f"its {name} must be {words}, not {bad[0].item()!r}"
+    a = len(shard["keys"])
+    for name in ("answer_index", "temperature", "n_prompt", "lengths"):
+        if len(shard[name]) != a:
+            return (f"its arrays have inconsistent lengths ({name} has {len(shard[name])} "
+                    f"entries, keys {a})")
+    if int(shard["lengths"].sum()) != len(shard["tokens"]):
+        return (f"its arrays have inconsistent lengths (lengths add up to "
+                f"{int(shard['lengths'].sum())}, tokens has {len(shard['tokens'])})")
+    return None
+
+
+#: meta key -> (test, words): the keys write_shards records (each may be absent)
+_META = {"target": (lambda v: isinstance(v, str) and bool(v), "a model name"),
+         "max_new_tokens": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                            "a whole number of at least 1"),
+         "generated_on": (lambda v: isinstance(v, str), "text"),
+         "created": (lambda v: isinstance(v, str), "text")}
+
+
+def _meta(meta: np.ndarray) -> tuple[dict | None, str | None]:
+    """(the parsed ``meta`` array, None), or (None, what is wrong with it, naming the field)."""
+    if meta.ndim != 0 or meta.dtype.kind != "U":
+        return None, "its meta must be one JSON text"
+    try:
+        info = json.loads(str(meta))
+    except ValueError:
+        return None, "its meta is not JSON"
+    if not isinstance(info, dict):
+        return None, f"its meta must be a JSON object, not {json.dumps(info)[:40]}"
+    for key, (fits, words) in _META.items():
+        if info.get(key) is not None and not fits(info[key]):
+            return None, f"its meta's \"{key}\" must be {words}, not {json.dumps(info[key])[:40]}"
+    return info, None
 
 
 def shard_paths(directory: Path) -> list[Path]:
@@ -80,14 +150,19 @@ def shard_paths(directory: Path) -> list[Path]:
     return sorted(Path(directory).glob("[0-9]*.npz"))
 
 
-def read_all(directory: Path, target: str | None = None) -> tuple[list[dict], list[str]]:
+def read_all(directory: Path, target: str | None = None,
+             vocab_size: int | None = None) -> tuple[list[dict], list[str]]:
     """Every answer in ``directory``'s shards, as dicts {"key", "answer_index", "temperature",
     "n_prompt", "answer" (list of ids), "max_new_tokens" (the generation's token limit from the
-    shard's metadata, None where it does not say), "shard" (the file's name)}, and one note per shard skipped because another target
-    wrote it (when ``target`` is given).
+    shard's metadata, None where it does not say), "shard" (the file's name)}, and one note per
+    shard skipped because another target wrote it (when ``target`` is given).
 
+    Args:
+        vocab_size: the target's vocabulary V; a shard of ``target`` holding an id >= V is
+            refused (it was generated with another tokenizer).
     Raises:
-        ShardError: a damaged shard (one sentence).
+        ShardError: a damaged shard, or one with ids beyond ``vocab_size`` (one sentence naming
+            the file and the field).
     """
     answers, notes = [], []
     for path in shard_paths(directory):
@@ -95,6 +170,11 @@ def read_all(directory: Path, target: str | None = None) -> tuple[list[dict], li
         if target is not None and shard["meta"].get("target") != target:
             notes.append(f"{path.name}: answers of {shard['meta'].get('target')!r}, not {target!r}")
             continue
+        if vocab_size is not None and shard["tokens"].size and shard["tokens"].max() >= vocab_size:
+            raise ShardError(f"answer shard {path}: its tokens hold the id "
+                             f"{int(shard['tokens'].max())}, beyond the {vocab_size:,}-id "
+                             f"vocabulary of {target or 'the target'}; its answers were "
+                             "generated with another tokenizer: move it out of this folder")
         ends = np.cumsum(shard["lengths"])
         starts = ends - shard["lengths"]
         tokens = shard["tokens"]
@@ -137,6 +217,28 @@ def as_answer_rows(answers: list[dict], rows: list[dict], prompt_ids) -> tuple[l
     return out, mismatched
 
 
+def folder_problem(directory: Path) -> str | None:
+    """Why new shards could not be written into ``directory``, in words that follow its name
+    ("is a file, not a folder"), or None when they can. Creates nothing: a folder that does not
+    exist yet is judged by the nearest folder above it, where it would be created."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        return "is a file, not a folder"
+    existing = directory.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"lies under {existing}, which is a file"
+    try:  # the operating system's answer, whoever runs this (permissions, a read-only disk)
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        where = "cannot be written" if existing == directory.absolute() \
+            else f"cannot be created in {existing}"
+        return f"{where} ({exc.strerror or type(exc).__name__})"
+    return None
+
+
 def write_shards(directory: Path, answer_rows: list[dict], rows: list[dict], meta: dict) -> list[Path]:
     """Pack ``answers.jsonl`` rows (``prompt_index`` into ``rows``) into new shards after the
     existing ones, ``MAX_ANSWERS_PER_SHARD`` answers at most each. Returns the new files."""
@@ -167,7 +269,11 @@ def write_shards(directory: Path, answer_rows: list[dict], rows: list[dict], met
 
 
 def summary(directory: Path = SHARDS_DIR) -> dict:
-    """{"shards", "answers", "answer_tokens", "bytes", "targets"} of a shard folder."""
+    """{"shards", "answers", "answer_tokens", "bytes", "targets"} of a shard folder.
+
+    Raises:
+        ShardError: a damaged shard (:func:`read_shard`).
+    """
     paths = shard_paths(directory)
     answers = tokens = 0
     targets = set()
@@ -182,7 +288,7 @@ def summary(directory: Path = SHARDS_DIR) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m specdemo.services.training.shards [DIR]``: print :func:`summary` of DIR as
-    JSON. Returns the exit status (0)."""
+    JSON. Returns the exit status: 0, or 2 after one line naming a damaged shard."""
     import argparse
     ap = argparse.ArgumentParser(
         prog="python -m specdemo.services.training.shards",
@@ -194,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.directory.is_dir():
         ap.error(f"{args.directory} is not a folder")
-    print(json.dumps(summary(args.directory), indent=1))
+    try:
+        print(json.dumps(summary(args.directory), indent=1))
+    except ShardError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import LlamaConfig
 
 from ...core.drafters.eagle import Eagle3Head
+from ...core.drafters.features import capture
 from ...core.drafters.vocab import build_maps
 from ...models.learned import verifier_name
 
@@ -57,6 +58,7 @@ class Recipe:
     loss_on_prompt: bool = True  # the target's distribution is a label at prompt positions too
     train_dtype: str = "float32"  # "bfloat16": the forward and backward under autocast (weights stay float32)
     feature_noise: float = 0.0  # Gaussian noise on the input features, times each vector's RMS
+    train_budget_s: float | None = None  # fit the learning-rate schedule to this many seconds of training
 
 
 @dataclass
@@ -67,6 +69,7 @@ class TrainState:
     losses: list[float] = field(default_factory=list)
     accuracy: list[list[float]] = field(default_factory=list)  # per step: top-1 agreement per TTT step
     seconds: float = 0.0
+    planned: int = 0  # the learning-rate schedule's length in steps (fixed once known; kept across resumes)
 
 
 def new_head(target, recipe: Recipe, token_counts: torch.Tensor) -> Eagle3Head:
@@ -211,6 +214,23 @@ def collate(items: list[dict], steps: int, loss_on_prompt: bool = False):
     return features, ids, last, answer, lengths
 
 
+@torch.no_grad()
+def with_features(target, items: list[dict], indices: tuple[int, ...]) -> list[dict]:
+    """``items`` ({"ids" (N,), "n_prompt"}) with the target's "features" (N, F) and "last" (N, H)
+    computed now, in one right-padded forward on the target's device (online training: nothing
+    stored, as SpecForge's online mode; the features are the target's in the step's autocast
+    dtype)."""
+    width = max(len(x["ids"]) for x in items)
+    ids = torch.zeros(len(items), width, dtype=torch.long)
+    mask = torch.zeros(len(items), width, dtype=torch.long)
+    for i, x in enumerate(items):
+        ids[i, :len(x["ids"])] = x["ids"].long()
+        mask[i, :len(x["ids"])] = 1
+    feats, last = capture(target.model, ids.to(target.device), indices, mask.to(target.device))
+    return [{**x, "features": feats[i, :len(x["ids"])].float(), "last": last[i, :len(x["ids"])].float()}
+            for i, x in enumerate(items)]
+
+
 def ttt_loss(head: Eagle3Head, target_head: torch.Tensor, batch, recipe: Recipe):
     """Weighted TTT loss and top-1 agreement per step.
 
@@ -275,6 +295,7 @@ def autocast(model: torch.nn.Module, recipe):
 
 
 StepLoss = Callable[[list[dict], int], tuple[torch.Tensor, list[float]]]
+TIMING_STEPS = 12  # steps timed before a time budget fixes the schedule's length
 
 
 def run_training(model: torch.nn.Module, params: list[torch.nn.Parameter], items: list[dict],
@@ -287,7 +308,10 @@ def run_training(model: torch.nn.Module, params: list[torch.nn.Parameter], items
     AdamW (``recipe.learning_rate``, ``recipe.weight_decay``) with linear warm-up over
     ``recipe.warmup_steps`` and cosine decay to 0 over ``recipe.epochs`` epochs, gradients
     clipped to norm 1; each epoch's batches of ~``recipe.batch_tokens`` padded tokens in an
-    order seeded by ``recipe.seed + epoch`` (:func:`batches`). A checkpoint (``model`` under
+    order seeded by ``recipe.seed + epoch`` (:func:`batches`). With ``recipe.train_budget_s``,
+    the schedule's length is fixed after the first ``TIMING_STEPS`` steps to the steps that fit
+    the budget at their pace (never more than the epochs give), so that a run on a machine of
+    unknown speed (a GPU lent for minutes) still decays its learning rate to 0. A checkpoint (``model`` under
     "head", optimiser, :class:`TrainState`, recipe) is written to ``out_dir/checkpoint.pt``
     every ``recipe.checkpoint_every_s`` seconds, at the end and on Ctrl-C; ``resume`` loads it
     and continues with the same batch order and schedule, so the loss curve is the one an
@@ -320,10 +344,11 @@ def run_training(model: torch.nn.Module, params: list[torch.nn.Parameter], items
         state = TrainState(**saved["state"])
     step_loss = make_step()
     per_epoch = len(batches(items, recipe.batch_tokens, recipe.seed))
-    planned = per_epoch * recipe.epochs  # the learning-rate schedule's length
+    planned = state.planned or per_epoch * recipe.epochs  # the learning-rate schedule's length
+    budget_s = getattr(recipe, "train_budget_s", None)
     total = min(planned, max_steps or planned)
     bar = tqdm(total=total, initial=state.step, desc=desc, unit="step")
-    last_save = time.perf_counter()
+    last_save = paced = time.perf_counter()
     model.train()
     try:
         while state.step < total:
@@ -345,6 +370,16 @@ def run_training(model: torch.nn.Module, params: list[torch.nn.Parameter], items
                 state.losses.append(float(loss.detach()))
                 state.accuracy.append(agree)
                 state.seconds += time.perf_counter() - start
+                if budget_s and not state.planned and state.step == TIMING_STEPS:
+                    # the schedule fits the time budget: steps at the pace of steps 2..TIMING_STEPS
+                    pace_s = (time.perf_counter() - paced) / (TIMING_STEPS - 1)
+                    planned = min(planned, max(TIMING_STEPS, int(budget_s / pace_s)))
+                    total = min(planned, max_steps or planned)
+                    bar.total = total
+                if state.step == 1:
+                    paced = time.perf_counter()
+                if state.step >= TIMING_STEPS or not budget_s:
+                    state.planned = planned
                 bar.update(1)
                 bar.set_postfix(loss=f"{state.losses[-1]:.3f}", top1=" ".join(f"{a:.2f}" for a in agree[:shown]))
                 if time.perf_counter() - last_save > recipe.checkpoint_every_s:
@@ -382,6 +417,8 @@ def train(head: Eagle3Head, target, items: list[dict], recipe: Recipe, out_dir: 
         target_head = target.model.get_output_embeddings().weight[head.draft_ids()].detach().float()
 
         def step(batch_items: list[dict], n: int):
+            if "features" not in batch_items[0]:  # online: the target's features of this batch, now
+                batch_items = with_features(target, batch_items, recipe.feature_layers)
             batch = to_device(collate(batch_items, recipe.ttt_steps, recipe.loss_on_prompt),
                               target_head.device)
             return ttt_loss(head, target_head, batch, recipe)
