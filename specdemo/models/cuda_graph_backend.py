@@ -14,8 +14,9 @@ graph launches them in one call. What makes the forward capturable:
   they are written to and, for a draft tree, the mask; a forward copies its inputs into them and
   replays. No step reads a tensor's value on the host (no ``.item()``, no data-dependent branch).
 * **one graph per (width, feature layers, chain or tree)**, captured the first time it is
-  needed (the warm-up runs every width a race uses, so capturing stays off the clocks); forwards
-  wider than :data:`MAX_GRAPH_WIDTH` (prefill chunks) run the same function eagerly.
+  needed (the warm-up's forwards capture the chain widths before a race's clocks start; a draft
+  tree's width is captured in its first round); forwards wider than :data:`MAX_GRAPH_WIDTH`
+  (prefill chunks) run the same function eagerly.
 
 The weights are the transformers model's own tensors (no copy; float32, bfloat16 or float16);
 the rotary tables come from the model's own rotary module. Offered only where a CUDA device
