@@ -295,7 +295,9 @@ def cmd_plain(args) -> int:
             pipe.run(ids, settings, False)  # untimed: captures every width once
             result = pipe.run(ids, settings, False)
             ours[backend] = result.token_ids
-            emit(args.out, {**base, "engine": f"specdemo {backend}",
+            graphs = {"graphs_captured": pipe.kv.captures, "capture_error": pipe.kv.capture_error} \
+                if backend == "cuda-graphs" else {}
+            emit(args.out, {**base, "engine": f"specdemo {backend}", **graphs,
                             "new_tokens": result.stats.new_tokens,
                             "tokens_per_s": _round(result.stats.tokens_per_s),
                             "decode_tokens_per_s": _round(result.stats.decode_tokens_per_s),

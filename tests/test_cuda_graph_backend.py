@@ -107,6 +107,20 @@ def test_replays_read_the_buffers_filled_for_them(target):
     assert kv.captures == 2  # the prompt's width and width 1
 
 
+def test_a_refused_capture_leaves_the_cache_running_eagerly(target, caplog):
+    tries = []
+
+    def refuse(fn):
+        tries.append(fn)
+        raise RuntimeError("operation not permitted when stream is capturing")
+    kv, ref = _kv(target, refuse), KVModel(target)
+    torch.testing.assert_close(kv.forward(IDS, 2), ref.forward(IDS, 2), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kv.forward([4], 1), ref.forward([4], 1), atol=1e-4, rtol=1e-4)
+    assert kv.captures == 0 and len(tries) == 1  # no second try for the next width
+    assert kv.capture_error == "RuntimeError: operation not permitted when stream is capturing"
+    assert "runs its forwards eagerly" in caplog.text
+
+
 def test_the_cache_grows_and_graphs_are_captured_again(target):
     counting = Counting()
     kv = _kv(target, counting, capacity=16)

@@ -27,6 +27,7 @@ is how its cache, rollback, per-width dispatch and greedy identity are tested
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Callable
 
@@ -36,6 +37,8 @@ import torch.nn.functional as F
 from ..core.errors import ModelLoadError
 from ..core.kv import StaticCacheKV, keep_tree_rows
 from .compiled_backend import llama_reason, rotate
+
+log = logging.getLogger(__name__)
 
 NAME = "cuda-graphs"
 MAX_GRAPH_WIDTH = 32  # forwards over more tokens (prefill chunks) run eagerly
@@ -240,6 +243,7 @@ class CudaGraphKV(StaticCacheKV):
         self.n_layer = weights.n_layer
         self.capture = capture or (capture_cuda if self.device.type == "cuda" else run_eagerly)
         self.captures = 0  # graphs captured so far (tests count them)
+        self.capture_error: str | None = None  # why capturing failed (then every forward is eager)
         self.capacity, self.first_capacity = 0, capacity
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
@@ -297,9 +301,16 @@ class CudaGraphKV(StaticCacheKV):
         fill(width)
         if s > MAX_GRAPH_WIDTH:
             return self._forward(width, layers)
+        if width.replay is None and self.capture_error is None:
+            try:
+                width.replay = self.capture(lambda: self._forward(width, layers))
+                self.captures += 1
+            except RuntimeError as exc:  # a capture CUDA refuses: this cache runs eagerly
+                log.warning("cuda-graphs: capturing a %d-token forward failed (%s); this cache "
+                            "runs its forwards eagerly", s, exc)
+                self.capture_error = f"{type(exc).__name__}: {exc}"[:300]
         if width.replay is None:
-            width.replay = self.capture(lambda: self._forward(width, layers))
-            self.captures += 1
+            width.replay = run_eagerly(lambda: self._forward(width, layers))
         logits, feats = width.replay()
         return logits.clone(), (feats.clone() if feats is not None else None)
 
