@@ -14,12 +14,14 @@ import torch
 from specdemo.core import TARGET_BACKENDS
 from specdemo.core.kv import KVModel, TargetKV
 from specdemo.models import compiled_backend as cb
+from specdemo.models import cuda_graph_backend as cg
 from specdemo.models import ggml_backend as gg
 from specdemo.models import native as nb
 from tiny import tiny_llama
 
 #: the class each family of backends runs the target on (a new family must be added here)
-CLASSES = {"transformers": KVModel, "native": nb.NativeKV, "int8": cb.Int8KV, "ggml": gg.GgmlKV}
+CLASSES = {"transformers": KVModel, "native": nb.NativeKV, "int8": cb.Int8KV, "ggml": gg.GgmlKV,
+           "cuda-graphs": cg.CudaGraphKV}
 METHODS = ("forward", "forward_features", "rollback", "reset")
 
 

@@ -147,7 +147,9 @@ def add_backend_flag(parser: argparse.ArgumentParser) -> None:
                              "compiled once with the system C compiler; docs/cpu-backends.md), "
                              "native-int8 (the same with int8 weights, one scale a row) or "
                              "native-w8a8 (int8 weights times int8 activations with one scale "
-                             "per 32 values, exact integer sums)")
+                             "per 32 values, exact integer sums) or, on a CUDA GPU, "
+                             "cuda-graphs (a static KV cache and one captured CUDA graph per "
+                             "verification width)")
 
 
 def register(sub) -> None:

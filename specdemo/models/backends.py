@@ -22,6 +22,7 @@ from typing import Callable
 from ..core import BACKENDS, TARGET_BACKENDS, family_backends
 from ..core.kv import KVModel
 from . import compiled_backend as cb
+from . import cuda_graph_backend as cg
 from . import ggml_backend as gg
 from . import native as nb
 
@@ -72,6 +73,10 @@ def _row(name: str, family: str, weights: str | None) -> Backend:
         return Backend(name, family, weights, nb.unavailable_reason,
                        lambda loaded: nb.native_model(loaded, weights) and None,
                        lambda loaded: nb.NativeKV(nb.model_of(loaded)), nb.head_stepper)
+    if family == "cuda-graphs":
+        return Backend(name, family, weights, cg.unavailable_reason,
+                       lambda loaded: cg.static_model(loaded) and None,
+                       lambda loaded: cg.CudaGraphKV(cg.static_model(loaded)), _nothing)
     return Backend(name, family, weights, _nothing, _nothing,
                    lambda loaded: KVModel(loaded.model), _nothing)
 
