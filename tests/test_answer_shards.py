@@ -107,9 +107,11 @@ def test_generation_resumes_from_shards_and_packs_only_what_is_new(tmp_path, mon
 
 
 def test_shipped_shards_answer_training_prompts_only():
-    """Every shipped answer belongs to a prompt of the training split: none to a held-out one
-    (its figures would mean nothing) and none to a prompt no longer in the set."""
-    rows = prompt_set.load()
+    """Every shipped answer belongs to a prompt of the training split (the shipped set's or the
+    prompts at scale): none to a held-out one (its figures would mean nothing) and none to a
+    prompt no longer in the set."""
+    from specdemo.services.training import prompt_scale
+    rows = prompt_scale.training_rows()
     split_of = {shards.prompt_key(r): r.get("split", "train") for r in rows}
     answers, notes = shards.read_all(shards.SHARDS_DIR, target="builtin:smollm2-135m")
     assert notes == [] and answers
