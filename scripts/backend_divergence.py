@@ -54,7 +54,8 @@ def agreement_line(backend: str, tf: dict) -> str:
 
 
 def measure(target: str, backend: str, drafts: list[str], k: int, max_new_tokens: int) -> list[dict]:
-    from specdemo.models.backends import target_kv, with_backend
+    from specdemo.models.backends import target_kv
+    from specdemo.services.backend_choice import with_backend
     from specdemo.models.learned import is_learned, load_learned
     from specdemo.models.loading import load_model
     from specdemo.services.pipeline import DecodeSettings, Pipeline

@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# The accelerator check (issues 18 and 21): one command, under 8 minutes on an NVIDIA GPU machine.
+# The accelerator check (issues 18, 21 and 50): one command, about 5 minutes on an NVIDIA GPU.
 #
 #   scripts/device_check.sh                # on the GPU machine, from the repository root
 #   scripts/device_check.sh --cpu-dry-run  # the same steps on the CPU, shortened: tests the plumbing
 #
-# Steps, each with its own time limit, none stopping the others:
-#   1. environment: Python, torch and its CUDA, nvidia-smi; when torch/transformers are missing,
-#      pip install -r requirements.txt -r requirements-dev.txt (says what could not be installed:
-#      the machine may have no PyPI);
+# Steps, each with its own time limit, none stopping the others (the measuring ones are
+# subcommands of scripts/device_check.py, which append JSON records as they go, so a step cut by
+# its limit keeps what it measured); nothing imports gradio (the GPU machine has none):
+#   1. environment: the commit, the GPU and its driver, torch, transformers, bitsandbytes; when
+#      torch/transformers are missing, pip install -r requirements.txt -r requirements-dev.txt;
 #   2. the suite's CUDA tests (pytest -m cuda: greedy speculative == plain greedy in float32 with
-#      every drafter family, seeded sampling with each drafter, the bfloat16 Gemma 4 assistant),
-#      then the accelerator-path tests that run anywhere;
-#   3. compare with the built-in model and the shipped EAGLE-3 drafter on the device, float32 and
-#      the device's default dtype (bfloat16 on CUDA);
-#   4. costs (forward time per width) of the built-in model on the device.
-# Everything goes to one file, $OUT/device_check.txt ($OUT unset: ./device-check-out/), with a
-# summary of the figures at its end; the exit status is 0 when every step passed.
+#      every drafter family, seeded sampling, the bfloat16 Gemma 4 assistant, the cuda-graphs
+#      backend's captured graphs);
+#   3. races (our compare) of the built-in model with the shipped EAGLE-3 head (k=4, auto, the
+#      default tree; stacked with prompt lookup, auto: the app's default), ngram and self, in
+#      float32 and bfloat16, on a chat, a code, a Chinese and a copying prompt;
+#   4. costs (forward time per width 1-16);
+#   5. the reference lane: transformers' generate() on the same GPU, plain, prompt lookup and
+#      the target assisting itself, in float32 and bfloat16;
+#   6. plain decoding: ours (transformers backend, cuda-graphs) against generate() with a
+#      dynamic and a static cache; races on the cuda-graphs backend;
+#   7. a 4-bit bitsandbytes target, if bitsandbytes loads;
+#   8. the CPU's projection: the default, eagle3 k=4 and ngram races on this machine's CPU
+#      (float32, --backend auto), to set the page's projection beside the GPU's speedups.
+# The log is $OUT/device_check.txt ($OUT unset: ./device-check-out/); the results file, one
+# record per (kind, engine or backend, drafter, dtype, prompt) with the environment, the tests'
+# outcome, the costs and each speedup beside its projection, is $OUT/device_check.json (copy it
+# to docs/results/); the exit status is 0 when every step passed.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -34,14 +45,15 @@ declare -a SUMMARY=()
 log() { echo "$*" | tee -a "$REPORT"; }
 section() { log ""; log "=== $* ($(( $(date +%s) - START )) s in)"; }
 # run LIMIT NAME CMD...: run with a time limit, output into the report, status into the summary
-BUDGET_S=470  # the whole check stays under 8 minutes: each step gets at most what is left
-SCALE=1       # a dry run on a (busy) CPU gets 4x the time per step and a 30-minute budget
-if [[ $DRY -eq 1 ]]; then BUDGET_S=1800; SCALE=4; fi
+BUDGET_S=300  # the whole check stays near 5 minutes: each step gets at most what is left
+SCALE=1       # a dry run on a (busy) CPU gets 6x the time per step and a 40-minute budget
+if [[ $DRY -eq 1 ]]; then BUDGET_S=2400; SCALE=6; fi
 run() {
   local limit=$(( $1 * SCALE )) name=$2; shift 2
   local left=$(( BUDGET_S - ($(date +%s) - START) ))
-  if (( left < 20 )); then
-    log "--- $name: SKIPPED (the 8-minute budget is spent)"; SUMMARY+=("$name: SKIPPED (budget spent)")
+  if (( left < 15 )); then
+    log "--- $name: SKIPPED (the ${BUDGET_S}-second budget is spent)"
+    SUMMARY+=("$name: SKIPPED (budget spent)")
     return 1
   fi
   (( limit > left )) && limit=$left
@@ -49,7 +61,7 @@ run() {
   timeout "$limit" "$@" >> "$REPORT" 2>&1
   local rc=$?
   local verdict="ok"
-  [[ $rc -eq 124 ]] && verdict="TIMED OUT after ${limit} s"
+  [[ $rc -eq 124 ]] && verdict="TIMED OUT after ${limit} s (its records so far are kept)"
   [[ $rc -ne 0 && $rc -ne 124 ]] && verdict="FAILED (exit $rc)"
   log "--- $name: $verdict"
   SUMMARY+=("$name: $verdict")
@@ -58,7 +70,7 @@ run() {
 
 section "environment"
 log "mode: $([[ $DRY -eq 1 ]] && echo 'CPU dry run (plumbing only; no GPU figures)' || echo 'accelerator')"
-log "date: $(date -u +%FT%TZ)  host: $(hostname)  repo: $(git rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout')"
+log "date: $(date -u +%FT%TZ)  repo: $(git rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout')"
 log "python: $($PY --version 2>&1)"
 if command -v nvidia-smi > /dev/null; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$REPORT" 2>&1
@@ -80,81 +92,68 @@ if ! $PY -c "import torch, transformers, accelerate, pytest" 2> /dev/null; then
     done
   fi
 fi
-$PY - >> "$REPORT" 2>&1 <<'EOF'
-import importlib
-for name in ("torch", "transformers", "accelerate", "safetensors", "gguf", "psutil", "pytest", "bitsandbytes"):
-    try:
-        module = importlib.import_module(name)
-        print(f"{name} {getattr(module, '__version__', '?')}")
-    except Exception as exc:
-        print(f"{name}: not importable ({type(exc).__name__}: {exc})")
-try:
-    import torch
-    print(f"cuda available: {torch.cuda.is_available()}; torch built for CUDA {torch.version.cuda}")
-    if torch.cuda.is_available():
-        print(f"device: {torch.cuda.get_device_name(0)}, "
-              f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.1f} GiB, "
-              f"bf16 supported: {torch.cuda.is_bf16_supported()}")
-except Exception as exc:
-    print(f"torch: {exc}")
-EOF
 
+RECORDS="$OUTDIR/records.jsonl"
+JUNIT="$OUTDIR/cuda-tests.xml"
+COSTS="$OUTDIR/costs.json"
+RESULTS="$OUTDIR/device_check.json"
+rm -f "$RECORDS" "$JUNIT" "$COSTS" "$RESULTS"
+CHECK=(env PYTHONUNBUFFERED=1 "$PY" scripts/device_check.py)
+
+# prompts per step: every drafter meets every prompt on a GPU; a dry run covers each prompt
+# and each drafter in both dtypes with half the pairs (the plumbing is the same)
 if [[ $DRY -eq 1 ]]; then
   DEVICE=cpu; TOKENS=8; COSTS_ARGS=(--max-n 2 --repeats 1 --context 16)
+  F32=(--prompts chat,chinese); BF16=(--prompts code,copying); REF=(--prompts chat)
+  GRAPHS=(--prompts copying --drafters "eagle3 tree,ngram,self")
 else
   DEVICE=cuda; TOKENS=128; COSTS_ARGS=(--max-n 16 --repeats 5)
+  F32=(); BF16=(); REF=(); GRAPHS=(--prompts chat,copying)
   if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2> /dev/null; then
     log "CUDA is not available here: the device steps below will fail (use --cpu-dry-run on a CPU)"
     SUMMARY+=("CUDA: not available")
   fi
 fi
+COMMON=(--out "$RECORDS" --device "$DEVICE" --tokens "$TOKENS")
 
-# 2. tests: the CUDA ones (skipped without a GPU), then the accelerator paths that run anywhere
-run 240 "pytest -m cuda" $PY -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_accelerator_paths.py
-if [[ $DRY -eq 0 ]]; then
-  run 150 "pytest accelerator paths" $PY -m pytest -q -p no:cacheprovider -m "not slow" \
-    tests/test_accelerator_paths.py tests/test_engine.py
-fi
+# 1. the environment as a record: commit, GPU, driver, torch, transformers, bitsandbytes
+run 30 "env" "${CHECK[@]}" env --out "$RECORDS"
 
-# 3. compare: the built-in model with the shipped drafter, on the device
-PROMPT="Explain in three sentences why the sky is blue, then repeat the explanation word for word."
-for DTYPE in float32 auto; do
-  [[ $DRY -eq 1 && $DTYPE == auto ]] && continue  # auto is float32 on the CPU
-  run 150 "compare $DTYPE" $PY -m specdemo compare --target builtin:smollm2-135m \
-    --draft builtin:smollm2-135m-eagle3 --device "$DEVICE" --dtype "$DTYPE" \
-    --max-new-tokens "$TOKENS" --draft-length 4 --json --prompt "$PROMPT"
-done
+# 2. the CUDA tests (skipped without a GPU: the dry run checks that they are collected)
+run 90 "pytest -m cuda" $PY -m pytest -q -rA -p no:cacheprovider -m cuda --junitxml="$JUNIT" \
+  tests/test_accelerator_paths.py tests/test_cuda_graph_backend.py
+
+# 3. races: every drafter on every prompt, float32 then bfloat16 (transformers: auto's choice off the CPU)
+run 75 "races float32" "${CHECK[@]}" races "${COMMON[@]}" --dtype float32 "${F32[@]}"
+run 75 "races bfloat16" "${CHECK[@]}" races "${COMMON[@]}" --dtype bfloat16 "${BF16[@]}"
 
 # 4. costs: forward time per width
-run 120 "costs" $PY -m specdemo costs --target builtin:smollm2-135m --device "$DEVICE" \
-  "${COSTS_ARGS[@]}" --json
+run 40 "costs" bash -c "$PY -m specdemo costs --target builtin:smollm2-135m --device $DEVICE \
+  ${COSTS_ARGS[*]} --json > $COSTS && cat $COSTS"
 
-# summary: the figures, read back from the JSON lines in the report
+# 5. the reference lane: transformers' generate() on the same device
+run 60 "reference" bash -c "${CHECK[*]} reference ${COMMON[*]} --dtype bfloat16 ${REF[*]} && \
+  ${CHECK[*]} reference ${COMMON[*]} --dtype float32 ${REF[*]}"
+
+# 6. plain decoding against generate() with a static cache; races on the cuda-graphs backend
+run 90 "plain vs static cache" bash -c "${CHECK[*]} plain ${COMMON[*]} --dtype bfloat16 --prompts chat && \
+  ${CHECK[*]} plain ${COMMON[*]} --dtype float32 --prompts chat"
+run 45 "races cuda-graphs" "${CHECK[@]}" races "${COMMON[@]}" --dtype bfloat16 \
+  --backend cuda-graphs "${GRAPHS[@]}"
+
+# 7. a 4-bit bitsandbytes target, if bitsandbytes loads here
+run 40 "bitsandbytes 4-bit" "${CHECK[@]}" bnb4 "${COMMON[@]}"
+
+# 8. the CPU's projection for the same races (the page's line on a CPU), last: the GPU's first
+run 60 "races on the CPU" "${CHECK[@]}" races --out "$RECORDS" --device cpu --tokens "$TOKENS" \
+  --dtype float32 --backend auto --prompts chat,copying --drafters "default,eagle3 k=4,ngram"
+
+# summary: one results file, and its figures in a few lines at the end of the report
 section "summary"
 for line in "${SUMMARY[@]}"; do log "$line"; done
-$PY - "$REPORT" <<'EOF' | tee -a "$REPORT"
-import json, sys
-label = None
-for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
-    if line.startswith("=== "):
-        label = line[4:].split(":")[0]
-    line = line.strip()
-    if not line.startswith("{"):
-        continue
-    try:
-        data = json.loads(line)
-    except ValueError:
-        continue
-    if "speculative" in data:
-        p, s = data["plain"], data["speculative"]
-        print(f"{label}: plain {p.get('tokens_per_s')} tokens/s, speculative {s.get('tokens_per_s')} "
-              f"tokens/s, speedup {data.get('speedup')}, identical {data.get('identical')}, "
-              f"acceptance_rate {s.get('acceptance_rate')}, "
-              f"offloaded_layers {len(data.get('offloaded_layers') or {})}")
-    else:
-        keys = [k for k in data if "tokens_per_s" in k or k in ("device", "dtype", "backend", "forward_s", "forward_ratio", "bandwidth_GBps", "plain_vs_bound")]
-        print(f"{label}: " + ", ".join(f"{k} {data[k]}" for k in keys))
-EOF
-log "total: $(( $(date +%s) - START )) s; report: $REPORT"
+"$PY" scripts/device_check.py summary --records "$RECORDS" --junit "$JUNIT" --costs "$COSTS" \
+  --mode "$([[ $DRY -eq 1 ]] && echo cpu-dry-run || echo accelerator)" --steps "${SUMMARY[@]}" \
+  --out "$RESULTS" 2>&1 | tee -a "$REPORT"
+log "total: $(( $(date +%s) - START )) s; report: $REPORT; results: $RESULTS"
 for line in "${SUMMARY[@]}"; do [[ $line == *": ok" ]] || exit 1; done
 exit 0

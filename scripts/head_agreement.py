@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from specdemo.models.loading import load_model
 from specdemo.services.training import data, train
-from specdemo.interfaces.train_cli import heldout_prompts
+from specdemo.services.training.report import heldout_prompts
 
 head_dir = Path(sys.argv[1]); n_held = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 torch.set_grad_enabled(False)

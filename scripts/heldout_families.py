@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     ks = [int(k) for k in args.k.split(",")]
     target = load_model("builtin:smollm2-135m", "cpu", "float32")
     if args.backend != "transformers":
-        from specdemo.services.startup import use_backend
+        from specdemo.services.backend_choice import use_backend
         target = use_backend(target, args.backend)[0]
     start = time.perf_counter()
     results = {"command": " ".join(["python scripts/heldout_families.py", *argv]),

@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
     tree = named_shape(args.tree)
     target = load_model("builtin:smollm2-135m", "cpu", "float32")
     if args.backend != "transformers":
-        from specdemo.services.startup import use_backend
+        from specdemo.services.backend_choice import use_backend
         target = use_backend(target, args.backend)[0]
     pipes = {h: Pipeline(target, h, load_learned(h, target)) for h in args.heads}
     if args.ngram:

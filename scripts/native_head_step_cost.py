@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's s
 
 import torch  # noqa: E402
 
-from specdemo.models import native_backend as nb  # noqa: E402
+from specdemo.models import native as nb  # noqa: E402
 from specdemo.models.learned import load_learned  # noqa: E402
 from specdemo.models.loading import load_model  # noqa: E402
 

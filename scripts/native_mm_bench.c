@@ -11,7 +11,7 @@
  * kernel, 135 MB); the BF16 run uses the dpbf16 kernel where the CPU has AVX512-BF16, else fma.
  * -DTB=.. -DRB=.. try other register blocks. */
 #include <sys/mman.h>
-#include "../specdemo/models/native_forward.c"
+#include "../specdemo/models/native/native_forward.c"
 #include <stdio.h>
 /* time the matmuls of one SmolLM2-135M forward (no attention, no norms) for n = 1..8 */
 int main(int argc, char **argv) {

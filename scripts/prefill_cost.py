@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 def measure(target: str, backends: list[str], sizes: list[int], repeats: int) -> list[dict]:
     from specdemo.core.kv import PREFILL_CHUNK
-    from specdemo.models.backends import target_kv, with_backend
+    from specdemo.models.backends import target_kv
+    from specdemo.services.backend_choice import with_backend
     from specdemo.models.loading import load_model
     base = load_model(target, "cpu", "float32")
     vocab = base.vocab_size

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from specdemo.interfaces.cli import main
+from specdemo.services.training.errors import TrainingError
 from specdemo.models.loading import LoadedModel
 from specdemo.services.training import data, prompt_set, shards
 from tiny import CharTokenizer, tiny_llama
@@ -81,7 +83,7 @@ def test_generation_resumes_from_shards_and_packs_only_what_is_new(tmp_path, mon
     """What ``train-draft --answers-dir`` does: answers in the shards go to answers.jsonl first,
     generation skips them, and only the new ones are packed into a new shard."""
     from types import SimpleNamespace
-    from specdemo.interfaces import train_cli
+    from specdemo.services.training import answer_shards
     model = tiny_llama(seed=3, layers=2)
     target = LoadedModel("tiny-llama", model, CharTokenizer(), torch.device("cpu"), torch.float32, 0.0, "test")
     rows = _rows(6)
@@ -90,24 +92,26 @@ def test_generation_resumes_from_shards_and_packs_only_what_is_new(tmp_path, mon
     recipe = SimpleNamespace(max_new_tokens=6, answers_per_prompt=1, temperature=0.7)
     out1.mkdir()
     data.generate_answers(target, rows[:4], out1, answers_per_prompt=1, max_new_tokens=6, batch_size=4)
-    train_cli._answers_to_shards(args, target, rows, out1, recipe)
+    answer_shards.answers_to_shards(args, target, rows, out1, recipe)
     assert shards.summary(shard_dir)["answers"] == 4
     out2.mkdir()
-    train_cli._answers_from_shards(args, target, rows, out2, recipe)
+    answer_shards.answers_from_shards(args, target, rows, out2, recipe)
     first = data.load_answers(out2)
     assert sorted(r["prompt_index"] for r in first) == [0, 1, 2, 3]
     assert {json.dumps(r["ids"]) for r in first} == {json.dumps(r["ids"]) for r in data.load_answers(out1)}
     data.generate_answers(target, rows, out2, answers_per_prompt=1, max_new_tokens=6, batch_size=4)
     assert len(data.load_answers(out2)) == 6  # two generated, four kept
-    train_cli._answers_to_shards(args, target, rows, out2, recipe)
+    answer_shards.answers_to_shards(args, target, rows, out2, recipe)
     assert shards.summary(shard_dir)["answers"] == 6
     assert len(shards.shard_paths(shard_dir)) == 2
 
 
 def test_shipped_shards_answer_training_prompts_only():
-    """Every shipped answer belongs to a prompt of the training split: none to a held-out one
-    (its figures would mean nothing) and none to a prompt no longer in the set."""
-    rows = prompt_set.load()
+    """Every shipped answer belongs to a prompt of the training split (the shipped set's or the
+    prompts at scale): none to a held-out one (its figures would mean nothing) and none to a
+    prompt no longer in the set."""
+    from specdemo.services.training import prompt_scale
+    rows = prompt_scale.training_rows()
     split_of = {shards.prompt_key(r): r.get("split", "train") for r in rows}
     answers, notes = shards.read_all(shards.SHARDS_DIR, target="builtin:smollm2-135m")
     assert notes == [] and answers
@@ -128,20 +132,20 @@ def test_a_batch_never_mixes_greedy_and_sampled_answers(tmp_path):
 
 
 def test_the_shard_summary_command_has_help_and_refuses_a_missing_folder(tmp_path, capsys):
-    """``python -m specdemo.services.training.shards --help`` prints a help text (it once took
-    ``--help`` for a folder); a folder that is not there is one sentence, no traceback."""
+    """``python -m specdemo shards --help`` prints a help text (it once took ``--help`` for a
+    folder); a folder that is not there is one sentence, no traceback."""
     with pytest.raises(SystemExit) as done:
-        shards.main(["--help"])
+        main(["shards", "--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    assert "usage: python -m specdemo.services.training.shards" in out and "shard folder" in out
+    assert "usage: python -m specdemo shards" in out and "shard folder" in out
     with pytest.raises(SystemExit) as done:
-        shards.main([str(tmp_path / "absent")])
+        main(["shards", str(tmp_path / "absent")])
     assert done.value.code == 2 and "is not a folder" in capsys.readouterr().err
     tok = CharTokenizer()
     rows = _rows(2)
     shards.write_shards(tmp_path, _answer_rows(rows, tok), rows, {"target": "t"})
-    assert shards.main([str(tmp_path)]) == 0
+    assert main(["shards", str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)["answers"] == 4
 
 
@@ -166,7 +170,7 @@ def _shard_run(tmp_path, answers_per_prompt=1, temperature=0.7, max_new_tokens=8
     """Greedy (and sampled) answers of a tiny target generated at ``max_new_tokens`` and packed
     into shards, as ``train-draft --answers-dir`` leaves them."""
     from types import SimpleNamespace
-    from specdemo.interfaces import train_cli
+    from specdemo.services.training import answer_shards
     model = tiny_llama(seed=3, layers=2)
     target = LoadedModel("tiny-llama", model, CharTokenizer(), torch.device("cpu"), torch.float32, 0.0, "test")
     rows = _rows(3)
@@ -175,20 +179,20 @@ def _shard_run(tmp_path, answers_per_prompt=1, temperature=0.7, max_new_tokens=8
     data.generate_answers(target, rows, first, answers_per_prompt=answers_per_prompt,
                           temperature=temperature, max_new_tokens=max_new_tokens, batch_size=4)
     args = SimpleNamespace(answers_dir=tmp_path / "answers", target="tiny-llama")
-    train_cli._answers_to_shards(args, target, rows, first, SimpleNamespace(max_new_tokens=max_new_tokens))
-    return train_cli, target, rows, args
+    answer_shards.answers_to_shards(args, target, rows, first, SimpleNamespace(max_new_tokens=max_new_tokens))
+    return answer_shards, target, rows, args
 
 
 def test_shard_answers_are_cut_to_a_shorter_max_tokens_and_equal_greedy_generation(tmp_path, capsys):
     """Shards of 8-token greedy answers used by a run of ``--max-tokens 3``: each answer is cut
     to 3 tokens, which is exactly what generating 3 greedy tokens gives, and the run says so."""
     from types import SimpleNamespace
-    train_cli, target, rows, args = _shard_run(tmp_path)
+    answer_shards, target, rows, args = _shard_run(tmp_path)
     out = tmp_path / "run"
     out.mkdir()
     capsys.readouterr()
     recipe = SimpleNamespace(max_new_tokens=3, answers_per_prompt=1, temperature=0.7)
-    train_cli._answers_from_shards(args, target, rows, out, recipe)
+    answer_shards.answers_from_shards(args, target, rows, out, recipe)
     assert "answers cut to --max-tokens 3" in capsys.readouterr().err
     fresh = tmp_path / "fresh"
     fresh.mkdir()
@@ -203,7 +207,7 @@ def test_shards_of_a_shorter_max_tokens_or_another_temperature_are_refused(tmp_p
     """A run wanting longer answers than the shards hold, or sampling answer 1 at another
     temperature than the shards', stops with one sentence (exit status 2, no traceback)."""
     from types import SimpleNamespace
-    train_cli, target, rows, args = _shard_run(tmp_path, answers_per_prompt=2, temperature=0.7,
+    answer_shards, target, rows, args = _shard_run(tmp_path, answers_per_prompt=2, temperature=0.7,
                                                max_new_tokens=4)
     out = tmp_path / "run"
     out.mkdir()
@@ -212,14 +216,14 @@ def test_shards_of_a_shorter_max_tokens_or_another_temperature_are_refused(tmp_p
                            "holds answers of at most 4 tokens, fewer than this run's --max-tokens 9"),
                           (SimpleNamespace(max_new_tokens=4, answers_per_prompt=2, temperature=1.1),
                            "generated at temperature 0.7, but this run generates answer 1 at 1.1")):
-        with pytest.raises(SystemExit) as done:
-            train_cli._answers_from_shards(args, target, rows, out, recipe)
-        err = capsys.readouterr().err
-        assert done.value.code == 2 and words in err and err.count("\n") == 1, err
+        with pytest.raises(TrainingError) as done:
+            answer_shards.answers_from_shards(args, target, rows, out, recipe)
+        err = str(done.value)
+        assert done.value.status == 2 and words in err and "\n" not in err, err
         assert not (out / data.ANSWERS).exists()
     # answer 1 left out (one answer a prompt wanted): its temperature does not matter
     recipe = SimpleNamespace(max_new_tokens=4, answers_per_prompt=1, temperature=1.1)
-    train_cli._answers_from_shards(args, target, rows, out, recipe)
+    answer_shards.answers_from_shards(args, target, rows, out, recipe)
     assert sorted(r["answer_index"] for r in data.load_answers(out)) == [0, 0, 0]
 
 
@@ -332,7 +336,7 @@ def test_a_damaged_shard_stops_train_draft_in_one_line(tmp_path, capsys):
     """``train-draft --answers-dir`` with a shard whose max_new_tokens is text: exit status 2 and
     one line (it was a TypeError in _fit_shard_answers), nothing written to the run."""
     from types import SimpleNamespace
-    from specdemo.interfaces import train_cli
+    from specdemo.services.training import answer_shards
     target = LoadedModel("t", tiny_llama(seed=3, layers=2), CharTokenizer(), torch.device("cpu"),
                          torch.float32, 0.0, "test")
     shard_dir, out = tmp_path / "answers", tmp_path / "run"
@@ -341,16 +345,18 @@ def test_a_damaged_shard_stops_train_draft_in_one_line(tmp_path, capsys):
     np.savez_compressed(shard_dir / "00000.npz", **_arrays(meta={"target": "t", "max_new_tokens": "8"}))
     args = SimpleNamespace(answers_dir=shard_dir, target="t")
     recipe = SimpleNamespace(max_new_tokens=6, answers_per_prompt=1, temperature=0.7)
-    with pytest.raises(SystemExit) as done:
-        train_cli._answers_from_shards(args, target, _rows(2), out, recipe)
-    err = capsys.readouterr().err
-    assert done.value.code == 2 and err.count("\n") == 1 and "\"max_new_tokens\"" in err, err
+    with pytest.raises(TrainingError) as done:
+        answer_shards.answers_from_shards(args, target, _rows(2), out, recipe)
+    err = str(done.value)
+    assert done.value.status == 2 and "\n" not in err and "\"max_new_tokens\"" in err, err
     assert list(out.iterdir()) == []
 
 
 def test_the_summary_command_names_a_damaged_shard_in_one_line(tmp_path, capsys):
     np.savez_compressed(tmp_path / "00000.npz", **_arrays(meta=[]))
-    assert shards.main([str(tmp_path)]) == 2
+    with pytest.raises(SystemExit) as done:
+        main(["shards", str(tmp_path)])
+    assert done.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (f"error: answer shard {tmp_path / '00000.npz'}: its meta must be a "
@@ -362,7 +368,7 @@ def test_shard_ids_beyond_the_targets_vocabulary_are_refused_before_any_work(tmp
     refused when the shards are read, before generation or capture (it died with IndexError in
     feature capture); another target's shard is skipped, not judged."""
     from types import SimpleNamespace
-    from specdemo.interfaces import train_cli
+    from specdemo.services.training import answer_shards
     target = LoadedModel("t", tiny_llama(seed=3, layers=2), CharTokenizer(), torch.device("cpu"),
                          torch.float32, 0.0, "test")
     assert target.vocab_size == 32
@@ -379,8 +385,8 @@ def test_shard_ids_beyond_the_targets_vocabulary_are_refused_before_any_work(tmp
     assert notes == ["00000.npz: answers of 't', not 'other'"]
     args = SimpleNamespace(answers_dir=shard_dir, target="t")
     recipe = SimpleNamespace(max_new_tokens=2, answers_per_prompt=1, temperature=0.7)
-    with pytest.raises(SystemExit) as done:
-        train_cli._answers_from_shards(args, target, _rows(2), out, recipe)
-    err = capsys.readouterr().err
-    assert done.value.code == 2 and err.count("\n") == 1 and "00000.npz: its tokens" in err
+    with pytest.raises(TrainingError) as done:
+        answer_shards.answers_from_shards(args, target, _rows(2), out, recipe)
+    err = str(done.value)
+    assert done.value.status == 2 and "\n" not in err and "00000.npz: its tokens" in err
     assert list(out.iterdir()) == []

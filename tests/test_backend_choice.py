@@ -1,4 +1,4 @@
-"""How ``auto`` picks a backend (specdemo/models/backend_choice.py, backends.choose_backend):
+"""How ``auto`` picks a backend (specdemo/services/backend_rules.py, backend_choice.choose_backend):
 the probe-then-time rule and the race weighing, with fake timings (no clock is asserted on)."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from specdemo.core import machine
-from specdemo.models import backend_choice as bc
-from specdemo.models import backends as gb
+from specdemo.models import backends as mb
+from specdemo.services import backend_choice as gb
+from specdemo.services import backend_rules as bc
+from specdemo.services import backend_store
 
 # the issue's busy-machine figures: seconds of one short forward per backend
 PROBES = {"native-w8a8": 0.10, "native": 0.16, "transformers": 0.31, "int8": 3.7}
@@ -112,6 +114,9 @@ def test_acceptance_from_per_position_counts():
     assert bc.acceptance_of([], []) is None
 
 
+REAL_TIME_WIDTHS = bc.time_widths  # the fixture below replaces it; the fake-clock test uses it
+
+
 # --- choose_backend with fake measurements -------------------------------------------------------
 
 @pytest.fixture
@@ -120,9 +125,9 @@ def chooser(monkeypatch, tmp_path):
     CPU that the test sets, the store in a temporary folder."""
     state = {"share": 0.0, "timed": [], "probed": []}
     names = ("transformers", "int8", "native", "native-w8a8")
-    monkeypatch.setattr(gb, "candidate_backends", lambda loaded: (names, []))
-    monkeypatch.setattr(gb, "_choice_path", lambda: tmp_path / "choice.json")
-    monkeypatch.setattr(gb, "target_kv", lambda loaded: loaded.backend)
+    monkeypatch.setattr(mb, "candidate_backends", lambda loaded: (names, []))
+    monkeypatch.setattr(backend_store, "choice_path", lambda: tmp_path / "choice.json")
+    monkeypatch.setattr(mb, "target_kv", lambda loaded: loaded.backend)
     monkeypatch.setattr(machine.OtherCpuUse, "share", lambda self: state["share"])
     monkeypatch.delenv(gb.CHOICE_ENV, raising=False)
     tables = {"native-w8a8": {1: 0.012, 5: 0.028, 9: 0.055},
@@ -183,7 +188,8 @@ def test_a_learned_drafter_is_measured_on_each_survivor_and_timed_with_its_featu
         asked.append(backend)
         return bc.LaneFacts(acceptance=0.9 if backend == "native-w8a8" else 0.3, draft_s=0.001,
                             drafted=40)
-    choice = gb.choose_backend(loaded, bc.RaceLane("builtin:head", (2, 15, 27), facts))
+    choice = gb.choose_backend(loaded, bc.RaceLane("builtin:head", (2, 15, 27), source=object()),
+                               facts)
     assert asked == ["native-w8a8", "native"]  # survivors only
     assert {layers for _, layers in state["timed"]} == {(2, 15, 27)}
     assert choice.acceptance == {"native-w8a8": 0.9, "native": 0.3}
@@ -225,7 +231,7 @@ def test_run_and_compare_read_one_stored_choice_for_a_target(chooser, monkeypatc
     loaded, state = chooser
     loaded.model, loaded.vocab_size = None, 32
     monkeypatch.setattr(startup, "STEPS", startup.Steps())
-    monkeypatch.setattr(startup, "_compile_native_once", lambda loaded, backend: None)
+    monkeypatch.setattr(gb, "_compile_native_once", lambda loaded, backend: None)
     # w8a8 has the cheaper one-token step, native the cheaper verification (the fixture's
     # tables): weighed for a plain decode alone they disagree, as the user saw
     assert gb.choose_backend(loaded, bc.RaceLane("none")).backend == "native-w8a8"
@@ -236,8 +242,157 @@ def test_run_and_compare_read_one_stored_choice_for_a_target(chooser, monkeypatc
     compared = _with_backend(loaded, "auto", "ngram")  # compare's default race
     assert len(state["timed"]) == timed  # ... and read back
     assert ran.backend == compared.backend == "native"
-    assert gb.stored_choice(loaded, startup.race_lane(loaded, "none")).backend == "native"
+    assert gb.stored_choice(loaded, gb.race_lane(loaded, "none")).backend == "native"
     notes = [d.name for d in startup.STEPS.recent() if d.note]
     assert notes[-1].startswith("forward backend of tiny: native (measured earlier on this "
                                 "machine") and "a plain run is weighed as this race's plain lane" \
         in notes[-1]
+
+
+# --- the stored choice, checked (issue 52.5) ------------------------------------------------------
+
+def _store(tmp_path) -> dict:
+    import json
+    return json.loads((tmp_path / "choice.json").read_text())
+
+
+def _put(tmp_path, data: dict) -> None:
+    import json
+    (tmp_path / "choice.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("damage, said", [
+    ({"backend": 42}, "its backend 42 is not one of this target's candidates here"),
+    ({"backend": "ggml"}, "its backend 'ggml' is not one of this target's candidates here"),
+    ({"machine": "another"}, "it was measured on another machine"),
+    ({"cost_s": {"native": -1.0}}, "its cost_s holds -1.0 for native"),
+    ({"forward_s": {"native": {"1": "fast"}}}, "its forward_s holds"),
+    ({"acceptance": {"native": 3.0}}, "its acceptance holds 3.0 for native"),
+    ({"other_cpu_share": "busy"}, "its other_cpu_share 'busy' is not a share"),
+    ({"reason": None}, "its reason is not text"),
+])
+def test_a_damaged_stored_choice_is_ignored_said_and_measured_again(chooser, tmp_path, damage,
+                                                                    said):
+    loaded, state = chooser
+    first = gb.choose_backend(loaded)
+    data = _store(tmp_path)
+    (key,) = data
+    data[key].update(damage)
+    _put(tmp_path, data)
+    state["timed"].clear()
+    again = gb.choose_backend(loaded)
+    assert not again.cached and state["timed"]  # measured again ...
+    assert again.backend == first.backend
+    assert len(again.notes) == 1 and said in again.notes[0]  # ... saying what was ignored
+    assert again.notes[0].startswith("the stored backend choice for this target was ignored: ")
+    assert _store(tmp_path)[key]["backend"] == first.backend  # and stored anew
+
+
+def test_a_stored_file_that_is_not_an_object_is_ignored_and_said(chooser, tmp_path):
+    loaded, _ = chooser
+    _put(tmp_path, [1, 2])
+    choice = gb.choose_backend(loaded)
+    assert choice.notes == [f"the stored backend choices in {tmp_path / 'choice.json'} were "
+                            "ignored (not a JSON object)"]
+
+
+def test_a_bogus_SPECDEMO_BACKEND_is_warned_about_on_the_start_up_and_changes_nothing(
+        chooser, monkeypatch):
+    from specdemo.services import startup
+    loaded, state = chooser
+    loaded.model, loaded.vocab_size = None, 32
+    monkeypatch.setattr(startup, "STEPS", startup.Steps())
+    monkeypatch.setattr(gb, "_compile_native_once", lambda loaded, backend: None)
+    quiet = gb.choose_backend(loaded)
+    monkeypatch.setenv(gb.CHOICE_ENV, "bogus")
+    chosen, choice = gb.use_backend(loaded, "auto", "ngram")
+    assert choice.cached and chosen.backend == quiet.backend  # the stored choice still holds
+    notes = [d.name for d in startup.STEPS.recent() if d.note]
+    assert notes[0] == ("SPECDEMO_BACKEND=bogus ignored: it takes only 'recalibrate' (measure "
+                        "the backend choice again); choose a backend with --backend NAME")
+    assert notes[1].startswith(f"forward backend of tiny: {quiet.backend} (measured earlier")
+    monkeypatch.setenv(gb.CHOICE_ENV, "ReCalibrate")  # the one word it takes, any case
+    state["timed"].clear()
+    assert not gb.choose_backend(loaded).cached and state["timed"]
+
+
+class ClockedKV:
+    """A target whose forwards advance a fake clock by the seconds a table gives its backend
+    in the machine's current phase (a transient just after set-up, or quiet)."""
+
+    def __init__(self, backend: str, machine_state: dict, clock: list) -> None:
+        self.model = SimpleNamespace(get_input_embeddings=lambda: SimpleNamespace(num_embeddings=50))
+        self.device = torch.device("cpu")
+        self.backend, self.machine, self.clock = backend, machine_state, clock
+
+    def reset(self):
+        pass
+
+    def rollback(self, n):
+        pass
+
+    def forward(self, ids, logits_to_keep=1):
+        step_s = self.machine["step_s"][self.machine["phase"]][self.backend]
+        self.clock[0] += step_s * (1 + 0.1 * (len(ids) - 1))  # a wider forward costs a little more
+
+    def forward_features(self, ids, logits_to_keep, layers):
+        self.forward(ids, logits_to_keep)
+
+
+def test_a_choice_made_under_a_transient_is_weighed_again_when_a_run_measures_far_from_it(
+        chooser, monkeypatch, tmp_path):
+    """Issue 52.5 on a fake clock: in the first minute after set-up both leaders ran slowly,
+    native within 4% of native-w8a8 (11.0 against 11.5 ms a step), and native was stored; quiet,
+    native-w8a8 takes 4.8 ms and native 5.6. A run that measures native's step at 5.6 ms (0.51x
+    the stored estimate) on a quiet machine drops the entry, and the next start weighs again."""
+    from specdemo.core.policy import measure_forward_s
+    from specdemo.services import startup
+    loaded, state = chooser
+    clock = [0.0]
+    now = lambda: clock[0]  # noqa: E731
+    phase = {"phase": "transient", "step_s": {
+        "transient": {"native": 0.0110, "native-w8a8": 0.0115},
+        "quiet": {"native": 0.0056, "native-w8a8": 0.0048}}}
+    kvs = {name: ClockedKV(name, phase, clock) for name in ("native", "native-w8a8")}
+
+    def time_widths(kv, widths=bc.RACE_WIDTHS, layers=()):
+        return REAL_TIME_WIDTHS(kvs[kv], widths, layers, clock=now)
+    monkeypatch.setattr(bc, "time_widths", time_widths)
+    monkeypatch.setattr(startup, "STEPS", startup.Steps())
+    monkeypatch.setattr(gb, "_compile_native_once", lambda loaded, backend: None)
+    loaded.model, loaded.vocab_size = None, 32
+    chosen, first = gb.use_backend(loaded, "auto")  # a plain run: weighed as a race's plain lane
+    assert first.backend == "native" and first.forward_s["native"][1] == pytest.approx(0.0110)
+    assert chosen.backend_choice is first
+    # a run close to the estimate, or one on a busy machine, concludes nothing
+    phase["phase"] = "quiet"
+    assert backend_store.recheck(chosen, {1: 0.0105}, 0.0) is None
+    assert backend_store.recheck(chosen, {1: 0.0056}, 0.6) is None
+    assert gb.stored_choice(loaded) is not None
+    # the run's own forward-cost table, measured on the fake clock, quiet
+    measured = measure_forward_s(kvs["native"], 4, clock=now)
+    assert measured[1] == pytest.approx(0.0056)
+    said = backend_store.recheck(chosen, measured, 0.0)
+    assert said == ("the stored backend choice expected a one-token forward of 11.0 ms on "
+                    "native, this run measured 5.6 ms (0.51x): the backends are weighed again "
+                    "at the next start")
+    assert gb.stored_choice(loaded) is None and _store(tmp_path) == {}
+    assert backend_store.recheck(chosen, measured, 0.0) is None  # said once
+    again, second = gb.use_backend(loaded, "auto")  # the next start, quiet
+    assert not second.cached and again.backend == "native-w8a8"
+    assert second.forward_s["native-w8a8"][1] == pytest.approx(0.0048)
+
+
+def test_the_forward_cost_step_of_a_run_rechecks_the_stored_choice(monkeypatch):
+    """startup.measure_forward_costs (draft length auto) hands its table to the recheck and says
+    a wide miss as a start-up note."""
+    from specdemo.services import startup
+    steps = startup.Steps()
+    monkeypatch.setattr(startup, "STEPS", steps)
+    seen = []
+    monkeypatch.setattr(backend_store, "recheck",
+                        lambda loaded, forward_s, share: seen.append(forward_s) or "weighed again")
+    pipe = SimpleNamespace(forward_costs_known=False, forward_costs=lambda: {1: 0.005},
+                           target=SimpleNamespace(spec="t", backend="native"))
+    startup.measure_forward_costs(pipe)
+    assert seen == [{1: 0.005}] and [d.name for d in steps.recent() if d.note] == ["weighed again"]

@@ -418,3 +418,17 @@ def test_the_summary_names_the_backend_the_sweep_ran_on(sweep):
         f"tiny-{VOCAB} + ngram on cpu (float32), ")
     on_native = dataclasses.replace(sweep, machine={**sweep.machine, "backend": "native-w8a8"})
     assert "on cpu (backend native-w8a8), " in bench.summary_text(on_native).splitlines()[0]
+
+
+def test_the_server_sweep_says_a_server_that_is_not_there_in_one_line(tmp_path, capsys):
+    """``bench`` with server lanes (the concurrency sweep, run from interfaces/bench_cli.py): a
+    server that refuses the connection is one sentence and exit status 2, nothing written."""
+    from specdemo.interfaces.cli import main
+    status = main(["bench", "--plain-endpoint", "http://127.0.0.1:9", "--spec-endpoint",
+                   "http://127.0.0.1:9", "--concurrency", "1", "--tasks", "chat",
+                   "--out", str(tmp_path / "o")])
+    assert status == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: could not connect to http://127.0.0.1:9: connection refused or host unreachable "
+        "(is the server running?)")
+    assert not (tmp_path / "o").exists()

@@ -67,7 +67,7 @@ def test_costs_json_shape_on_a_tiny_model(monkeypatch, capsys, tmp_path):
     # ones where a C compiler is found (else torch's int8), each measured once; the report is
     # the one auto chose
     from specdemo.core import family_backends
-    from specdemo.models.native_backend import unavailable_reason
+    from specdemo.models.native import unavailable_reason
     names = ["transformers"] + (["int8"] if unavailable_reason(_loaded(model))
                                 else list(family_backends("native")))
     assert out["backend"] in names

@@ -158,7 +158,7 @@ def test_prompt_lookup_stacked_over_dspark_stays_lossless(target):
 
 
 def test_greedy_equals_plain_on_the_native_backend():
-    from specdemo.models import native_backend as nb
+    from specdemo.models import native as nb
     from tiny import bf16_valued
     try:
         nb.library()

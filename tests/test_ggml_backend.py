@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from specdemo.models import backends
+from specdemo.services import backend_choice, backend_store
 from specdemo.models import ggml_backend as gb
 from specdemo.models.llama_ctypes import unavailable_reason
 from tests.tiny import tiny_llama
@@ -185,7 +186,7 @@ def test_with_backend_refuses_ggml_without_a_gguf_and_unknown_names(tiny, tmp_pa
     with pytest.raises(gb.GgmlError, match="has no GGUF file"):
         gb.ggml_model(loaded)
     with pytest.raises(ValueError, match="unknown backend 'fast'; use auto, transformers, ggml"):
-        backends.with_backend(loaded, "fast")
+        backend_choice.with_backend(loaded, "fast")
 
 
 def test_ggml_model_loads_a_gguf_target_and_checks_its_vocabulary(tiny, tmp_path):
@@ -216,7 +217,7 @@ def test_ggml_bf16_converts_the_gguf_once_with_llama_quantize(tiny, tmp_path, mo
     path = write_tiny_gguf(model, tmp_path / "t.gguf")
     loaded = _Loaded(model, str(path))
     try:
-        chosen, choice = backends.with_backend(loaded, "ggml-bf16")
+        chosen, choice = backend_choice.with_backend(loaded, "ggml-bf16")
         assert chosen.backend == "ggml-bf16" and choice.reason == "asked for"
         g16 = gb.ggml_model(chosen)
         assert g16.path.parent == tmp_path / "cache" / "ggml" and g16.path.name.endswith(".BF16.gguf")
@@ -325,14 +326,14 @@ def test_auto_probes_every_backend_and_stores_the_choice(tiny, monkeypatch, tmp_
     model, g = tiny
     _attached(model, g)
     try:
-        monkeypatch.setattr(backends, "_choice_path", lambda: tmp_path / "choice.json")
+        monkeypatch.setattr(backend_store, "choice_path", lambda: tmp_path / "choice.json")
         monkeypatch.setattr(machine.OtherCpuUse, "share", lambda self: 0.0)  # a quiet machine
         monkeypatch.setenv("SPECDEMO_INT8_COMPILE", "0")  # the int8 candidate, eager
         loaded = _Loaded(model, str(g.path))
-        first = backends.choose_backend(loaded)
+        first = backend_choice.choose_backend(loaded)
         # a float32 Llama: int8 too, and the native backends where a C compiler is found
         from specdemo.core import family_backends
-        from specdemo.models.native_backend import unavailable_reason
+        from specdemo.models.native import unavailable_reason
         native = set() if unavailable_reason(loaded) else set(family_backends("native"))
         # torch's int8 only where the native backends (the same int8 weights in C) are not
         expected = {"transformers", "ggml"} | (native or {"int8"})
@@ -341,18 +342,18 @@ def test_auto_probes_every_backend_and_stores_the_choice(tiny, monkeypatch, tmp_
         assert set(first.probe_s) | set(first.dropped) == expected
         assert set(first.cost_s) == set(first.probe_s) - set(first.dropped)
         assert first.backend == min(first.cost_s, key=first.cost_s.get)
-        again = backends.choose_backend(loaded)
+        again = backend_choice.choose_backend(loaded)
         assert again.cached and (again.backend, again.cost_s) == (first.backend, first.cost_s)
         assert again.reason.startswith("measured earlier on this machine (SPECDEMO_BACKEND="
                                        "recalibrate measures again): ")
-        chosen, choice = backends.with_backend(loaded, "auto")
+        chosen, choice = backend_choice.with_backend(loaded, "auto")
         assert chosen.backend == first.backend and choice.cached
         assert "not available" not in first.reason
     finally:
         delattr(model, gb._GGML_ATTR)
     # without llama.cpp the choice is among the others, and says why ggml was not one of them
     monkeypatch.setattr(gb, "unavailable_reason", lambda loaded: "llama.cpp's shared library was not found")
-    without = backends.choose_backend(_Loaded(model, str(g.path)))
+    without = backend_choice.choose_backend(_Loaded(model, str(g.path)))
     assert set(without.probe_s) | set(without.dropped) == {"transformers"} | (native or {"int8"})
     if native:
         assert f"int8 not a candidate: {backends.INT8_NOT_AUTO}" in backends.candidate_backends(

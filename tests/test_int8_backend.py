@@ -15,6 +15,7 @@ import torch
 
 from specdemo.models import compiled_backend as cb
 from specdemo.models import backends
+from specdemo.services import backend_choice
 from tiny import CharTokenizer, LoadedStandIn, tiny_llama
 
 
@@ -256,7 +257,7 @@ def test_backend_selection_and_refusals(tiny):
     loaded = _Loaded(model)
     setattr(model, cb._ATTR, q)  # as int8_model() leaves it
     try:
-        chosen, choice = backends.with_backend(loaded, "int8")
+        chosen, choice = backend_choice.with_backend(loaded, "int8")
         assert (chosen.backend, choice.reason) == ("int8", "asked for")
         assert isinstance(backends.target_kv(chosen), cb.Int8KV)
         assert cb.int8_model(loaded) is q  # built once per model
@@ -265,7 +266,7 @@ def test_backend_selection_and_refusals(tiny):
     quantized = _Loaded(model)
     quantized.quantization = "int4"
     with pytest.raises(cb.Int8Error, match="--quantization int4 is a transformers path"):
-        backends.with_backend(quantized, "int8")
+        backend_choice.with_backend(quantized, "int8")
     half = tiny_llama(seed=0, layers=1).to(torch.bfloat16)
     with pytest.raises(cb.Int8Error, match="quantises float32 weights; this target is torch.bfloat16"):
         cb.int8_model(_Loaded(half))
@@ -326,7 +327,7 @@ def test_builtin_model_on_the_int8_backend_agrees_with_float32():
     from specdemo.models.loading import load_model
     from specdemo.core.kv import KVModel
     loaded = load_model("builtin:smollm2-135m", "cpu", "float32")
-    kv = backends.target_kv(backends.with_backend(loaded, "int8")[0])
+    kv = backends.target_kv(backend_choice.with_backend(loaded, "int8")[0])
     ids = loaded.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
     ours = kv.forward(ids, logits_to_keep=len(ids))
     ref = KVModel(loaded.model).forward(ids, logits_to_keep=len(ids))

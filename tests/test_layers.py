@@ -84,10 +84,6 @@ def test_no_import_circle_among_the_packages_modules():
         "; ".join(", ".join(c) for c in circles)
 
 
-@pytest.mark.skipif(not (ROOT / "specdemo" / "core").is_dir(),
-                    reason="the modules are not in their layer folders yet (no specdemo/core/): "
-                           "the contract in .importlinter names the layers as scripts/relayer.py "
-                           "lays them out; run the relayer, then this test must pass")
 def test_layers_contract_holds():
     lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
     if not Path(lint).exists():

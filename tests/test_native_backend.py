@@ -1,4 +1,4 @@
-"""The native target backend (specdemo/models/native_backend.py, native_forward.c) on tiny random
+"""The native target backend (specdemo/models/native/, native_forward.c) on tiny random
 Llamas, against the same weights in transformers float32; the built-in model only in slow tests.
 
 The C forward rounds weights to BF16 (and, with the ``dpbf16`` kernel, activations before each
@@ -19,7 +19,8 @@ import torch
 
 from specdemo.core import family_backends
 from specdemo.models import backends
-from specdemo.models import native_backend as nb
+from specdemo.services import backend_choice
+from specdemo.models import native as nb
 from tiny import CharTokenizer, LoadedStandIn, bf16_valued, tiny_llama
 
 try:
@@ -120,8 +121,8 @@ def test_the_16_lane_build_agrees_with_this_machines_build(tiny, monkeypatch, we
     logits bit for bit (elsewhere the two builds are the same code)."""
     default = nb.NativeKV(nb.NativeModel(tiny, kernel="fma", weights=weights)).forward(IDS, len(IDS))
     default_path = nb.library_path()
-    monkeypatch.setattr(nb, "_LIB", None)  # restored after the test: the default build again
-    monkeypatch.setattr(nb, "_LIB_ERROR", None)
+    monkeypatch.setattr(nb.build, "_LIB", None)  # restored after the test: the default build again
+    monkeypatch.setattr(nb.build, "_LIB_ERROR", None)
     monkeypatch.setenv(nb.CFLAGS_ENV, "-DNF_NO_V8")
     nm = nb.NativeModel(tiny, kernel="fma", weights=weights)
     assert nb.library_path() != default_path and nb.library_path().exists()  # its own build
@@ -208,7 +209,7 @@ def _w8a8_builds() -> list:
     """Extra compiler flags of the integer kernel's other paths this CPU can run: the portable C
     (what a CPU without AVX2 runs), and on a CPU with AVX512-VNNI the AVX2 path (built without
     AVX-512) and the VNNI path without its 512-bit registers' other uses."""
-    flags = set(nb.cpu_flags().split())
+    flags = set(nb.build.cpu_flags().split())
     builds = [pytest.param("-DNF_NO_I8A_AVX2", id="portable")]
     if "avx512_vnni" in flags:
         builds.append(pytest.param("-DNF_NO_VNNI", id="avx2-on-avx512"))
@@ -226,8 +227,8 @@ def test_w8a8_every_kernel_path_gives_the_same_numbers(tiny, monkeypatch, extra)
     default = default_kv.forward(IDS, len(IDS))
     default_kv.rollback(4)
     default_steps = torch.cat([default_kv.forward([i]) for i in IDS[4:9]])
-    monkeypatch.setattr(nb, "_LIB", None)  # restored after the test: the default build again
-    monkeypatch.setattr(nb, "_LIB_ERROR", None)
+    monkeypatch.setattr(nb.build, "_LIB", None)  # restored after the test: the default build again
+    monkeypatch.setattr(nb.build, "_LIB_ERROR", None)
     monkeypatch.setenv(nb.CFLAGS_ENV, extra)
     kv = nb.NativeKV(nb.NativeModel(tiny, weights="w8a8"))
     assert torch.equal(kv.forward(IDS, len(IDS)), default)
@@ -282,7 +283,7 @@ def test_rollback_then_refeed_equals_feeding_once(tiny, weights):
 def test_the_cache_grows_past_its_first_capacity(tiny, monkeypatch):
     ids = [(7 * i) % 31 + 1 for i in range(40)]
     nm = nb.NativeModel(tiny)
-    monkeypatch.setattr(nb, "MIN_CAPACITY", 16)
+    monkeypatch.setattr(nb.model, "MIN_CAPACITY", 16)
     kv = nb.NativeKV(nm, capacity=16)
     kv.forward(ids[:10])
     kv.forward(ids[10:30])  # 16 -> 32 positions, the first 10 copied
@@ -328,17 +329,17 @@ def test_engine_greedy_speculative_equals_plain_on_the_native_backend(weights):
 def test_backend_selection_and_refusals(tiny, monkeypatch):
     loaded = _Loaded(tiny)
     try:
-        chosen, choice = backends.with_backend(loaded, "native")
+        chosen, choice = backend_choice.with_backend(loaded, "native")
         assert (chosen.backend, choice.reason) == ("native", "asked for")
         assert isinstance(backends.target_kv(chosen), nb.NativeKV)
         assert nb.native_model(loaded) is nb.native_model(loaded)  # built once per model
         assert {"native", "native-int8", "native-w8a8"} <= set(backends.candidate_backends(loaded)[0])
-        chosen, choice = backends.with_backend(loaded, "native-int8")
+        chosen, choice = backend_choice.with_backend(loaded, "native-int8")
         assert (chosen.backend, choice.reason) == ("native-int8", "asked for")
         kv = backends.target_kv(chosen)
         assert kv.nmodel.weights == "int8" and kv.backend == "native-int8"
         assert kv.nmodel is not nb.native_model(loaded)  # the BF16 one is kept apart
-        chosen, _ = backends.with_backend(loaded, "native-w8a8")
+        chosen, _ = backend_choice.with_backend(loaded, "native-w8a8")
         kv = backends.target_kv(chosen)
         assert kv.nmodel.weights == "w8a8" and kv.backend == "native-w8a8"
     finally:
@@ -348,7 +349,7 @@ def test_backend_selection_and_refusals(tiny, monkeypatch):
     quantized = _Loaded(tiny)
     quantized.quantization = "int4"
     with pytest.raises(nb.NativeError, match="--quantization int4 is a transformers path"):
-        backends.with_backend(quantized, "native")
+        backend_choice.with_backend(quantized, "native")
     tiny.config.model_type = "gemma"
     try:
         assert nb.unsupported_reason(tiny) == (
@@ -365,9 +366,9 @@ def test_backend_selection_and_refusals(tiny, monkeypatch):
 def test_without_a_c_compiler_the_backend_says_so_and_auto_leaves_it_out(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))  # no library built here yet
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(nb.shutil, "which", lambda name: None)
-    monkeypatch.setattr(nb, "_LIB", None)
-    monkeypatch.setattr(nb, "_LIB_ERROR", None)
+    monkeypatch.setattr(nb.build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(nb.build, "_LIB", None)
+    monkeypatch.setattr(nb.build, "_LIB_ERROR", None)
     model = tiny_llama(seed=0, layers=1)
     loaded = _Loaded(model)
     reason = nb.unavailable_reason(loaded)
@@ -376,7 +377,7 @@ def test_without_a_c_compiler_the_backend_says_so_and_auto_leaves_it_out(monkeyp
     assert not set(family_backends("native")) & set(names)
     assert f"native not available: {reason}" in why
     with pytest.raises(nb.NativeError, match="needs a C compiler"):
-        backends.with_backend(loaded, "native")
+        backend_choice.with_backend(loaded, "native")
 
 
 @needs_library
@@ -428,8 +429,8 @@ def test_a_cc_that_names_no_program_is_refused_not_replaced(monkeypatch, tmp_pat
     quietly building with another one)."""
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setattr(nb, "_LIB", None)
-    monkeypatch.setattr(nb, "_LIB_ERROR", None)
+    monkeypatch.setattr(nb.build, "_LIB", None)
+    monkeypatch.setattr(nb.build, "_LIB_ERROR", None)
     with pytest.raises(nb.NativeError, match=r"CC=/nonexistent/cc, which was not found; unset CC"):
         nb.library()
 
@@ -669,7 +670,7 @@ def test_reserve_sizes_the_cache_before_a_prefill_and_changes_no_number(tiny, mo
     the prefill then does not grow the cache, and its logits are the same."""
     ids = [(7 * i) % 31 + 1 for i in range(40)]
     nm = nb.NativeModel(tiny)
-    monkeypatch.setattr(nb, "MIN_CAPACITY", 16)
+    monkeypatch.setattr(nb.model, "MIN_CAPACITY", 16)
     grown = nb.NativeKV(nm, capacity=16).forward(ids, logits_to_keep=5)
     kv = nb.NativeKV(nm, capacity=16)
     assert kv.capacity == 16

@@ -1,4 +1,4 @@
-"""The EAGLE-3 head step in C (native_forward.c's head mode, native_backend.NativeEagleHead) on
+"""The EAGLE-3 head step in C (native_forward.c's head mode, native.NativeEagleHead) on
 tiny random heads, against ``Eagle3Head.step`` in torch; the drafter with it inside the engine
 on the native backend; the greedy draw over a draft vocabulary.
 
@@ -18,7 +18,7 @@ from specdemo.core.drafters.vocab import expand_logits
 from specdemo.core.engine import generate
 from specdemo.core.policy import FixedDraftLength
 from specdemo.core.sampling import SamplingParams
-from specdemo.models import native_backend as nb
+from specdemo.models import native as nb
 from tiny import CharTokenizer, bf16_valued, tiny_eagle, tiny_llama
 
 try:
@@ -166,7 +166,7 @@ def test_rollback_then_restep_equals_stepping_once(target):
 
 @needs_library
 def test_the_cache_grows_past_its_first_capacity(target, monkeypatch):
-    monkeypatch.setattr(nb, "MIN_CAPACITY", 4)
+    monkeypatch.setattr(nb.model, "MIN_CAPACITY", 4)
     head = _head(target)
     torch.manual_seed(0)
     hidden = torch.randn(len(IDS), 64)
@@ -276,7 +276,7 @@ def test_greedy_draw_over_a_draft_vocabulary_equals_drawing_from_expanded_logits
 
 @needs_library
 def test_a_pipeline_on_the_native_backend_drafts_with_the_c_head_and_stays_lossless(target):
-    from specdemo.models.backends import with_backend
+    from specdemo.services.backend_choice import with_backend
     from specdemo.models.learned import LoadedEagle3
     from specdemo.models.loading import LoadedModel
     from specdemo.services.pipeline import DecodeSettings, Pipeline

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from specdemo.models import native_backend as nb
+from specdemo.models import native as nb
 from specdemo.models.loading import LoadedModel
 from specdemo.services.training import data
 from tiny import CharTokenizer, tiny_llama

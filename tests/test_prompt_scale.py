@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from specdemo.models import native_backend as nb
+from specdemo.models import native as nb
 from specdemo.models.loading import LoadedModel
 from specdemo.services.training import grow, prompt_scale, shards
 from specdemo.services.training.split import Index, load_jsonl, near_duplicate, row_text

@@ -64,7 +64,7 @@ def test_everyday_chat_rows_come_last_in_new_phrasings_with_two_templates_held_o
     """The everyday chat rows are appended (the rows before keep the indices answers refer to),
     use none of the benchmark's chat phrasings, and hold two templates out whole, so a report on
     them measures phrasings never trained on; the 20-prompt report's picks are unchanged."""
-    from specdemo.interfaces.train_cli import heldout_prompts
+    from specdemo.services.training.report import heldout_prompts
     everyday = prompt_more.build_everyday()
     assert rows[-len(everyday):] == everyday and len(everyday) >= 300
     assert heldout_prompts(rows, 20) == heldout_prompts(rows[:-len(everyday)], 20)

@@ -177,21 +177,22 @@ def test_the_native_backends_first_compile_is_a_step_of_its_own(cache, monkeypat
     no step."""
     from types import SimpleNamespace
 
-    from specdemo.models import native_backend as nb
-    if nb._compiler() is None:
+    from specdemo.models import native as nb
+    from specdemo.services import backend_choice
+    if nb.build._compiler() is None:
         pytest.skip("no C compiler here")
     steps = Steps()
     monkeypatch.setattr(startup, "STEPS", steps)
-    monkeypatch.setattr(nb, "_LIB", None)
-    monkeypatch.setattr(nb, "_LIB_ERROR", None)
+    monkeypatch.setattr(nb.build, "_LIB", None)
+    monkeypatch.setattr(nb.build, "_LIB_ERROR", None)
     loaded = SimpleNamespace(model=tiny_llama(seed=0, layers=1), device=torch.device("cpu"))
     assert not nb.library_path().exists()  # SPECDEMO_CACHE is this test's folder
-    startup._compile_native_once(loaded, "auto")
+    backend_choice._compile_native_once(loaded, "auto")
     assert [d.name for d in steps.recent()] == [
         "compiling our C forward for this CPU (once per machine)"]
     assert nb.library_path().exists()
-    startup._compile_native_once(loaded, "native")  # built: nothing to say
-    startup._compile_native_once(loaded, "transformers")
+    backend_choice._compile_native_once(loaded, "native")  # built: nothing to say
+    backend_choice._compile_native_once(loaded, "transformers")
     assert len(steps.recent()) == 1
 
 
@@ -222,17 +223,17 @@ def test_a_stored_backend_choice_is_a_note_not_a_step_and_scales_the_later_estim
     """Issue 39.3: a choice read back from its store takes milliseconds, so it shows no step
     with a measuring estimate; the widths it timed scale the warm-up and forward-cost estimates
     of a first start (a fresh clone guessed 8 s for 0.9 s of forward costs)."""
-    from specdemo.models import backends as gb
+    from specdemo.services import backend_choice as gb
     steps = Steps()
     monkeypatch.setattr(startup, "STEPS", steps)
-    monkeypatch.setattr(startup, "_compile_native_once", lambda loaded, backend: None)
+    monkeypatch.setattr(gb, "_compile_native_once", lambda loaded, backend: None)
     forward = {1: 0.010, 5: 0.020, 9: 0.040}
     stored = gb.BackendChoice("native-w8a8", "measured earlier on this machine (...): ...",
                               {"native-w8a8": 0.02}, cached=True,
                               forward_s={"native-w8a8": forward})
     monkeypatch.setattr(gb, "stored_choice", lambda loaded, lane=None: stored)
     monkeypatch.setattr(gb, "with_backend", lambda *a, **k: pytest.fail("measured again"))
-    chosen, choice = startup.use_backend(_loaded_on_cpu(), "auto", "ngram")
+    chosen, choice = gb.use_backend(_loaded_on_cpu(), "auto", "ngram")
     assert chosen.backend == "native-w8a8" and choice is stored
     assert [(d.name, d.note) for d in steps.recent()] == [
         ("forward backend of tiny-est: native-w8a8 (measured earlier on this machine (...): ...)",
@@ -244,19 +245,20 @@ def test_a_stored_backend_choice_is_a_note_not_a_step_and_scales_the_later_estim
 
 
 def test_a_backend_choice_to_measure_is_a_step_weighed_for_the_race(cache, monkeypatch):
-    from specdemo.models import backends as gb
+    from specdemo.models import backends as mb
+    from specdemo.services import backend_choice as gb
     steps = Steps()
     monkeypatch.setattr(startup, "STEPS", steps)
-    monkeypatch.setattr(startup, "_compile_native_once", lambda loaded, backend: None)
+    monkeypatch.setattr(gb, "_compile_native_once", lambda loaded, backend: None)
     monkeypatch.setattr(gb, "stored_choice", lambda loaded, lane=None: None)
     lanes = []
 
     def measure(loaded, backend, lane=None):
         lanes.append(lane)
-        return gb.replace_backend(loaded, "native"), gb.BackendChoice("native", "measured: ...")
+        return mb.replace_backend(loaded, "native"), gb.BackendChoice("native", "measured: ...")
     monkeypatch.setattr(gb, "with_backend", measure)
-    startup.use_backend(_loaded_on_cpu(), "auto", "ngram")
-    assert lanes[0].draft == "ngram" and lanes[0].layers == () and lanes[0].facts is None
+    gb.use_backend(_loaded_on_cpu(), "auto", "ngram")
+    assert lanes[0].draft == "ngram" and lanes[0].layers == () and not lanes[0].measured
     assert [d.name for d in steps.recent()] == [
         "choosing the forward backend for tiny-est (auto, weighed for draft ngram)",
         "forward backend of tiny-est: native (measured: ...)"]
@@ -271,11 +273,13 @@ def test_a_learned_drafters_lane_is_timed_with_its_features_and_measured_per_bac
     loaded = FakeLoaded(model, tokenizer=CharTokenizer(128), vocab_size=128, spec="tiny-llama")
     head = LoadedEagle3("random-eagle3", tiny_eagle(model, seed=3), {"layout": "speculators",
                                                                    "missing": []})
-    lane = startup.race_lane(loaded, "random-eagle3", head)
-    assert lane.speculative and lane.layers and lane.facts is not None
-    facts = lane.facts("transformers")
+    from specdemo.services import backend_choice as gb
+    lane = gb.race_lane(loaded, "random-eagle3", head)
+    # its feature layers read from what was loaded (the head's config), no drafter built
+    assert lane.speculative and lane.layers == head.head.feature_layers and lane.measured
+    facts = gb.lane_facts(loaded, lane.draft, lane.source, "transformers")
     assert facts.drafted > 0 and 0.0 <= facts.acceptance <= 1.0 and facts.draft_s > 0
-    plain = startup.race_lane(loaded, "ngram")
-    assert (plain.layers, plain.facts) == ((), None)  # lookup: the same on every backend
+    plain = gb.race_lane(loaded, "ngram")
+    assert (plain.layers, plain.measured) == ((), False)  # lookup: the same on every backend
     # a plain run is weighed as the plain lane of a race with prompt lookup (one stored choice)
-    assert startup.race_lane(loaded, "none") == plain
+    assert gb.race_lane(loaded, "none") == plain

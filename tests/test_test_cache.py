@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import conftest
-from specdemo.models import backends, builtin
-from specdemo.services import startup
+from specdemo.models import builtin
+from specdemo.services import backend_store, startup
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ def test_the_cache_is_a_temporary_folder_not_the_users():
     for user in {conftest.USER_CACHE, Path.home() / ".cache" / "specdemo"}:
         assert not _under(ours, user) and not _under(user, ours)
     # the files that choosing a backend and timing start-up steps write
-    assert _under(backends._choice_path(), ours)
+    assert _under(backend_store.choice_path(), ours)
     assert _under(startup._times_path(), ours)
 
 
@@ -41,4 +41,4 @@ def test_child_processes_inherit_the_test_cache():
 
 def test_a_test_may_still_name_its_own_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path / "own"))
-    assert backends._choice_path() == tmp_path / "own" / backends.CHOICE_FILE
+    assert backend_store.choice_path() == tmp_path / "own" / backend_store.CHOICE_FILE

@@ -156,7 +156,7 @@ def test_cli_trains_dflash_at_two_data_sizes_and_reports_speed(target, tmp_path,
     assert (out / "size-0.5" / "zlab" / "model.safetensors").exists()
     assert "answer tokens" in (out / "data_size_curve.md").read_text()
     ran_on = json.loads((out / "train.json").read_text())["stages_ran_on"]
-    from specdemo.models.native_backend import unavailable_reason
+    from specdemo.models.native import unavailable_reason
     generated_by = "transformers" if unavailable_reason(target) else "native-w8a8"  # --generate-backend auto
     assert ran_on == {"generate": f"the target on cpu, {generated_by} backend", "capture": "the target on cpu",
                       "train": "cpu, float32",

@@ -99,15 +99,16 @@ def test_features_larger_than_the_disk_are_refused_and_larger_than_memory_only_n
 
     import psutil
 
-    from specdemo.interfaces import train_cli
+    from specdemo.services.training import inputs as train_inputs
+    from specdemo.services.training.errors import TrainingError
     usage = namedtuple("usage", "total used free")
     memory = namedtuple("memory", "available")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**9))
     monkeypatch.setattr(psutil, "virtual_memory", lambda: memory(10**9))
-    with pytest.raises(SystemExit, match=r"need ~2\.3 GB on disk but only 1\.0 GB are free"):
-        train_cli._check_space(1_000_000, 1152, tmp_path)  # 1M tokens x 1152 x 2 bytes
+    with pytest.raises(TrainingError, match=r"need ~2\.3 GB on disk but only 1\.0 GB are free"):
+        train_inputs.check_space(1_000_000, 1152, tmp_path)  # 1M tokens x 1152 x 2 bytes
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**11))
-    train_cli._check_space(1_000_000, 1152, tmp_path)
+    train_inputs.check_space(1_000_000, 1152, tmp_path)
     assert "exceed the free memory (1.0 GB); training reads them from disk" in capsys.readouterr().err
 
 
@@ -124,26 +125,28 @@ def test_init_reads_a_shipped_head_by_its_builtin_name():
     """``--init builtin:NAME`` reads the shipped head's model.safetensors (it has no
     checkpoint.pt): the early check sees an EAGLE-3 head, and refuses it for a DFlash run."""
     import argparse
-    from specdemo.interfaces.train_cli import _read_init, check_init
-    saved, problem = _read_init(Path("builtin:smollm2-135m-eagle3"))
+    from specdemo.services.training.errors import TrainingError
+    from specdemo.services.training.inputs import check_init
+    from specdemo.services.training.warm_start import read_init
+    saved, problem = read_init(Path("builtin:smollm2-135m-eagle3"))
     assert problem is None and saved["d2t"].shape == (8192,) and "fc.weight" in saved
     check_init(argparse.Namespace(init=Path("builtin:smollm2-135m-eagle3"), kind="eagle3"))
-    with pytest.raises(SystemExit):
+    with pytest.raises(TrainingError):
         check_init(argparse.Namespace(init=Path("builtin:smollm2-135m-eagle3"), kind="dflash"))
 
 
 def test_keep_draft_vocab_is_refused_without_init_or_with_another_size(capsys):
     import argparse
-    from specdemo.interfaces.train_cli import check_init
+    from specdemo.services.training.errors import TrainingError
+    from specdemo.services.training.inputs import check_init
     shipped = Path("builtin:smollm2-135m-eagle3")
     check_init(argparse.Namespace(init=shipped, kind="eagle3", keep_draft_vocab=True, draft_vocab=8192))
     for args, says in ((dict(init=None, kind="eagle3", draft_vocab=8192), "without --init"),
                        (dict(init=shipped, kind="eagle3", draft_vocab=4096), "give --draft-vocab 8192")):
-        with pytest.raises(SystemExit) as exc:
+        with pytest.raises(TrainingError) as exc:
             check_init(argparse.Namespace(keep_draft_vocab=True, **args))
-        assert exc.value.code == 2
-        err = capsys.readouterr().err
-        assert says in err and err.count("\n") == 1
+        assert exc.value.status == 2
+        assert says in str(exc.value) and "\n" not in str(exc.value)
 
 
 @pytest.mark.parametrize("case", ["missing", "damaged", "kind"])
@@ -179,7 +182,7 @@ def test_train_json_names_the_checkout_commit_when_specdemo_is_not_installed():
     import re
     import subprocess
     from pathlib import Path
-    from specdemo.interfaces.train_cli import _versions
+    from specdemo.services.training.saving import versions as _versions
     root = Path(__file__).resolve().parents[1]
     if not (root / ".git").exists():
         pytest.skip("not a git checkout")
@@ -195,7 +198,7 @@ def test_resume_says_which_given_options_the_saved_recipe_overrides(tmp_path, ca
     silently dropped."""
     import argparse
     from dataclasses import asdict
-    from specdemo.interfaces.train_cli import _recipe
+    from specdemo.services.training.recipes import make_recipe as _recipe
     from specdemo.services.training import train
     saved = train.Recipe(epochs=3, draft_vocab_size=8192, feature_layers=(2, 15, 27),
                          train_dtype="bfloat16", temperature=[0.7, 1.0])
@@ -226,7 +229,7 @@ def test_answer_loss_only_is_part_of_the_recipe(tmp_path, capsys):
     from types import SimpleNamespace
     from tiny import tiny_llama
     from specdemo.interfaces.cli import build_parser
-    from specdemo.interfaces.train_cli import _recipe
+    from specdemo.services.training.recipes import make_recipe as _recipe
     from specdemo.services.training import train
     args = build_parser().parse_args(["train-draft", "--out", str(tmp_path / "a"), "--answer-loss-only"])
     target = SimpleNamespace(model=tiny_llama(seed=0))
@@ -246,24 +249,24 @@ def test_answer_loss_only_is_part_of_the_recipe(tmp_path, capsys):
 
 def test_bfloat16_training_on_a_cpu_without_bf16_instructions_is_flagged(monkeypatch):
     from specdemo.core import machine
-    from specdemo.interfaces import train_cli
-    monkeypatch.setattr(train_cli.platform, "machine", lambda: "x86_64")
+    from specdemo.services.training import inputs as train_inputs
+    monkeypatch.setattr(train_inputs.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(machine, "cpu_flags", lambda: "fpu sse2 avx avx2 fma")
-    note = train_cli.slow_bf16_note("cpu", "bfloat16")
+    note = train_inputs.slow_bf16_note("cpu", "bfloat16")
     assert note is not None and "AVX512-BF16" in note
-    assert train_cli.slow_bf16_note("cpu", "float32") is None
-    assert train_cli.slow_bf16_note("cuda:0", "bfloat16") is None
+    assert train_inputs.slow_bf16_note("cpu", "float32") is None
+    assert train_inputs.slow_bf16_note("cuda:0", "bfloat16") is None
     monkeypatch.setattr(machine, "cpu_flags", lambda: "avx2 avx512f avx512_bf16")
-    assert train_cli.slow_bf16_note("cpu", "bfloat16") is None
+    assert train_inputs.slow_bf16_note("cpu", "bfloat16") is None
     monkeypatch.setattr(machine, "cpu_flags", lambda: "avx2 amx_bf16 amx_tile")
-    assert train_cli.slow_bf16_note("cpu", "bfloat16") is None
-    monkeypatch.setattr(train_cli.platform, "machine", lambda: "aarch64")
+    assert train_inputs.slow_bf16_note("cpu", "bfloat16") is None
+    monkeypatch.setattr(train_inputs.platform, "machine", lambda: "aarch64")
     monkeypatch.setattr(machine, "cpu_flags", lambda: "fp asimd")
-    assert train_cli.slow_bf16_note("cpu", "bfloat16") is None
+    assert train_inputs.slow_bf16_note("cpu", "bfloat16") is None
     # Windows: no flags list, only the machine's name, which says nothing either way
-    monkeypatch.setattr(train_cli.platform, "machine", lambda: "AMD64")
+    monkeypatch.setattr(train_inputs.platform, "machine", lambda: "AMD64")
     monkeypatch.setattr(machine, "cpu_flags", lambda: "AMD64")
-    assert train_cli.slow_bf16_note("cpu", "bfloat16") is None
+    assert train_inputs.slow_bf16_note("cpu", "bfloat16") is None
 
 
 @pytest.mark.parametrize("theirs, kind", [("eagle3", "dflash"), ("dflash", "eagle3")])
@@ -299,7 +302,7 @@ def test_an_out_holding_the_same_kinds_run_passes_the_early_checks(tmp_path):
     """The same kind keeps today's meaning: --resume continues it (the checks let it through)."""
     from dataclasses import asdict
     from specdemo.interfaces.cli import build_parser
-    from specdemo.interfaces.train_cli import check_inputs, out_kind
+    from specdemo.services.training.inputs import check_inputs, out_kind
     from specdemo.services.training import train
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hi"}\n')
@@ -374,7 +377,7 @@ def test_an_answers_dir_that_cannot_take_shards_is_refused_before_any_work(
 
 def test_an_answers_dir_to_be_created_passes_and_is_not_created_by_the_check(tmp_path):
     from specdemo.interfaces.cli import build_parser
-    from specdemo.interfaces.train_cli import check_inputs
+    from specdemo.services.training.inputs import check_inputs
     answers_dir = tmp_path / "new" / "answers"
     args = build_parser().parse_args(["train-draft", "--out", str(tmp_path / "out"), "--prompts",
                                       str(_prompts(tmp_path)), "--answers-dir", str(answers_dir)])
@@ -413,7 +416,7 @@ def test_dspark_runs_are_told_apart_from_the_other_kinds(tmp_path, capsys, no_ta
     """``--kind dspark`` into an EAGLE-3 run gave KeyError 'dspark'; ``--kind eagle3`` into a
     DSpark run called it a DFlash drafter and suggested ``--kind dflash``."""
     from dataclasses import asdict
-    from specdemo.interfaces.train_cli import out_kind
+    from specdemo.services.training.inputs import out_kind
     from specdemo.services.training import dflash_train, dspark_train, train
     out = tmp_path / "D"
     out.mkdir()
@@ -435,6 +438,6 @@ def test_dspark_runs_are_told_apart_from_the_other_kinds(tmp_path, capsys, no_ta
 
 
 def test_a_dspark_run_is_known_by_its_train_json_too(tmp_path):
-    from specdemo.interfaces.train_cli import out_kind
+    from specdemo.services.training.inputs import out_kind
     (tmp_path / "train.json").write_text(json.dumps({"kind": "dspark"}))
     assert out_kind(tmp_path) == "dspark"

@@ -123,7 +123,7 @@ def test_init_starts_from_an_earlier_runs_head_and_refuses_what_does_not_fit(tar
     first loss is the earlier run's level, not a fresh head's); with another draft vocabulary the
     shared ids keep their rows; other layer shapes, a missing or a damaged checkpoint are refused
     in one sentence and change nothing."""
-    from specdemo.interfaces.train_cli import warm_start
+    from specdemo.services.training.warm_start import warm_start
     _, items = features
     first = train.train(_head(target, items), target, items, RECIPE, tmp_path / "a", max_steps=30)
     saved = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["head"]

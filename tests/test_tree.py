@@ -15,7 +15,7 @@ from specdemo.core.policy import FixedDraftLength, make_policy
 from specdemo.core.sampling import SamplingParams
 from specdemo.core.tree import (DraftTree, TreeShape, build_shape, chain_shape, parse_shape,
                                 verify_tree_greedy)
-from specdemo.models import native_backend as nb
+from specdemo.models import native as nb
 from tiny import CharTokenizer, bf16_valued, tiny_eagle, tiny_llama
 
 try:

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from ..core.draft_spec import COMBINE, FORMS, DraftSpec, DraftSpecError, looks_like_path
+from ..core.model_spec import builtin_name
 from ..models import loading as models
 from ..models.builtin import BUILTIN_DRAFTERS
 
@@ -162,7 +163,7 @@ def closest_name(spec: str, names) -> str | None:
     """The one of ``names`` that ``spec`` looks like a typo of (difflib, cutoff 0.6; a
     ``kind:N`` spec is matched by its kind), or None."""
     close = []
-    if ":" in spec and not spec.startswith("builtin:"):  # early_exit:4 -> early-exit:4
+    if ":" in spec and builtin_name(spec) is None:  # early_exit:4 -> early-exit:4
         head, _, tail = spec.partition(":")
         close = [f"{c}:{tail}" for c in difflib.get_close_matches(head.lower(), [
             n.partition(":")[0] for n in names if ":" in n], n=1, cutoff=0.6)]
@@ -200,7 +201,7 @@ def target(field: str, spec) -> str:
     forms = _model_forms()
     _missing_path(field, spec, forms)
     names = [f"builtin:{n}" for n in models.builtin_names()]
-    if spec.startswith("builtin:") and spec not in names:
+    if builtin_name(spec) is not None and spec not in names:
         raise InputError(f"{field} {spec!r} is not a built-in model{_did_you_mean(spec, names)}; "
                          f"valid forms: {forms}")
     _unknown_name(field, spec, names, forms)

@@ -12,7 +12,7 @@ class BackendFacts(NamedTuple):
     Attributes:
         family: the module that computes the forward: ``transformers`` (the model's own),
             ``ggml`` (models/ggml_backend.py), ``int8`` (models/compiled_backend.py),
-            ``native`` (models/native_backend.py).
+            ``native`` (models/native/), ``cuda-graphs`` (models/cuda_graph_backend.py).
         weights: the weight format: for ``ggml`` the llama-quantize type a GGUF is converted to
             (None: the file's own weights), for ``native`` the format of its C forward, None for
             the model's own weights.
@@ -21,7 +21,7 @@ class BackendFacts(NamedTuple):
         report_words: the weights for ``costs``' report (``services/costs.format_report``),
             ``{dtype}`` standing for the dtype the target was loaded in.
         probe_rank: its place in the order ``auto`` probes candidates in
-            (``models/backend_choice.PROBE_ORDER``, 0 first); None: never a candidate of ``auto``.
+            (``services/backend_rules.PROBE_ORDER``, 0 first); None: never a candidate of ``auto``.
     """
 
     family: str
@@ -50,6 +50,8 @@ TARGET_BACKENDS: dict[str, BackendFacts] = {
     "native-w8a8": BackendFacts("native", "w8a8",
                                 "int8 weights and int8 activations in our C forward",
                                 "int8 weights, per-row scales (from {dtype}), int8 activations", 0),
+    "cuda-graphs": BackendFacts("cuda-graphs", None, "CUDA graphs over a static KV cache",
+                                "{dtype} weights, one CUDA graph per width", None),
 }
 #: the names ``--backend`` takes (costs, run, compare, bench, app.py) and ``with_backend`` accepts
 BACKENDS = ("auto", *TARGET_BACKENDS)

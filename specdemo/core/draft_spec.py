@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .model_spec import builtin_name
+
 #: suffix that stacks prompt lookup over a learned drafter (``models.learned.COMBINE``)
 COMBINE = "+ngram"
 EARLY_EXIT = "early-exit"
@@ -116,7 +118,7 @@ def _kind(base: str) -> tuple[str, int | None]:
             raise DraftSpecError("early-exit needs a layer count of at least 1, e.g. early-exit:8",
                                  EARLY_EXIT)
         return EARLY_EXIT, int(count)
-    if base.startswith("builtin:"):
+    if builtin_name(base) is not None:
         return "builtin", None
     if looks_like_path(base):
         return "path", None

@@ -20,7 +20,7 @@ from .clock import read_on_host
 from .clock import sync as _sync
 from .drafters import Drafter, Proposal, wants_features
 from .drafters.base import CatchesUp, KeepGoing, Primes, StackedDrafter, StopsEarly, TreeDrafter
-from .kv import Cancelled, KVModel, stop_on
+from .kv import Cancelled, TargetKV, stop_on
 from .machine import OtherCpuUse
 from .policy import (ConfidencePolicy, CostModelPolicy, DraftLengthPolicy, FixedDraftLength,
                      FixedLength, PerSourcePolicy)
@@ -119,7 +119,7 @@ class TextTracker:
 
 
 def decode(
-    target: KVModel,
+    target: TargetKV,
     prompt_ids: list[int],
     tokenizer,
     *,
@@ -217,7 +217,7 @@ class _Decoding:
     """The state of one :func:`decode` and its steps: prefill, propose (prompt lookup, a chain,
     a tree), verify (a chain, a tree) and one bookkeeping step per round (:meth:`settle`)."""
 
-    def __init__(self, target: KVModel, prompt_ids: list[int], tokenizer, drafter: Drafter | None,
+    def __init__(self, target: TargetKV, prompt_ids: list[int], tokenizer, drafter: Drafter | None,
                  policy: DraftLengthPolicy, params: SamplingParams, max_new_tokens: int,
                  eos_token_ids: frozenset[int], stop_strings: tuple[str, ...],
                  tree: TreeShape | None) -> None:
@@ -530,6 +530,6 @@ def collect(events: Iterator[DecodeEvent]) -> DecodeResult:
     return DecodeResult("".join(pieces), ids, flags, event.stats, n)
 
 
-def generate(target: KVModel, prompt_ids: list[int], tokenizer, **kwargs) -> DecodeResult:
+def generate(target: TargetKV, prompt_ids: list[int], tokenizer, **kwargs) -> DecodeResult:
     """:func:`decode` run to the end (same arguments)."""
     return collect(decode(target, prompt_ids, tokenizer, **kwargs))

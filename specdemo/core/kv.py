@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-from typing import Iterator
+from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 from transformers import DynamicCache
@@ -203,8 +203,72 @@ class RotaryTables:
         return self._rope
 
 
+@runtime_checkable
+class TargetKV(Protocol):
+    """The target as the engine runs it: a model plus a KV cache holding the first ``length``
+    tokens of the one sequence it was fed. Every backend implements it (``models.backends.TABLE``:
+    :class:`KVModel` for transformers, ``NativeKV`` and ``Int8KV`` over :class:`StaticCacheKV`,
+    ``GgmlKV``; ``tests/test_target_kv.py`` checks each); the methods below hold the one
+    description of the contract, the classes only what differs.
+
+    Attributes:
+        model: the transformers module (its config and input embeddings; ggml: the model the
+            GGUF was converted to, which may be None).
+        device: where the logits come back.
+        length: tokens in the cache.
+        ids: those tokens.
+        cache_bytes: bytes of the cached keys and values (a property).
+    """
+
+    model: torch.nn.Module | None
+    device: torch.device
+    length: int
+    ids: list[int]
+
+    @property
+    def cache_bytes(self) -> int: ...
+
+    def forward(self, ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
+        """Feed ``ids`` after the cached tokens; return the logits of the last positions.
+
+        Args:
+            ids: the S new token ids (S >= 1), fed in chunks of :data:`PREFILL_CHUNK` (fewer
+                where the backend's context is smaller).
+            logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
+        Returns:
+            (logits_to_keep, V) float logits; row j predicts the token after ids[S - n + j].
+        Raises:
+            Cancelled: inside :func:`stop_on`, when its event is set between two chunks.
+        """
+        ...
+
+    def forward_features(self, ids: list[int], logits_to_keep: int,
+                         layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` that also returns hidden states from the same forward.
+
+        Args:
+            ids, logits_to_keep: as :meth:`forward`.
+            layers: transformers ``hidden_states`` indices (0 = embeddings, k = input of layer k,
+                L = final output after the norm).
+        Returns:
+            ((logits_to_keep, V) logits, (S, len(layers) * H) features of every fed position,
+            the layers concatenated in the order given).
+        Raises:
+            Cancelled: as :meth:`forward`; the backend's error for an index it cannot give.
+        """
+        ...
+
+    def rollback(self, length: int) -> None:
+        """Drop cached tokens beyond ``length`` (nothing to drop: no-op)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget everything (an empty cache)."""
+        ...
+
+
 class StaticCacheKV:
-    """:class:`KVModel`'s interface for a forward of our own over a static KV cache of one
+    """:class:`TargetKV` for a forward of our own over a static KV cache of one
     sequence (rollback is a length change). Subclasses set ``n_layer`` and implement
     ``_run(ids: list[int], keep, layers) -> ((keep, V) logits, (S, F) features or None)``,
     which appends to ``length`` and ``ids``."""
@@ -217,31 +281,17 @@ class StaticCacheKV:
         self.ids: list[int] = []
 
     def forward(self, ids, logits_to_keep: int = 1) -> torch.Tensor:
-        """Feed ``ids`` after the cached tokens; return the logits of the last positions.
+        """As :meth:`TargetKV.forward`; ``ids`` may also be an (S,) long tensor.
 
-        Args:
-            ids: the S new token ids (S >= 1), or an (S,) long tensor; fed in chunks of
-                ``PREFILL_CHUNK``.
-            logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
-        Returns:
-            (logits_to_keep, V) float32 logits; row j predicts the token after ids[S - n + j].
         Raises:
-            Cancelled: inside :func:`stop_on`, when its event is set between two chunks.
             ValueError: ids empty or logits_to_keep outside 1..S (or what ``_run`` refuses).
         """
         return self._feed(ids, logits_to_keep, ())[0]
 
     def forward_features(self, ids, logits_to_keep: int,
                          layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward` that also returns hidden states from the same forward.
+        """As :meth:`TargetKV.forward_features` (float32 features).
 
-        Args:
-            ids, logits_to_keep: as :meth:`forward`.
-            layers: transformers ``hidden_states`` indices (0 = embeddings, k = input of layer k,
-                L = final output after the norm).
-        Returns:
-            ((logits_to_keep, V) logits, (S, len(layers) * H) float32 features of every fed
-            position, the layers concatenated in the order given).
         Raises:
             ValueError: an index outside 0..L.
         """
@@ -275,7 +325,8 @@ class StaticCacheKV:
 
 
 class KVModel:
-    """A model plus a KV cache holding the first ``length`` tokens of the sequence it was fed.
+    """:class:`TargetKV` over a transformers model and its own cache (``DynamicCache``): the
+    ``transformers`` backend, the float32 reference.
 
     Args:
         model: a transformers causal LM (``logits_to_keep`` supported), batch size 1.
@@ -297,34 +348,15 @@ class KVModel:
         self.ids: list[int] = []  # the tokens whose keys/values are cached, for a re-feed
 
     def forward(self, ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
-        """Feed ``ids`` after the cached tokens; return the logits of the last positions.
-
-        Args:
-            ids: the S new token ids (S >= 1), fed in chunks of PREFILL_CHUNK; or an (S,) long
-                tensor (a drafter's token on the device; ``self.ids`` holds 0-d tensors for it
-                until the caller replaces them with the ids).
-            logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
-        Returns:
-            (logits_to_keep, V) float logits; row j predicts the token after ids[S - n + j].
-        Raises:
-            Cancelled: inside :func:`stop_on`, when its event is set between two chunks.
-        """
+        """As :meth:`TargetKV.forward`; ``ids`` may also be an (S,) long tensor (a drafter's
+        token on the device: ``self.ids`` holds 0-d tensors for it until the caller replaces them
+        with the ids)."""
         return self._feed(ids, logits_to_keep, ())[0]
 
     def forward_features(self, ids: list[int], logits_to_keep: int,
                          layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward` that also returns the hidden states a learned drafter reads, from the
-        same forward (transformers >= 5: ``output_hidden_states=[...]`` keeps only those).
-
-        Args:
-            ids, logits_to_keep: as :meth:`forward`.
-            layers: ``hidden_states`` indices (0 = embeddings, k = input of layer k).
-        Returns:
-            ((logits_to_keep, V) logits, (S, len(layers) * H) features of every fed position,
-            the layers concatenated in the order given; the chunks' features joined).
-        Raises:
-            Cancelled: as :meth:`forward`.
-        """
+        """As :meth:`TargetKV.forward_features`, the chunks' features joined (transformers >= 5:
+        ``output_hidden_states=[...]`` keeps only the layers asked for)."""
         return self._feed(ids, logits_to_keep, tuple(layers))
 
     def _feed(self, ids: list[int], keep: int,

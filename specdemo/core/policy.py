@@ -590,7 +590,7 @@ def measure_forward_s(kv, max_n: int, context: int = 64, repeats: int = 3,
     at 1.9 s under load).
 
     Args:
-        kv: a ``KVModel`` over the target.
+        kv: the target (a ``kv.TargetKV``).
         clock: seconds counter; ``time.thread_time`` measures CPU work only (one thread), which
             a shared machine's other processes do not inflate.
     Returns:

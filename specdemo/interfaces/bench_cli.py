@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime, timezone
+from pathlib import Path
 
 from ..checks.inputs import checked, draft, target  # the same rule as run, compare and /race
 from ..services.prompts import TASKS, load_prompts
@@ -84,12 +86,11 @@ def cmd_bench(args) -> int:
                              system=args.system, tree=args.draft_tree)
         prompts = load_prompts(config.tasks)
         if args.plain_endpoint or args.spec_endpoint:  # servers: the concurrency sweep
-            from ..services import endpoint_bench  # lazy: server lanes only (--help stays fast)
             try:
                 endpoints = endpoints_from_args(args)
             except EndpointError as exc:
                 fail(str(exc))
-            return endpoint_bench.cmd(args, endpoints, config)
+            return _cmd_endpoints(args, endpoints, config)
         args.target, args.draft, args.dtype, args.quantization = resolve_models(args)
     except (ValueError, PresetError, FileNotFoundError) as exc:
         fail(str(exc))
@@ -103,3 +104,42 @@ def cmd_bench(args) -> int:
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 
+
+def _cmd_endpoints(args, endpoints: dict, config) -> int:
+    """``bench`` with server lanes: the concurrency sweep (``services/endpoint_bench.py``);
+    exit 2 with the reason when it cannot run."""
+    from ..services import endpoint_bench as eb  # lazy: server lanes only (--help stays fast)
+    from ..services.endpoints import shown_url  # lazy: --help stays fast
+    from ..services.pipeline import DecodeSettings  # lazy: imports torch
+    try:
+        levels = parse_ints(args.concurrency) or (1, 2, 4)
+        if any(n < 1 for n in levels):
+            raise ValueError("concurrency levels must be 1 or more")
+        prompts_by_task = load_prompts(config.tasks)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    per = args.prompts_per_task or max(levels)
+    prompts = [p for i in range(per) for ps in prompts_by_task.values() if i < len(ps)
+               for p in [ps[i]]]
+    settings = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              seed=args.seed)
+    try:
+        rows = eb.sweep(endpoints, prompts, levels, settings, args.repeats,
+                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except EndpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": eb.machine(), "note": args.note or "",
+            "servers": {lane: f"{e.engine} at {shown_url(e.url)} ({Path(e.model).name})"
+                        for lane, e in endpoints.items() if e is not None},
+            "tasks": list(config.tasks), "repeats": args.repeats,
+            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+    paths = eb.write(rows, Path(args.out), meta)
+    for r in rows:
+        print(f"  concurrency {r['concurrency']:>2} {r['lane']:<11} "
+              f"{r['total_tokens_per_s'] or 0:8.1f} tokens/s"
+              + (f"  speedup {r['speedup']:.2f}x" if r["speedup"] is not None else ""))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0

@@ -19,6 +19,8 @@ from .. import PROJECT_DIR
 from ..services import bench, endpoint_bench
 from ..services.prompts import TASKS, load_prompts
 from ..services.presets import PresetError, list_presets
+from ..core.model_spec import builtin_spec
+from ..models.builtin import FALLBACK_BUILTIN
 from ..models.loading import cache_dir
 from .ui_format import AXIS_FORMAT, about, chart_colors, lane_label
 from .ui_i18n import DEFAULT, locale, t, words
@@ -28,7 +30,8 @@ CONCURRENCY_CHOICES = ["1", "2", "4", "8", "16"]
 TABLE_COLUMNS = ("task", "draft_length", "engine", "plain_tokens_per_s", "tokens_per_s", "speedup",
                  "speedup_min", "speedup_max", "acceptance_rate", "mean_acceptance_length",
                  "ttft_s", "identical", "status")
-FALLBACK = {"target": "builtin:smollm2-135m", "draft": "ngram", "dtype": "auto", "quantization": "none"}
+FALLBACK = {"target": builtin_spec(FALLBACK_BUILTIN), "draft": "ngram", "dtype": "auto",
+            "quantization": "none"}
 
 
 @dataclass

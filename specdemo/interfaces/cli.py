@@ -1,4 +1,4 @@
-"""Command line: ``python -m specdemo {run,compare,bench,check,presets,costs,serve}``.
+"""Command line: ``python -m specdemo {run,compare,bench,check,presets,costs,serve,train-draft,shards}``.
 
 Each subcommand lives in a module of ``interfaces/`` (``<concern>_cli.py``, the logic below
 it in ``services/`` or ``checks/``); a module takes part by defining

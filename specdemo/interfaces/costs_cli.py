@@ -11,11 +11,14 @@ from ..core import BACKENDS
 from ..services import costs
 from ..models.quantize import QUANTIZATION_CHOICES
 from ..models import loading
+from ..services.presets import default_target
 
 
 def register(sub) -> None:
     p = sub.add_parser("costs", help="forward-cost table n=1..N, memory bandwidth and bound")
-    p.add_argument("--target", default="builtin:smollm2-135m")
+    p.add_argument("--target", default=default_target(),
+                   help="HF id, local dir, .gguf file or builtin:<name> (default %(default)s: the "
+                        "default preset's)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_CHOICES))
@@ -54,7 +57,9 @@ def cmd_costs(args: argparse.Namespace) -> int:
         print(f"error: {exc}\n(python -m specdemo costs --help)", file=sys.stderr)
         return 2
     # lazy: imports torch; --help stays fast
-    from ..models.backends import candidate_backends, with_backend
+    from ..models.backends import candidate_backends
+    # lazy: imports torch; --help stays fast
+    from ..services.backend_choice import with_backend
     # lazy: imports torch; --help stays fast
     from ..models.ggml_backend import ggml_model, gguf_path
     try:

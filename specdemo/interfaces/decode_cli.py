@@ -16,8 +16,8 @@ from ..core import BACKENDS
 from ..models.loading import ModelLoadError
 from ..models.quantize import QUANTIZATION_CHOICES
 from ..core.tree import named_shape
-from ..services.presets import get_preset
-from ..services.startup import use_backend
+from ..services.presets import default_target, get_preset
+from ..models.builtin import BUILTIN_DRAFTERS
 from .cli import refuse
 
 
@@ -44,11 +44,12 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
                              "--quantization given too override the preset's")
     parser.add_argument("--target", default=None, type=checked(inputs.target, "target"),
                         help="HF id, local dir, .gguf file or builtin:<name> (default "
-                             f"{DEFAULT_TARGET})")
+                             f"{default_target()}: the default preset's)")
     parser.add_argument("--draft", default=None, type=checked(inputs.draft, "draft"),
                         help="none, ngram, self, early-exit:<layers>, mtp (the target's own MTP "
                              "layers), a learned drafter (EAGLE-3, DFlash, DSpark or Gemma 4 "
-                             "assistant folder or hub id, builtin:smollm2-135m-eagle3, <learned>+ngram), or a "
+                             "assistant folder or hub id, "
+                             + ", ".join(f"builtin:{n}" for n in BUILTIN_DRAFTERS) + ", <learned>+ngram), or a "
                              f"model like --target (default {draft_default})")
     parser.set_defaults(draft_default=draft_default)
     parser.add_argument("--max-new-tokens", default=128,
@@ -83,9 +84,6 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
                         help="allow code from the model repository to run (off by default)")
     add_backend_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-DEFAULT_TARGET = "builtin:smollm2-135m"
 
 
 def chosen_preset(args):
@@ -126,7 +124,7 @@ def resolve_decode_args(args) -> None:
         args.target, args.draft, args.dtype, args.quantization = preset_models(preset, args)
         if args.draft_length is None:
             args.draft_length = preset.draft_length
-    args.target = args.target or DEFAULT_TARGET
+    args.target = args.target or default_target()
     args.draft = args.draft or args.draft_default
     args.draft_length = 4 if args.draft_length is None else args.draft_length
     args.dtype = args.dtype or "auto"
@@ -149,7 +147,9 @@ def add_backend_flag(parser: argparse.ArgumentParser) -> None:
                              "compiled once with the system C compiler; docs/cpu-backends.md), "
                              "native-int8 (the same with int8 weights, one scale a row) or "
                              "native-w8a8 (int8 weights times int8 activations with one scale "
-                             "per 32 values, exact integer sums)")
+                             "per 32 values, exact integer sums) or, on a CUDA GPU, "
+                             "cuda-graphs (a static KV cache and one captured CUDA graph per "
+                             "verification width)")
 
 
 def register(sub) -> None:
@@ -217,6 +217,7 @@ def _with_backend(target, backend: str, draft_spec: str = "none", draft=None):
     """The target on ``backend`` (``auto``: weighed for a race with ``draft_spec``); exits
     with the reason when ``ggml`` cannot serve it."""
     from ..models.ggml_backend import GgmlError  # lazy: imports torch; --help stays fast
+    from ..services.backend_choice import use_backend  # lazy: imports torch; --help stays fast
     if not hasattr(target, "backend"):  # not a models.LoadedModel (tests inject stand-ins)
         return target
     try:

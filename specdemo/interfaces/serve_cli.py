@@ -8,13 +8,14 @@ import sys
 import time
 
 from ..services import serve
+from ..services.presets import default_target
 
 
 def register(sub) -> None:
     parser = sub.add_parser("serve", help="run llama.cpp's llama-server on a GGUF model (a lane "
                                           "for compare --plain-endpoint/--spec-endpoint)")
     parser.add_argument("engine", choices=list(serve.ENGINES))
-    parser.add_argument("--model", default="builtin:smollm2-135m",
+    parser.add_argument("--model", default=default_target(),
                         help="builtin:<name> or a .gguf path (default %(default)s)")
     parser.add_argument("--draft", default="none",
                         help="none, ngram (prompt lookup: ngram-simple), another of llama-server's n-gram "

@@ -14,6 +14,8 @@ import gradio as gr
 
 from .ui_i18n import words
 from .ui_race import ENGINE_CHOICES
+from ..core.model_spec import builtin_spec
+from ..models.builtin import FALLBACK_BUILTIN
 from ..services.serve import LlamaServer, ServeError
 
 _SERVERS: dict[str, object] = {}  # lane -> serve.LlamaServer started from this page
@@ -53,7 +55,7 @@ def start_servers():
             for lane, draft in (("plain", "none"), ("speculative", "ngram")):
                 server = _SERVERS.get(lane)
                 if server is None or not server.running:
-                    server = _SERVERS[lane] = LlamaServer("builtin:smollm2-135m", draft,
+                    server = _SERVERS[lane] = LlamaServer(builtin_spec(FALLBACK_BUILTIN), draft,
                                                           draft_max=8 if draft == "ngram" else None)
                     server.start()
         except ServeError as exc:

@@ -21,8 +21,10 @@ from .ui_format import startup_html
 from .ui_i18n import DEFAULT, t
 from ..services.presets import PresetError, default_preset, list_presets
 from ..services import startup
+from ..core.model_spec import builtin_spec
+from ..models.builtin import FALLBACK_BUILTIN
 
-FALLBACK_TARGET = "builtin:smollm2-135m"
+FALLBACK_TARGET = builtin_spec(FALLBACK_BUILTIN)  # when no preset can be read
 
 # Held by every model or tokenizer load (Load, draft checks) and by a race for its whole run:
 # nothing else takes the CPU or device from a decode being timed.

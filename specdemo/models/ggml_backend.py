@@ -1,7 +1,7 @@
 """The ggml target backend: a GGUF target's forward through llama.cpp's own library.
 
 Our engine, drafters, verification, statistics and race stay as they are; only the target's
-forward changes. :class:`GgmlKV` has :class:`specdemo.core.kv.KVModel`'s interface (``forward``,
+forward changes. :class:`GgmlKV` implements :class:`specdemo.core.kv.TargetKV` (``forward``,
 ``forward_features``, ``rollback``, ``reset``, ``length``, ``ids``, ``cache_bytes``), computed by
 ``llama_decode`` over a llama.cpp context whose KV cache holds one sequence:
 
@@ -37,6 +37,7 @@ import torch
 from ..core import family_backends
 from ..core.errors import ModelLoadError
 from ..core.kv import PREFILL_CHUNK, feed_in_chunks, unknown_hidden_states
+from ..core.model_spec import builtin_name
 from ..core.machine import default_threads
 from . import builtin, llama_ctypes
 from .ggufread import GGUFDamaged, check_whole
@@ -134,7 +135,7 @@ def vocab_problems(gmodel: GgmlModel, tokenizer, vocab_size: int) -> list[str]:
 
 
 class GgmlKV:
-    """:class:`specdemo.core.kv.KVModel`'s interface over a llama.cpp context (one sequence).
+    """:class:`specdemo.core.kv.TargetKV` over a llama.cpp context (one sequence).
 
     Args:
         gmodel: the loaded GGUF.
@@ -194,31 +195,17 @@ class GgmlKV:
         self.ids: list[int] = []
 
     def forward(self, ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
-        """Feed ``ids`` after the cached tokens; return the logits of the last positions.
+        """As ``core.kv.TargetKV.forward`` (float32 logits).
 
-        Args:
-            ids: the S new token ids (S >= 1), fed in chunks of ``kv.PREFILL_CHUNK`` (fewer
-                for a context smaller than that).
-            logits_to_keep: how many of the last positions to return logits for (1 <= n <= S).
-        Returns:
-            (logits_to_keep, V) float32 logits; row j predicts the token after ids[S - n + j].
         Raises:
-            Cancelled: inside ``kv.stop_on``, when its event is set between two chunks.
             GgmlError: the context is full or llama_decode failed.
         """
         return self._feed(ids, logits_to_keep, ())[0]
 
     def forward_features(self, ids: list[int], logits_to_keep: int,
                          layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward` that also returns hidden states from the same decode.
+        """As ``core.kv.TargetKV.forward_features`` (float32 features).
 
-        Args:
-            ids, logits_to_keep: as :meth:`forward`.
-            layers: transformers ``hidden_states`` indices (0 = embeddings, k = input of layer k,
-                L = final output after the norm).
-        Returns:
-            ((logits_to_keep, V) logits, (S, len(layers) * H) float32 features of every fed
-            position, the layers concatenated in the order given).
         Raises:
             GgmlError: an index outside 0..L, or inputs of layers on an architecture whose
                 llama.cpp graph does not record them (see :data:`LAYER_INPUT_ARCHS`).
@@ -348,9 +335,10 @@ def gguf_path(spec: str) -> Path | None:
     if spec.lower().endswith(".gguf"):
         path = Path(spec).expanduser()
         return path if path.is_file() else None
-    if not spec.startswith("builtin:"):
+    name = builtin_name(spec)
+    if name is None:
         return None
-    b = builtin._builtin(spec.split(":", 1)[1])
+    b = builtin._builtin(name)
     parts = builtin._locate_parts(b)
     if len(parts) == 1:
         return parts[0]

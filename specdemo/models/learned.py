@@ -23,6 +23,8 @@ import torch
 from .. import PACKAGE_DIR
 from . import loading as models
 from ..core.errors import DrafterRefused, ModelLoadError  # noqa: F401  (DrafterRefused: callers look here)
+from ..core.model_spec import builtin_name
+from .builtin import builtin_hub_id
 from ..core.drafters import dflash, dspark, eagle_io, folders, mtp
 from ..core.drafters.eagle import Eagle3Drafter, Eagle3Head
 from ..core.drafters.features import index_problems, num_layers
@@ -78,8 +80,8 @@ def resolve(spec: str) -> tuple[Path, str] | None:
     """
     if spec.endswith(COMBINE):
         return resolve(spec[:-len(COMBINE)])
-    if spec.startswith("builtin:"):
-        name = spec.split(":", 1)[1]
+    name = builtin_name(spec)
+    if name is not None:
         if name not in BUILTIN_DRAFTERS:
             return None
         folder = BUILTIN_DIR / name
@@ -109,7 +111,7 @@ def is_learned(spec: str) -> bool:
     except folders.DrafterFolderError:  # a damaged config.json: load_learned says what is wrong
         return True
     except Exception:
-        return spec.startswith("builtin:") and spec.split(":", 1)[1] in BUILTIN_DRAFTERS
+        return builtin_name(spec) in BUILTIN_DRAFTERS
 
 
 @dataclass
@@ -131,6 +133,10 @@ class LoadedEagle3:
         if self.head.embed_tokens is None:
             self.head.attach(target.get_input_embeddings())
         return Eagle3Drafter(self.head, vocab_size, name=name)
+
+    def feature_layers(self, target: torch.nn.Module) -> tuple[int, ...]:
+        """The inputs of the target layers the head reads (its config's layer ids)."""
+        return tuple(self.head.feature_layers)
 
     @property
     def weight_bytes(self) -> int:
@@ -156,6 +162,9 @@ class Combined:
     @property
     def summary(self) -> str:
         return "prompt lookup (ngram) over " + describe(self.learned)
+
+    def feature_layers(self, target: torch.nn.Module) -> tuple[int, ...]:
+        return self.learned.feature_layers(target)
 
     def new_drafter(self, target: torch.nn.Module, vocab_size: int, name: str):
         return CombinedDrafter(self.learned.new_drafter(target, vocab_size, name.removesuffix(COMBINE)),
@@ -188,15 +197,13 @@ def eagle3_problems(head: Eagle3Head, info: dict, target) -> tuple[list[str], li
     return problems, [warning] if warning else []
 
 
-BUILTIN_ALIASES = folders.BUILTIN_ALIASES  # other names of built-in targets (where callers look)
-
-
 def verifier_name(target) -> str:
     """The name a head saved for ``target`` records as its verifier: the hub id (what ``vllm
     serve`` and speculators resolve), never ``builtin:`` nor a path on this machine (a local
     folder's own name then)."""
-    if target.spec in BUILTIN_ALIASES:
-        return BUILTIN_ALIASES[target.spec][0]
+    hub_id = builtin_hub_id(target.spec)
+    if hub_id is not None:
+        return hub_id
     name = _target_name(target)
     path = Path(name).expanduser()
     if path.is_absolute() or name.startswith((".", "~")) or path.exists():

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from . import builtin
+from ..core.model_spec import builtin_name
 from .builtin import (  # noqa: F401  (re-exported: specdemo.models is where callers look)
     BUILTINS, CACHE_FORMAT, MANIFEST, WEIGHTS, Builtin, builtin_conversion_needed, builtin_names,
     builtin_source_bytes, builtin_tokenizer_conversion_needed, cache_dir, convert_builtin)
@@ -285,7 +286,7 @@ def _kind(spec: str) -> str:
     Raises:
         ModelLoadError: a path that does not exist, or text that is none of the forms.
     """
-    if spec.startswith("builtin:"):
+    if builtin_name(spec) is not None:
         return "builtin"
     path = Path(spec).expanduser()
     if spec.lower().endswith(".gguf"):
@@ -465,7 +466,7 @@ def _load(spec: str, device: torch.device, dtype: torch.dtype, quantization: str
 
 def _canonical(spec: str) -> str:
     """The cache key of a spec: absolute paths for local files, the text otherwise."""
-    if spec.startswith("builtin:") or not (spec.lower().endswith(".gguf") or Path(spec).exists()):
+    if builtin_name(spec) is not None or not (spec.lower().endswith(".gguf") or Path(spec).exists()):
         return spec
     return str(Path(spec).expanduser().resolve())
 
@@ -482,8 +483,10 @@ class LoadedModel:
         dtype: weight/compute dtype.
         load_s: seconds the load took (conversion included on a first built-in load).
         source: where it came from, for display.
-        backend: how the engine computes its forward: ``transformers`` (this model) or ``ggml``
-            (llama.cpp over the same GGUF file; see ``specdemo.models.backends.with_backend``).
+        backend: how the engine computes its forward (a name of ``core.TARGET_BACKENDS``:
+            ``transformers`` is this model; see ``specdemo.models.backends``).
+        backend_choice: what chose ``backend`` under ``auto`` (a
+            ``services.backend_choice.BackendChoice``; None: not chosen that way).
     """
 
     spec: str
@@ -495,6 +498,14 @@ class LoadedModel:
     source: str
     quantization: str | None = None
     backend: str = "transformers"
+    backend_choice: object | None = None
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Other names this target is known by: a built-in's Hugging Face id (what a drafter
+        trained for it may record as its verifier)."""
+        hub_id = builtin.builtin_hub_id(self.spec)
+        return (hub_id,) if hub_id else ()
 
     @property
     def vocab_size(self) -> int:

@@ -68,7 +68,7 @@ class CostReport:
     #: how OpenMP threads waited in this process, and why (specdemo/_omp.py; llama-bench inherits it)
     omp_wait: dict | None = None
     #: native-w8a8: which of its kernel's register blocks prefetch weights, and the measurement
-    #: that chose it (models/native_backend.py choose_prefetch)
+    #: that chose it (models/native/prefetch.py choose_prefetch)
     native_prefetch: dict | None = None
 
     def as_dict(self) -> dict:
@@ -242,7 +242,7 @@ def measure_costs(loaded, max_n: int = 16, context: int = 128, repeats: int = 5,
         from ..models.compiled_backend import int8_model  # lazy: imports torch; --help stays fast
         nbytes = int8_model(loaded).weight_bytes
     elif backend_family(backend) == "native":
-        from ..models.native_backend import model_of  # lazy: imports torch; --help stays fast
+        from ..models.native import model_of  # lazy: imports torch; --help stays fast
         nmodel = model_of(loaded)
         nbytes, prefetch = nmodel.weight_bytes, nmodel.prefetch
     else:

@@ -22,11 +22,9 @@ import csv
 import json
 import os
 import platform
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 from statistics import median
 
@@ -35,8 +33,6 @@ from ..core.stats import ratio
 from .bench.report import _figure
 from .. import OMP_WAIT
 from ..models.hardware import _cpu_name
-from .bench.config import parse_ints
-from .prompts import load_prompts
 
 COLUMNS = ("concurrency", "lane", "engine", "endpoint", "requests", "repeats",
            "total_tokens_per_s", "total_tokens_per_s_min", "total_tokens_per_s_max",
@@ -225,45 +221,6 @@ def report(rows: list[dict], meta: dict) -> str:
         lines += ["", "Errors: " + " | ".join(errors)]
     lines += ["", "![Throughput and speedup under load](concurrency.png)", ""]
     return "\n".join(lines)
-
-
-def cmd(args, endpoints: dict, config) -> int:
-    """The bench subcommand with server lanes (exit 2 with the reason when it cannot run)."""
-    from .pipeline import DecodeSettings  # lazy: imports torch
-    try:
-        levels = parse_ints(args.concurrency) or (1, 2, 4)
-        if any(n < 1 for n in levels):
-            raise ValueError("concurrency levels must be 1 or more")
-        prompts_by_task = load_prompts(config.tasks)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    per = args.prompts_per_task or max(levels)
-    prompts = [p for i in range(per) for ps in prompts_by_task.values() if i < len(ps)
-               for p in [ps[i]]]
-    settings = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              seed=args.seed)
-    try:
-        rows = sweep(endpoints, prompts, levels, settings, args.repeats,
-                     progress=lambda line: print(line, file=sys.stderr, flush=True))
-    except EndpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": machine(), "note": args.note or "",
-            "servers": {lane: f"{e.engine} at {shown_url(e.url)} ({Path(e.model).name})"
-                        for lane, e in endpoints.items() if e is not None},
-            "tasks": list(config.tasks), "repeats": args.repeats,
-            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
-    paths = write(rows, Path(args.out), meta)
-    for r in rows:
-        print(f"  concurrency {r['concurrency']:>2} {r['lane']:<11} "
-              f"{r['total_tokens_per_s'] or 0:8.1f} tokens/s"
-              + (f"  speedup {r['speedup']:.2f}x" if r["speedup"] is not None else ""))
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 0
-
-
 #: columns of :data:`COLUMNS` that hold text; the others are numbers ("" in the CSV: None)
 TEXT_COLUMNS = ("lane", "engine", "endpoint", "errors", "cpu_model")
 

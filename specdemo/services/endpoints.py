@@ -670,6 +670,53 @@ class ChunkParts:
                    predicted_n, _text(chunk.get("model"), "model"))
 
 
+def _chunk_parts(data: str, url: str) -> "ChunkParts":
+    """The parts of one ``data:`` line of an OpenAI stream, every field checked.
+
+    Raises:
+        EndpointError: a chunk that is not JSON, not an object, an error the server reports
+            mid-answer, no ``choices``, or a field of the wrong type (one sentence).
+    """
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise EndpointError(f"the server at {shown_url(url)} sent a stream that is not OpenAI's "
+                            "(a chunk is not JSON)") from None
+    if not isinstance(chunk, dict):
+        raise EndpointError(f"the server at {shown_url(url)} sent a stream that is not OpenAI's")
+    if "error" in chunk:
+        raise EndpointError(f"the server at {shown_url(url)} reported an error "
+                            f"mid-answer{_error_detail(data)}")
+    if "choices" not in chunk:
+        raise EndpointError(f"the server at {shown_url(url)} sent a chunk without 'choices': "
+                            "it is not an OpenAI-compatible stream")
+    with answer_of(url):  # a field of the wrong type: one sentence
+        return ChunkParts.read(chunk)
+
+
+def _check_finished(url: str, ended: bool, chunks: int, usage) -> None:
+    """Raise EndpointError when a stream (not cancelled) closed before its end or held no
+    answer."""
+    if not ended:
+        raise EndpointError(f"the server at {shown_url(url)} closed the stream after {chunks} "
+                            "chunks of the answer without finishing it (no finish_reason, no "
+                            "[DONE])")
+    if chunks == 0 and usage is None:
+        raise EndpointError(f"the server at {shown_url(url)} streamed no answer")
+
+
+def _count_chunk(stats: DecodeStats, part: "ChunkParts", counted: int, now_s: float,
+                 reported: dict) -> None:
+    """Update ``stats`` for a chunk with text that arrived ``now_s`` seconds after the request:
+    first-token and elapsed time, new tokens (the server's ``predicted_n``, else ``counted``:
+    ids seen, or chunks), the counters reported so far (llama-server sends timings per chunk)."""
+    if stats.ttft_s is None:
+        stats.ttft_s = now_s
+    stats.elapsed_s = now_s
+    stats.new_tokens = part.predicted_n if part.predicted_n is not None else counted
+    apply_reported(stats, reported)
+
+
 def stream_events(endpoint: Endpoint, messages: list[dict], settings,
                   cancel: threading.Event | None = None,
                   max_new_tokens: int | None = None) -> Iterator["DecodeEvent"]:
@@ -720,23 +767,7 @@ def stream_events(endpoint: Endpoint, messages: list[dict], settings,
                     if data == "[DONE]":
                         ended = True
                         break
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        raise EndpointError(f"the server at {shown_url(endpoint.url)} sent a "
-                                            f"stream that is not OpenAI's (a chunk is not JSON)") from None
-                    if not isinstance(chunk, dict):
-                        raise EndpointError(f"the server at {shown_url(endpoint.url)} sent a "
-                                            f"stream that is not OpenAI's")
-                    if "error" in chunk:
-                        raise EndpointError(f"the server at {shown_url(endpoint.url)} reported an "
-                                            f"error mid-answer{_error_detail(data)}")
-                    if "choices" not in chunk:
-                        raise EndpointError(f"the server at {shown_url(endpoint.url)} sent a "
-                                            f"chunk without 'choices': it is not an "
-                                            f"OpenAI-compatible stream")
-                    with answer_of(endpoint.url):  # a field of the wrong type: one sentence
-                        part = ChunkParts.read(chunk)
+                    part = _chunk_parts(data, endpoint.url)
                     finish = part.finish or finish
                     usage = part.usage or usage
                     reported.update(part.reported)
@@ -744,29 +775,18 @@ def stream_events(endpoint: Endpoint, messages: list[dict], settings,
                     stats.served_model = endpoint.served_file or model or endpoint.listed_model
                     if not part.text and not part.ids:
                         continue
-                    now = time.perf_counter() - start
                     chunks += 1
                     ids += part.ids
-                    if stats.ttft_s is None:
-                        stats.ttft_s = now
-                    stats.elapsed_s = now
-                    if part.predicted_n is not None:
-                        stats.new_tokens = part.predicted_n
-                    else:
-                        stats.new_tokens = len(ids) or chunks
-                    apply_reported(stats, reported)  # live: llama-server sends timings per chunk
+                    _count_chunk(stats, part, len(ids) or chunks, time.perf_counter() - start,
+                                 reported)
                     yield DecodeEvent(part.ids, [False] * len(part.ids), part.text, stats.copy())
                 else:  # closed without [DONE]: an answer with a finish_reason ended, else it was cut
                     ended = finish is not None
         except httpx.HTTPError as exc:
             during = f" after {chunks} chunks of the answer" if chunks else ""
             raise EndpointError(_describe_http(exc, endpoint.url, during)) from None
-        if finish != "cancelled" and not ended:
-            raise EndpointError(f"the server at {shown_url(endpoint.url)} closed the stream after "
-                                f"{chunks} chunks of the answer without finishing it (no "
-                                "finish_reason, no [DONE])")
-        if finish != "cancelled" and chunks == 0 and usage is None:
-            raise EndpointError(f"the server at {shown_url(endpoint.url)} streamed no answer")
+        if finish != "cancelled":
+            _check_finished(endpoint.url, ended, chunks, usage)
         if before is not None:
             reported.update(vllm_stats(before, _vllm_metrics(client, endpoint)))
     if usage:

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 
 from ..checks.compat import is_model_draft
 from ..core import backend_family
-from ..core.drafters import make_drafter
+from ..core.drafters import make_drafter, parse_draft
 from ..core.engine import DecodeEvent, DecodeResult, collect, decode
 from ..core.machine import busy_warning
 from ..core.policy import AdaptiveDraftLength, make_policy, measure_forward_s
@@ -239,16 +239,21 @@ class Pipeline:
 
     Args:
         target: a loaded target (``models.LoadedModel``: model, tokenizer, vocab_size, eos_token_ids).
-        draft_spec: ``none``, ``ngram``, ``self``, ``early-exit:N`` or the spec of ``draft``.
+        draft_spec: ``none``, ``ngram``, ``self``, ``early-exit:N`` or the spec of ``draft``;
+            parsed once here (``spec``, a ``core.draft_spec.DraftSpec``) and handed to
+            ``make_drafter`` as such for every decode.
         draft: for model specs the loaded draft model (``models.LoadedModel``), for learned
             drafters what ``drafters.learned.load_learned`` returned, else None.
+    Raises:
+        ValueError: a draft spec no form accepts.
     """
 
     def __init__(self, target, draft_spec: str = "none", draft=None) -> None:
         self.target = target
         self.draft_spec = draft_spec
+        self.spec = parse_draft(draft_spec)
         self.draft = draft
-        self.kv = target_kv(target)  # KVModel, or GgmlKV when target.backend is "ggml"
+        self.kv = target_kv(target)  # a core.kv.TargetKV of the target's backend
 
     @property
     def draft_source(self):
@@ -262,10 +267,10 @@ class Pipeline:
         EAGLE-3 head's steps in C when the target runs on the native backend
         (``backends.attach_drafter``), and ``self`` drafting through a second cache of the
         target's own backend (:func:`self_draft_kv`)."""
-        drafter = make_drafter(self.draft_spec, self.target.model, self.target.vocab_size,
+        drafter = make_drafter(self.spec, self.target.model, self.target.vocab_size,
                                self.draft_source)
         attach_drafter(drafter, self.target)  # the native backends' C head step
-        if self.draft_spec == "self":
+        if self.spec.kind == "self":
             own = self_draft_kv(self.target)
             if own is not None:
                 drafter.kv = own

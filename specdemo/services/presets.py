@@ -38,6 +38,7 @@ from typing import Any
 
 from .. import PROJECT_DIR
 from ..core.draft_spec import DraftSpec, DraftSpecError
+from ..core.model_spec import builtin_name, builtin_spec
 from ..models import loading as models
 from ..checks.compat import is_model_draft
 from ..models.hardware import format_bytes  # noqa: F401  (re-exported: callers look here)
@@ -348,9 +349,19 @@ def default_preset(directory: Path | None = None) -> Preset:
     return next((p for p in presets if p.default), presets[0])
 
 
+def default_target(directory: Path | None = None) -> str:
+    """The target of :func:`default_preset` (model names live in ``presets/``): what the commands
+    and the page use when none is given; the built-in table's fallback target
+    (``models.builtin.FALLBACK_BUILTIN``) when no preset can be read."""
+    try:
+        return default_preset(directory).target
+    except PresetError:
+        return builtin_spec(models.builtin.FALLBACK_BUILTIN)
+
+
 def _is_hub_id(spec: str) -> bool:
     """True for ``owner/name`` hub ids (not builtin:, a drafter name, a .gguf or an existing path)."""
-    if spec.startswith("builtin:") or spec.endswith(".gguf") or Path(spec).expanduser().exists():
+    if builtin_name(spec) is not None or spec.endswith(".gguf") or Path(spec).expanduser().exists():
         return False
     return spec.count("/") == 1 and not spec.startswith(("/", ".", "~"))
 

@@ -35,7 +35,7 @@ from .endpoints import EndpointPipeline
 from ..core.engine import DecodeResult
 from .pipeline import (DecodeSettings, Pipeline, output_divergence, race_warnings, result_dict,
                        target_lossless_expectation)
-from . import startup
+from . import backend_choice, startup
 from ..checks import compat
 
 PLAIN, SPECULATIVE = "plain", "speculative"
@@ -739,14 +739,14 @@ class PipelineCache:
     def _target(self, spec: str, device: str, dtype: str, quantization: str | None,
                 draft: str = "none", draft_model=None):
         """:meth:`_model` on this cache's backend, chosen once per loaded target, for ``auto``
-        weighed for a race with ``draft`` (``startup.use_backend``; the first pipeline built
+        weighed for a race with ``draft`` (``backend_choice.use_backend``; the first pipeline built
         for the target decides, and later ones share it: both lanes run the same backend). A
         ggml backend that cannot serve it raises ``GgmlError``, a ``ModelLoadError``."""
         key = ("backend", spec, device, dtype, quantization, self.backend)
         if key not in self._models:
             loaded = self._model(spec, device, dtype, quantization)
             if hasattr(loaded, "backend"):  # a models.LoadedModel (tests inject stand-ins)
-                loaded, _ = startup.use_backend(loaded, self.backend, draft, draft_model)
+                loaded, _ = backend_choice.use_backend(loaded, self.backend, draft, draft_model)
             self._models[key] = loaded
         return self._models[key]
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from ..checks.inputs import closest_name
+from ..core.model_spec import builtin_name
 from ..models import builtin
 from ..models.loading import ModelLoadError
 
@@ -59,9 +60,10 @@ def gguf_path(spec: str) -> Path:
     Raises:
         ServeError: an unknown built-in, a missing file, or not a .gguf file.
     """
-    if spec.startswith("builtin:"):
+    name = builtin_name(spec)
+    if name is not None:
         try:
-            parts = builtin._locate_parts(builtin._builtin(spec.split(":", 1)[1]))
+            parts = builtin._locate_parts(builtin._builtin(name))
         except ModelLoadError as exc:
             raise ServeError(str(exc)) from None
         if len(parts) != 1:
@@ -130,7 +132,7 @@ class LlamaServer:
         draft_max: most draft tokens per round (``--spec-draft-n-max``; None: its default).
     """
 
-    def __init__(self, model: str = "builtin:smollm2-135m", draft: str = "none", port: int = 0,
+    def __init__(self, model: str, draft: str = "none", port: int = 0,
                  parallel: int = 1, threads: int | None = None, ctx_size: int = 4096,
                  draft_max: int | None = None) -> None:
         self.model, self.draft = model, draft

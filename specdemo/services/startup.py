@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
 from ..checks import compat
-from ..core import backend_family
+from ..core import machine
 from ..models import loading as models
-from ..models.backend_choice import LaneFacts, RaceLane, acceptance_of
+from . import backend_store
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -430,123 +430,12 @@ def measure_forward_costs(pipe: Pipeline) -> None:
     with STEPS.step(f"forward costs {pipe.target.spec}",
                     f"measuring what a forward over n tokens costs {pipe.target.spec} here "
                     "(once per start, for draft length auto)", guess):
-        pipe.forward_costs()
-
-
-def _compile_native_once(loaded, backend: str) -> None:
-    """The native backend's first use on a machine compiles its C forward (~2-10 s): a step of
-    its own, so the start-up says what it waits for (a failure is said by the backend choice)."""
-    from ..models import native_backend  # lazy: imports torch; --help stays fast
-    if (backend != "auto" and backend_family(backend) != "native") or loaded.device.type != "cpu":
-        return
-    if native_backend.unsupported_reason(loaded.model) or native_backend.library_path().exists():
-        return
-    with STEPS.step("native compile", "compiling our C forward for this CPU (once per machine)",
-                    GUESS_S["native compile"]):
-        try:
-            native_backend.library()
-        except native_backend.NativeError:
-            pass  # auto leaves native out and says why; --backend native raises it again
-
-
-#: the lane a learned drafter is measured in on each backend ``auto`` times fully: greedy, a fixed
-#: draft length, a short everyday prompt (the acceptance of its head on that backend's features)
-FACTS_PROMPT = "explain in two sentences why the sky is blue."
-FACTS_NEW_TOKENS = 32
-FACTS_DRAFT_LENGTH = 4
-
-
-def race_lane(loaded, draft_spec: str | None = None, draft=None):
-    """The speculative lane ``auto`` weighs the backends for (``backend_choice.RaceLane``):
-    the drafter's spec, the hidden states its verification reads, and for a learned drafter
-    (whose head steps and features change with the backend) :func:`lane_facts` per backend.
-
-    Args:
-        loaded: the target (a ``models.LoadedModel``).
-        draft_spec: the race's draft (None or ``none``: a plain decode, weighed as the plain
-            lane of ``compare``'s default race, prompt lookup, so that a plain ``run`` and
-            ``compare`` read one stored choice and run on the same backend).
-        draft: what was loaded for it (a learned drafter, a draft model), or None.
-    Raises:
-        ValueError: a spec ``make_drafter`` does not know.
-    """
-    if draft_spec in (None, "", "none"):
-        return RaceLane("ngram")
-    from ..core.drafters import make_drafter, wants_features  # deferred: imports torch
-    learned = hasattr(draft, "new_drafter")
-    source = draft if draft is None or learned else draft.model
-    layers = wants_features(make_drafter(draft_spec, loaded.model, loaded.vocab_size, source))
-    facts = (lambda backend: _measured_or_none(loaded, draft_spec, draft, backend)) if learned \
-        else None
-    return RaceLane(draft_spec, layers, facts)
-
-
-def _measured_or_none(loaded, draft_spec: str, draft, backend: str):
-    """:func:`lane_facts`, or nothing measured (the prior is weighed, and the reason says so)
-    when its decode fails: the choice of a backend must not fail on a measurement's extra."""
-    try:
-        return lane_facts(loaded, draft_spec, draft, backend)
-    except Exception as exc:  # noqa: BLE001 - logged; the choice weighs the prior instead
-        import logging
-        logging.getLogger(__name__).warning("could not measure %s on %s: %s", draft_spec,
-                                            backend, exc)
-        return LaneFacts()
-
-
-def lane_facts(loaded, draft_spec: str, draft, backend: str):
-    """The drafter's acceptance and drafting cost on ``backend``: a greedy decode of
-    :data:`FACTS_PROMPT` at draft length :data:`FACTS_DRAFT_LENGTH` (after an untimed short one),
-    ``backend_choice.acceptance_of`` its per-position counts, its drafting seconds per drafted
-    token. Returns a ``backend_choice.LaneFacts``."""
-    from ..models.backends import replace_backend  # lazy: imports torch; --help stays fast
-    from .pipeline import DecodeSettings, Pipeline  # lazy: imports torch; --help stays fast
-    pipe = Pipeline(replace_backend(loaded, backend), draft_spec, draft)
-    ids = pipe.prompt_ids(FACTS_PROMPT)
-    settings = DecodeSettings(max_new_tokens=FACTS_NEW_TOKENS, draft_length=FACTS_DRAFT_LENGTH)
-    pipe.run(ids, DecodeSettings(max_new_tokens=FACTS_DRAFT_LENGTH + 2,
-                                 draft_length=FACTS_DRAFT_LENGTH), True)  # first steps: untimed
-    stats = pipe.run(ids, settings, True).stats
-    if not stats.drafted:
-        return LaneFacts()
-    return LaneFacts(acceptance_of(stats.position_drafted, stats.position_accepted),
-                     stats.draft_s / stats.drafted, stats.drafted)
-
-
-def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, draft=None):
-    """``loaded`` set to run on ``backend`` (``backends.with_backend``), as a named step:
-    loading the GGUF into llama.cpp, and for ``auto`` on a CPU the first choice on this machine
-    (a probe of every candidate, the survivors timed and weighed for a race with ``draft_spec``:
-    :func:`race_lane`; stored, later starts read it). The choice and what was weighed are a
-    start-up note.
-
-    Returns:
-        (the LoadedModel with ``backend`` set, the ``BackendChoice``).
-    Raises:
-        GgmlError: ``ggml`` asked for and unavailable for this target; ValueError: unknown name.
-    """
-    # lazy: imports torch; --help stays fast
-    from ..models.backends import replace_backend, stored_choice, with_backend
-    backend = backend or "auto"
-    if backend == "transformers":
-        return with_backend(loaded, "transformers")
-    _compile_native_once(loaded, backend)
-    lane = race_lane(loaded, draft_spec, draft) if backend == "auto" else None
-    stored = stored_choice(loaded, lane) if lane is not None and loaded.device.type == "cpu" \
-        else None
-    if stored is not None:  # read back in milliseconds: no step, only the note
-        chosen, choice = replace_backend(loaded, stored.backend), stored
-    else:
-        weighed = "" if lane is None else (
-            f", weighed for draft {draft_spec}" if draft_spec not in (None, "", "none")
-            else ", weighed as a race's plain lane")
-        with STEPS.step(f"backend {backend} {loaded.spec}",
-                        f"choosing the forward backend for {loaded.spec} ({backend}{weighed})",
-                        GUESS_S["backend"]):
-            chosen, choice = with_backend(loaded, backend, lane)
-    if choice.forward_s.get(choice.backend):
-        FORWARD_HINT_S[_hint_key(chosen)] = choice.forward_s[choice.backend]
-    STEPS.note(f"forward backend of {loaded.spec}: {choice.backend} ({choice.reason})")
-    return chosen, choice
+        others = machine.OtherCpuUse()
+        costs = pipe.forward_costs()
+        share = others.share()
+    miss = backend_store.recheck(pipe.target, costs, share)
+    if miss:  # the stored choice was made under a transient (or the machine changed)
+        STEPS.note(miss)
 
 
 #: (target spec, backend) -> {width: seconds of one forward}, from the backend choice (measured
@@ -554,7 +443,7 @@ def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, dr
 FORWARD_HINT_S: dict[tuple[str, str], dict[int, float]] = {}
 
 
-def _hint_key(loaded) -> tuple[str, str]:
+def hint_key(loaded) -> tuple[str, str]:
     return (getattr(loaded, "spec", ""), getattr(loaded, "backend", "transformers"))
 
 
@@ -564,7 +453,7 @@ def forward_estimate_s(loaded, widths) -> float | None:
     with the slope of the last two, never downwards); None when it timed none for this target
     and backend."""
     import numpy as np
-    table = FORWARD_HINT_S.get(_hint_key(loaded))
+    table = FORWARD_HINT_S.get(hint_key(loaded))
     if not table:
         return None
     xs, ts = zip(*sorted(table.items()))

@@ -21,16 +21,30 @@ from .draft_model import ModelDrafter, early_exit_view
 from .ngram import NgramDrafter
 
 __all__ = ["Drafter", "FeatureDrafter", "Proposal", "ModelDrafter", "NgramDrafter",
-           "early_exit_view", "fit_vocab", "make_drafter", "param_bytes", "wants_features"]
+           "early_exit_view", "fit_vocab", "make_drafter", "parse_draft", "param_bytes",
+           "wants_features"]
 
 
-def make_drafter(spec: str, target: torch.nn.Module, vocab_size: int,
+def parse_draft(text: str) -> DraftSpec:
+    """``DraftSpec.parse(text)``, refused as a ValueError naming the text.
+
+    Raises:
+        ValueError: a spec no form accepts (e.g. ``early-exit`` without a layer count).
+    """
+    try:
+        return DraftSpec.parse(text)
+    except DraftSpecError as exc:
+        raise ValueError(f"{exc}; got {text!r}") from None
+
+
+def make_drafter(spec: DraftSpec | str, target: torch.nn.Module, vocab_size: int,
                  draft_model: object | None = None) -> Drafter | None:
     """Build a fresh drafter (no state shared with earlier decodes) named by ``spec``.
 
     Args:
-        spec: ``none``, ``ngram``, ``self``, ``early-exit:<layers>``, or anything else together
-            with ``draft_model``.
+        spec: a parsed :class:`DraftSpec` (what a ``Pipeline`` holds), or its text: ``none``,
+            ``ngram``, ``self``, ``early-exit:<layers>``, or anything else together with
+            ``draft_model``.
         target: the target model (for self and early-exit views).
         vocab_size: the target's logits width V.
         draft_model: for other specs, what was loaded for them: a transformers causal LM (an
@@ -41,10 +55,8 @@ def make_drafter(spec: str, target: torch.nn.Module, vocab_size: int,
     Raises:
         ValueError: for an unknown spec or a bad early-exit layer count.
     """
-    try:
-        parsed = DraftSpec.parse(spec)
-    except DraftSpecError as exc:
-        raise ValueError(f"{exc}; got {spec!r}") from None
+    parsed = spec if isinstance(spec, DraftSpec) else parse_draft(spec)
+    spec = parsed.text
     if parsed.kind == "none":
         return None
     if parsed.kind == "ngram":

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..clock import read_on_host
+from ..kv import cache_bytes
 from ..sampling import (Generators, SamplingParams, choose, generator_for, next_token_probs,
                         penalize, probs_from_logits)
 from .vocab import expand_logits
@@ -139,6 +140,22 @@ class FeatureDrafter(Protocol):
     def observe(self, features: torch.Tensor) -> None: ...
 
 
+@runtime_checkable
+class LoadedDrafter(Protocol):
+    """A loaded, checked learned drafter (EAGLE-3, DFlash, DSpark, MTP, a Gemma 4 assistant,
+    ``<learned>+ngram``), ready to make a fresh drafter per decode.
+
+    ``feature_layers(target)`` says which target hidden states its drafters read, from what was
+    loaded (its config), without building a drafter; ``new_drafter`` builds one per decode.
+    """
+
+    spec: str
+
+    def new_drafter(self, target: torch.nn.Module, vocab_size: int, name: str) -> object: ...
+
+    def feature_layers(self, target: torch.nn.Module) -> tuple[int, ...]: ...
+
+
 def wants_features(drafter: object) -> tuple[int, ...]:
     """The hidden-state indices ``drafter`` needs (empty for drafters that need none)."""
     return tuple(getattr(drafter, "feature_layers", ()) or ())
@@ -209,6 +226,25 @@ def draw(logits: torch.Tensor, context: list[int], params: SamplingParams,
             else _EMPTY)
     p = next_token_probs(logits, seen, params)
     return choose(p, params, generator), p
+
+
+class ModuleDrafter:
+    """What a drafter built from a loaded module shares (DFlash, DSpark, MTP, the Gemma 4
+    assistant): its extra memory is the module's own weights plus its cache, and ``feedback`` has
+    nothing to do (the target features it observes, of settled positions only, keep it in step).
+    Subclasses set ``_weight_bytes`` and ``_cache`` (a transformers cache), or override
+    :attr:`extra_memory_bytes`."""
+
+    _weight_bytes: int
+    _cache: object
+
+    def feedback(self, n_accepted: int) -> None:
+        """Nothing to do: the features it observes keep it in step."""
+
+    @property
+    def extra_memory_bytes(self) -> int:
+        """Bytes of the module's own weights (not the target's it reads) and its cache."""
+        return self._weight_bytes + cache_bytes(self._cache)
 
 
 class DraftSampler:

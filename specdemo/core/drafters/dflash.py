@@ -28,10 +28,9 @@ import torch
 from torch import nn
 
 from ..errors import DrafterRefused
-from ..kv import cache_bytes
 from ..sampling import SamplingParams
 from . import folders
-from .base import DraftSampler, LoadedModule, Proposal, fit_vocab, param_bytes
+from .base import DraftSampler, LoadedModule, ModuleDrafter, Proposal, fit_vocab, param_bytes
 from .features import dflash_indices, num_layers
 
 FAMILY = "dflash"
@@ -238,7 +237,7 @@ def noise_embeddings(embeddings: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         embeddings.embed_norm = norm
 
 
-class DFlashDrafter:
+class DFlashDrafter(ModuleDrafter):
     """Drafting with a DFlash assistant inside the engine (a FeatureDrafter).
 
     The assistant's cache holds keys/values of the accepted context only: each proposal appends
@@ -329,13 +328,6 @@ class DFlashDrafter:
             sampler.draw(row)
         return sampler.proposal(self.name)
 
-    def feedback(self, n_accepted: int) -> None:
-        pass
-
-    @property
-    def extra_memory_bytes(self) -> int:
-        return self._weight_bytes + cache_bytes(self._cache)
-
 
 @dataclass
 class LoadedDFlash(LoadedModule):
@@ -347,6 +339,10 @@ class LoadedDFlash(LoadedModule):
                              float(_dflash_value(raw, "output_multiplier", 1.0)),
                              _dflash_value(raw, "final_logit_softcapping"),
                              float(_dflash_value(raw, "input_embedding_scale", 1.0)))
+
+    def feature_layers(self, target: nn.Module) -> tuple[int, ...]:
+        """The outputs of the target layers its config names (``target_layer_ids``)."""
+        return dflash_indices(self.model.config.target_layer_ids)
 
     @property
     def summary(self) -> str:

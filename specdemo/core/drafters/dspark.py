@@ -58,7 +58,6 @@ from .base import DraftSampler, LoadedModule, Proposal, fit_vocab, param_bytes
 from .dflash import DFlashDrafter
 from .features import index_problems, num_layers
 from .vocab import map_problems, target_ids
-from ..kv import cache_bytes
 
 FAMILY = "dspark"
 LAYOUT = "speculators"
@@ -610,10 +609,6 @@ class DSparkDrafter(DFlashDrafter):
                     break
         return rows, confidence
 
-    @property
-    def extra_memory_bytes(self) -> int:
-        return self._weight_bytes + cache_bytes(self._cache)
-
 
 @dataclass
 class LoadedDSpark(LoadedModule):
@@ -623,6 +618,10 @@ class LoadedDSpark(LoadedModule):
 
     def new_drafter(self, target: nn.Module, vocab_size: int, name: str) -> DSparkDrafter:
         return DSparkDrafter(self.model, target, vocab_size, name, self.min_survival)
+
+    def feature_layers(self, target: nn.Module) -> tuple[int, ...]:
+        """Its config's ``aux_hidden_state_layer_ids``."""
+        return tuple(self.model.feature_layers)
 
     @property
     def summary(self) -> str:

@@ -320,7 +320,7 @@ class Eagle3Drafter:
     def use_stepper(self, stepper) -> None:
         """Compute the head's steps with ``stepper`` instead of torch (before the first round).
 
-        ``stepper`` (duck-typed; e.g. ``models.native_backend.NativeEagleHead``) has
+        ``stepper`` (duck-typed; e.g. ``models.native.NativeEagleHead``) has
         ``step(hidden (T, H), ids: list[int], start: int, keep: int) -> (out (T, H), logits
         (keep, Vd))`` with the semantics of :meth:`Eagle3Head.step` over positions
         start..start+T-1 and a cache of its own, ``rollback(length)`` and ``cache_bytes``.

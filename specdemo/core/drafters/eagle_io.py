@@ -115,6 +115,61 @@ def _draft_layers(state: dict) -> int:
     return max(found) + 1 if found else 0
 
 
+def _checked_config(folder: Path) -> tuple[dict, str, dict]:
+    """(the config of the EAGLE-3 head in ``folder``, its layout, the draft layer's settings),
+    every field checked.
+
+    Raises:
+        folders.DrafterFolderError: as :func:`load_head`.
+    """
+    path = folder / "config.json"
+    config = read_config(folder)
+    kind = layout(config)
+    if kind is None:
+        raise Eagle3FormatError(f"{folder} is not an EAGLE-3 head (no speculators_model_type "
+                                "'eagle3' nor an Eagle3 architecture in config.json)")
+    folders.check_fields(config, _TOP_FIELDS, path)
+    if kind == "speculators":
+        folders.check_fields(config.get("transformer_layer_config") or {}, folders.LAYER_FIELDS,
+                             path, "transformer_layer_config")
+    else:
+        folders.check_fields(config, folders.LAYER_FIELDS, path)
+        if config.get("eagle_config") is not None:
+            folders.check_fields(config["eagle_config"], _TOP_FIELDS, path, "eagle_config")
+    raw_layer = _layer_config(config, kind)
+    problem = _option_problem(config, raw_layer, path)
+    if problem:
+        raise Eagle3FormatError(problem)
+    return config, kind, raw_layer
+
+
+def _load_weights(head: Eagle3Head, state: dict, folder: Path) -> list[str]:
+    """Load ``state`` into ``head``; returns the optional tensors it lacked (``d2t``/``t2d``,
+    set to the identity map / the full vocabulary: checked against the target later).
+
+    Raises:
+        Eagle3FormatError: weights the head would not use, that do not fit it, or missing.
+    """
+    missing = [name for name in ("d2t", "t2d") if name not in state]
+    expected = head.state_dict()
+    for name in missing:
+        state[name] = expected[name]
+    unused = [k for k in state if k not in expected]
+    if unused:
+        raise Eagle3FormatError(folders.unused_weights_problem(folder, unused, "the EAGLE-3 head"))
+    try:
+        result = head.load_state_dict({k: v for k, v in state.items() if k in expected},
+                                      strict=False)
+    except RuntimeError as exc:
+        detail = [line.strip() for line in str(exc).splitlines()[1:2]]
+        raise Eagle3FormatError(f"{folder}: weights do not fit the config "
+                                f"({'; '.join(detail) or folders._first_line(exc)})") from None
+    absent = [k for k in result.missing_keys if not k.startswith("rotary_emb")]
+    if absent:
+        raise Eagle3FormatError(f"{folder}: weights missing: {', '.join(absent[:4])}")
+    return missing
+
+
 def load_head(folder: Path, n_target_layers: int | None = None,
               dtype: torch.dtype = torch.float32) -> tuple[Eagle3Head, dict]:
     """Read an EAGLE-3 head in either layout.
@@ -135,23 +190,7 @@ def load_head(folder: Path, n_target_layers: int | None = None,
     """
     folder = Path(folder)
     path = folder / "config.json"
-    config = read_config(folder)
-    kind = layout(config)
-    if kind is None:
-        raise Eagle3FormatError(f"{folder} is not an EAGLE-3 head (no speculators_model_type "
-                                "'eagle3' nor an Eagle3 architecture in config.json)")
-    folders.check_fields(config, _TOP_FIELDS, path)
-    if kind == "speculators":
-        folders.check_fields(config.get("transformer_layer_config") or {}, folders.LAYER_FIELDS,
-                             path, "transformer_layer_config")
-    else:
-        folders.check_fields(config, folders.LAYER_FIELDS, path)
-        if config.get("eagle_config") is not None:
-            folders.check_fields(config["eagle_config"], _TOP_FIELDS, path, "eagle_config")
-    raw_layer = _layer_config(config, kind)
-    problem = _option_problem(config, raw_layer, path)
-    if problem:
-        raise Eagle3FormatError(problem)
+    config, kind, raw_layer = _checked_config(folder)
     ids = feature_layer_ids(config)
     if ids is None:
         if n_target_layers is None:
@@ -194,23 +233,7 @@ def load_head(folder: Path, n_target_layers: int | None = None,
     except (TypeError, ValueError, RuntimeError, KeyError, AttributeError) as exc:  # e.g. heads
         raise Eagle3FormatError(f"{path}: the settings do not make a model "
                                 f"({folders._first_line(exc)})") from None
-    missing = [name for name in ("d2t", "t2d") if name not in state]
-    expected = head.state_dict()
-    for name in missing:
-        state[name] = expected[name]  # identity d2t / full t2d: checked against the target later
-    unused = [k for k in state if k not in expected]
-    if unused:
-        raise Eagle3FormatError(folders.unused_weights_problem(folder, unused, "the EAGLE-3 head"))
-    try:
-        result = head.load_state_dict({k: v for k, v in state.items() if k in expected},
-                                      strict=False)
-    except RuntimeError as exc:
-        detail = [line.strip() for line in str(exc).splitlines()[1:2]]
-        raise Eagle3FormatError(f"{folder}: weights do not fit the config "
-                                f"({'; '.join(detail) or folders._first_line(exc)})") from None
-    absent = [k for k in result.missing_keys if not k.startswith("rotary_emb")]
-    if absent:
-        raise Eagle3FormatError(f"{folder}: weights missing: {', '.join(absent[:4])}")
+    missing = _load_weights(head, state, folder)
     head.to(dtype).eval()
     head.d2t.data = head.d2t.data.long()
     head.t2d.data = head.t2d.data.bool()

@@ -26,16 +26,12 @@ LAYER_FIELDS = {"hidden_size": POS_INT, "intermediate_size": POS_INT, "vocab_siz
                 "sliding_window": POS_INT}
 
 
-#: other names of built-in targets, as a drafter's saved verifier may record them (the first: the
-#: hub id that train-draft records for a drafter of that target)
-BUILTIN_ALIASES = {"builtin:smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct",)}
-
-
 def verifier_warning(what: str, verifier, target) -> str | None:
     """One sentence when the verifier a drafter's config records names another model than
     ``target`` (a ``models.LoadedModel``); None when it records none, or names the target's
-    spec, its ``_name_or_path``, a built-in target's hub id (:data:`BUILTIN_ALIASES`) or a folder
-    of the same name (a local target is recorded by its folder's name).
+    spec, its ``_name_or_path``, another name it is known by (its ``aliases``: a built-in
+    target's hub id) or a folder of the same name (a local target is recorded by its folder's
+    name).
 
     Args:
         what: the drafter in words, e.g. "the head", "the DSpark drafter".
@@ -43,7 +39,7 @@ def verifier_warning(what: str, verifier, target) -> str | None:
     if not verifier or not isinstance(verifier, str):
         return None
     own = str(getattr(target.model.config, "_name_or_path", "") or "")
-    names = {target.spec, own, *BUILTIN_ALIASES.get(target.spec, ())} - {""}
+    names = {target.spec, own, *getattr(target, "aliases", ())} - {""}
     if verifier in names or Path(verifier).name in {Path(n).name for n in names}:
         return None
     return (f"{what} was trained for {verifier}, not {target.spec}; expect low acceptance unless "

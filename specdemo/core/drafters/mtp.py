@@ -35,9 +35,8 @@ import torch
 from torch import nn
 
 from ..errors import DrafterRefused
-from ..kv import cache_bytes
 from ..sampling import SamplingParams
-from .base import DraftSampler, LoadedModule, Proposal, fit_vocab, param_bytes
+from .base import DraftSampler, LoadedModule, ModuleDrafter, Proposal, fit_vocab, param_bytes
 from .features import num_layers
 from . import folders
 from .folders import DrafterFolderError
@@ -132,7 +131,21 @@ def assistant_problems(assistant: nn.Module, target) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
-class Gemma4AssistantDrafter:
+def assistant_store_layers(assistant: nn.Module, target: nn.Module) -> list[tuple[int, str]]:
+    """(target layer index, attention kind) of the store layers whose keys/values a Gemma 4
+    assistant attends to: one per attention kind its layers use, in layer order."""
+    wanted = {layer.self_attn.layer_type for layer in assistant.model.layers}
+    store = store_layers(target.config.get_text_config())
+    return sorted((i, kind) for kind, i in store.items() if kind in wanted)
+
+
+def assistant_feature_layers(assistant: nn.Module, target: nn.Module) -> tuple[int, ...]:
+    """What a Gemma 4 assistant reads: the inputs of the store layers (to recompute their
+    keys/values), then the last hidden state."""
+    return tuple(i for i, _ in assistant_store_layers(assistant, target)) + (num_layers(target),)
+
+
+class Gemma4AssistantDrafter(ModuleDrafter):
     """Drafting with a Gemma 4 assistant inside the engine (a FeatureDrafter).
 
     Args:
@@ -149,11 +162,8 @@ class Gemma4AssistantDrafter:
         self.vocab_size = vocab_size
         self._decoder = target.get_decoder()
         self._embed = target.get_input_embeddings()
-        wanted = {layer.self_attn.layer_type for layer in assistant.model.layers}
-        store = store_layers(target.config.get_text_config())
-        self._store = sorted((i, kind) for kind, i in store.items() if kind in wanted)
-        # inputs of the store layers (to recompute their keys/values), then the last hidden state
-        self.feature_layers = tuple(i for i, _ in self._store) + (num_layers(target),)
+        self._store = assistant_store_layers(assistant, target)
+        self.feature_layers = assistant_feature_layers(assistant, target)
         self._kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._last: torch.Tensor | None = None  # (1, 1, H) target's last hidden state
         self._n = 0  # context positions whose keys/values are held
@@ -209,16 +219,13 @@ class Gemma4AssistantDrafter:
             hidden = out.last_hidden_state
         return sampler.proposal(self.name)
 
-    def feedback(self, n_accepted: int) -> None:
-        pass
-
     @property
     def extra_memory_bytes(self) -> int:
         held = sum(t.numel() * t.element_size() for kv in self._kv.values() for t in kv)
         return self._weight_bytes + held
 
 
-class NativeMtpDrafter:
+class NativeMtpDrafter(ModuleDrafter):
     """Drafting with a model's own MTP layers (transformers ``MtpModel``; a FeatureDrafter).
 
     Args:
@@ -278,12 +285,6 @@ class NativeMtpDrafter:
             self._cache.crop(-(k - 1))  # keep only accepted pairs
         return sampler.proposal(self.name)
 
-    def feedback(self, n_accepted: int) -> None:
-        pass
-
-    @property
-    def extra_memory_bytes(self) -> int:
-        return self._weight_bytes + cache_bytes(self._cache)
 
 
 @dataclass
@@ -292,6 +293,9 @@ class LoadedAssistant(LoadedModule):
 
     def new_drafter(self, target: nn.Module, vocab_size: int, name: str) -> Gemma4AssistantDrafter:
         return Gemma4AssistantDrafter(self.model, target, vocab_size, name)
+
+    def feature_layers(self, target: nn.Module) -> tuple[int, ...]:
+        return assistant_feature_layers(self.model, target)
 
     @property
     def summary(self) -> str:
@@ -311,6 +315,9 @@ class LoadedNativeMtp:
 
     def new_drafter(self, target: nn.Module, vocab_size: int, name: str) -> NativeMtpDrafter:
         return NativeMtpDrafter(self.model, target, vocab_size, name)
+
+    def feature_layers(self, target: nn.Module) -> tuple[int, ...]:
+        return (num_layers(target),)  # the last hidden state, as transformers reads
 
     @property
     def weight_bytes(self) -> int:

@@ -329,7 +329,7 @@ def machine_info(target) -> dict:
         "omp_wait": OMP_WAIT,
     }
     if info["backend"] == "native-w8a8":  # which kernel blocks prefetch weights, as measured here
-        from ...models.native_backend import model_of  # lazy: imports torch; --help stays fast
+        from ...models.native import model_of  # lazy: imports torch; --help stays fast
         info["native_prefetch"] = model_of(target).prefetch
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

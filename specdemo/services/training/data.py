@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 
 from ...core import family_backends
 from ...core.drafters.features import capture
-from ...models import native_backend as nb
-from ...models.native_backend import NativeKV, native_model
+from ...models import native as nb
+from ...models.native import NativeKV, native_model
 
 ANSWERS = "answers.jsonl"
 FEATURES = "features"
@@ -148,7 +148,7 @@ def generate_answers_native(target, rows: list[dict], out_dir: Path, answers_per
                             slots: int = 32, weights: str = "w8a8", seed: int = 0,
                             budget_s: float | None = None) -> Path:
     """Append answers to ``out_dir/answers.jsonl`` from the target on our native CPU forward
-    (``models.native_backend``, ``weights`` ``w8a8``, ``int8`` or ``bf16``), ``slots`` answers
+    (``models.native``, ``weights`` ``w8a8``, ``int8`` or ``bf16``), ``slots`` answers
     decoded together with continuous batching (``NativeBatch``: a finished answer's slot takes
     the next prompt in the same forward as the others' next tokens). Resumable; the same lines
     as :func:`generate_answers`, plus "source".
@@ -225,6 +225,26 @@ def generate_answers_native(target, rows: list[dict], out_dir: Path, answers_per
     return path
 
 
+def _reply_tokens(reply, base: str) -> list[int]:
+    """The token ids of a llama-server ``/completion`` reply (``return_tokens``).
+
+    Raises:
+        RuntimeError: no token ids, or ids that are not whole numbers of 0 or more.
+    """
+    try:
+        reply_json = reply.json()
+    except ValueError:
+        reply_json = None
+    answer = reply_json.get("tokens") if isinstance(reply_json, dict) else None
+    if not isinstance(answer, list):
+        raise RuntimeError(f"{base}/completion answered without token ids (is it llama-server?)")
+    bad = next((t for t in answer if isinstance(t, bool) or not isinstance(t, int) or t < 0), None)
+    if bad is not None:
+        raise RuntimeError(f"the server at {base} sent {bad!r} among the token ids of "
+                           "/completion's tokens, where whole numbers of 0 or more belong")
+    return answer
+
+
 def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
                               temperature: float | tuple[float, ...] = 0.7, max_new_tokens: int = 160,
                               eos_token_ids: set[int] | frozenset[int] = frozenset(), concurrency: int = 16,
@@ -277,17 +297,7 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
             except httpx.HTTPStatusError as exc:
                 raise RuntimeError(f"{base}/completion answered HTTP {exc.response.status_code} "
                                    "(is it llama-server?)") from None
-        try:
-            reply_json = reply.json()
-        except ValueError:
-            reply_json = None
-        answer = reply_json.get("tokens") if isinstance(reply_json, dict) else None
-        if not isinstance(answer, list):
-            raise RuntimeError(f"{base}/completion answered without token ids (is it llama-server?)")
-        bad = next((t for t in answer if isinstance(t, bool) or not isinstance(t, int) or t < 0), None)
-        if bad is not None:
-            raise RuntimeError(f"the server at {base} sent {bad!r} among the token ids of "
-                               "/completion's tokens, where whole numbers of 0 or more belong")
+        answer = _reply_tokens(reply, base)
         cut = next((n + 1 for n, t in enumerate(answer) if t in eos_token_ids), len(answer))
         return {"prompt_index": i, "answer_index": a, "task": rows[i].get("task", "chat"), "temperature": temp,
                 "ids": ids + answer[:cut], "n_prompt": len(ids), "source": "llama-server"}
@@ -349,7 +359,7 @@ def capture_features(target, answers: list[dict], indices: tuple[int, ...], out_
             same forward with the int8 weights and activations ``auto`` picks on most CPUs: the
             features a head reads when users run it there).
     Raises:
-        ValueError: an unknown backend; models.native_backend.NativeError: native unavailable.
+        ValueError: an unknown backend; models.native.NativeError: native unavailable.
     """
     if backend not in CAPTURE_BACKENDS:
         raise ValueError(f"capture backend {backend!r}: one of {', '.join(CAPTURE_BACKENDS)}")

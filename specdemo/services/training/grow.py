@@ -205,7 +205,7 @@ def magpie_prompts(target, n: int, *, seed: int = 0, slots: int = 32, weights: s
         GrowError: :func:`user_turn_prefix`.
         models.NativeError: the native backend cannot run this target here.
     """
-    from ...models import native_backend as nb
+    from ...models import native as nb
     tok = target.tokenizer
     prefix = user_turn_prefix(tok)
     nmodel = nb.native_model(target, weights)

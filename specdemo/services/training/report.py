@@ -124,3 +124,78 @@ def write(out_dir: Path, results: dict, train_info: dict, by_k: dict | None = No
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def heldout_prompts(rows: list[dict], n: int) -> list[dict]:
+    """``n`` held-out rows, round-robin over tasks."""
+    from . import data  # lazy: imports torch; --help stays fast
+    held = data.split_rows(rows, heldout=True)
+    by_task: dict[str, list[dict]] = {}
+    for row in held:
+        by_task.setdefault(row.get("task", "chat"), []).append(row)
+    picked = []
+    while len(picked) < min(n, len(held)):  # round-robin over tasks
+        for task_rows in by_task.values():
+            if task_rows and len(picked) < n:
+                picked.append(task_rows.pop(0))
+    return picked
+
+
+def report(kind: str, out: Path, target, drafter, rows: list[dict], n: int, info: dict,
+           ks: list[int] = (4,)) -> tuple[Path, dict]:
+    """Held-out evaluation against ngram and plain decoding (report.md / report.json in
+    ``out``) at each draft length of ``ks``; returns (the markdown path, the results at ks[0])."""
+    from ...core.drafters.dflash import LoadedDFlash  # lazy: imports torch; --help stays fast
+    from ...models.learned import LoadedEagle3  # lazy: imports torch; --help stays fast
+    from ..pipeline import Pipeline  # lazy: imports torch; --help stays fast
+    from .report import evaluate, write  # lazy: imports tqdm (--help)
+    picked = heldout_prompts(rows, n)
+    if kind == "eagle3":
+        learned = LoadedEagle3(str(out), drafter, {"layout": "speculators", "missing": []})
+    elif kind == "dspark":
+        # lazy: imports torch; --help stays fast
+        from ...core.drafters.dspark import LoadedDSpark, min_survival_setting
+        learned = LoadedDSpark(str(out), drafter.float().eval(),
+                               {"layout": "speculators", "config": drafter.config},
+                               min_survival=min_survival_setting())
+    else:
+        learned = LoadedDFlash(str(out), drafter.float().eval(),
+                               {"layout": "transformers", "config": drafter.config.to_dict()})
+    pipes = {kind: Pipeline(target, str(out), learned), "ngram": Pipeline(target, "ngram")}
+    by_k = {k: evaluate(pipes, picked, k=k, plain=True) for k in ks}
+    return write(out, by_k[ks[0]], info, by_k), by_k[ks[0]]
+
+
+def write_curve(out: Path, curve: list[dict], kind: str) -> Path:
+    """data_size_curve.json, .md and (with matplotlib) .png: held-out mean acceptance length
+    against answer tokens. Returns the markdown path."""
+    (out / "data_size_curve.json").write_text(json.dumps(curve, indent=1))
+    lines = [f"# Held-out mean acceptance length against data size ({kind})", "",
+             "| fraction | answers | answer tokens | mean acceptance length | acceptance rate | "
+             "tokens/s | speedup |", "|---|---|---|---|---|---|---|"]
+    for c in curve:
+        f = lambda v, fmt=".2f": "n/a" if v is None else format(v, fmt)  # noqa: E731
+        lines.append(f"| {c['fraction']:g} | {c['answers']} | {c['answer_tokens']:,} | "
+                     f"{f(c['mean_acceptance_length'])} | {f(c['acceptance_rate'])} | "
+                     f"{f(c['tokens_per_s'], '.1f')} | {f(c['speedup'])} |")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot([c["answer_tokens"] for c in curve],
+                [c["mean_acceptance_length"] or 0 for c in curve], "o-")
+        ax.set_xscale("log")
+        ax.set_xlabel("answer tokens trained on")
+        ax.set_ylabel("held-out mean acceptance length")
+        ax.set_title(f"{kind}: acceptance against data size")
+        fig.tight_layout()
+        fig.savefig(out / "data_size_curve.png", dpi=100)
+        plt.close(fig)
+        lines += ["", "![curve](data_size_curve.png)"]
+    except ImportError:
+        pass
+    path = out / "data_size_curve.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import tempfile
 import time
 import zipfile
@@ -284,29 +283,3 @@ def summary(directory: Path = SHARDS_DIR) -> dict:
         targets.add(s["meta"].get("target"))
     return {"shards": len(paths), "answers": answers, "answer_tokens": tokens,
             "bytes": sum(p.stat().st_size for p in paths), "targets": sorted(t for t in targets if t)}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m specdemo.services.training.shards [DIR]``: print :func:`summary` of DIR as
-    JSON. Returns the exit status: 0, or 2 after one line naming a damaged shard."""
-    import argparse
-    ap = argparse.ArgumentParser(
-        prog="python -m specdemo.services.training.shards",
-        description="Summarise a folder of answer shards (the target's answers that train-draft "
-                    "--answers-dir reads): shards, answers, answer tokens, bytes and targets, "
-                    "as JSON.")
-    ap.add_argument("directory", nargs="?", type=Path, default=SHARDS_DIR,
-                    help="the shard folder (default: assets/train/answers in the checkout)")
-    args = ap.parse_args(argv)
-    if not args.directory.is_dir():
-        ap.error(f"{args.directory} is not a folder")
-    try:
-        print(json.dumps(summary(args.directory), indent=1))
-    except ShardError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

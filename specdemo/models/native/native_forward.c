@@ -1,6 +1,6 @@
 /* The "native" target backend's forward: a Llama-architecture decoder over BF16 weights, in C.
  *
- * specdemo/models/native_backend.py compiles this file once per machine with the system C
+ * specdemo/models/native/build.py compiles this file once per machine with the system C
  * compiler (-O3 -march=native) and calls it through ctypes. One call computes a whole forward
  * over S new tokens (embeddings, every layer, the final norm, the output head for the last
  * `keep` positions, and the hidden states a learned drafter reads), so a forward costs one
@@ -55,7 +55,7 @@
 #define TB 4 /* tokens per register block (RB * TB accumulators in registers), at most 8 */
 #endif
 #ifndef RB
-#define RB 4 /* rows per block of a repacked weight (native_backend.ROWS) */
+#define RB 4 /* rows per block of a repacked weight (the rows weights.repack is given) */
 #endif
 #ifndef PF
 #define PF 0 /* software prefetch distance in BF16 elements of a weight stream (0: none) */
@@ -235,7 +235,7 @@ typedef struct {
 
 enum { KERNEL_FMA = 0, KERNEL_DPBF16 = 1 };
 
-/* rows per block of a repacked weight: native_backend.repack asks */
+/* rows per block of a repacked weight: weights.repack asks */
 int nf_rows(void) { return RB; }
 
 int nf_has_dpbf16(void) {
@@ -466,7 +466,7 @@ static inline float hsum16(v16 v) {
 }
 
 /* The matrix kernels. A weight is stored repacked in blocks of RB rows: for every 32 columns,
- * the 32 values of row 0, then of rows 1..RB-1 (see native_backend.repack), so one block is
+ * the 32 values of row 0, then of rows 1..RB-1 (see weights.repack), so one block is
  * one stream read front to back (on the VMs measured, reading 4 rows interleaved at stride K
  * ran at 8.5 GB/s on one core against 21.5 GB/s for one stream). Each weight vector is used for
  * up to TB tokens while in a register, and a block stays in L1 while further tokens pass. */
@@ -708,7 +708,7 @@ static void rows_dpbf16(const uint16_t *xb, int n, int K, const uint16_t *W, int
 #endif
 
 /* Int8 weights times int8 activations (nf_quantize_activations). The weights are repacked for
- * this kernel alone (native_backend.repack_q8, nf_rows_q8): blocks of RBQ = 16 rows, each stored
+ * this kernel alone (weights.repack_q8, nf_rows_q8): blocks of RBQ = 16 rows, each stored
  * 32 columns at a time as 8 groups of 4 columns, a group holding the 16 rows' 4 bytes one row
  * after another, so one 64-byte load gives 16 rows x 4 columns and a vector lane is an output row.
  * Per token, row and 32-column block the 32 products are summed exactly in int32; the row's

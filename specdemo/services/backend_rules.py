@@ -15,7 +15,7 @@ took 132 s (``int8`` at 3.7 s a forward, ``transformers`` at 0.31 s, ``native-w8
    fastest of :data:`TIMING_REPEATS` per width (:func:`time_widths`);
 3. **weigh** the survivors for the race (:func:`race_cost_s`): seconds a token of the plain lane
    plus seconds a token of the speculative lane at its best draft length among 0, 4 and 8, from
-   the drafter's acceptance and drafting cost on that backend (measured by the caller where the
+   the drafter's acceptance and drafting cost on that backend (measured on each survivor where the
    backend changes them, e.g. a learned head's C step and features; else the auto policy's prior
    acceptance and no drafting cost). Both lanes of a race run the backend chosen.
 
@@ -72,20 +72,26 @@ class RaceLane:
 
     Attributes:
         draft: the drafter's spec (``none`` for a plain-only decode: only the plain step counts).
-        layers: the hidden states its verification forwards return (``wants_features``), () for
+        layers: the hidden states its verification forwards return (its feature layers), () for
             none: the survivors are timed through that path.
-        facts: ``facts(backend name) -> LaneFacts`` measured on that backend, called for each
-            survivor only (None: the prior acceptance and no drafting cost everywhere, for
-            drafters whose acceptance and cost do not depend on the backend).
+        source: the loaded learned drafter whose acceptance and drafting cost change with the
+            backend (its features, a C step): measured on each survivor
+            (``services.backend_choice.lane_facts``); None for drafters whose acceptance and
+            cost do not depend on the backend (the prior acceptance, no drafting cost).
     """
 
     draft: str = "none"
     layers: tuple[int, ...] = ()
-    facts: Callable[[str], LaneFacts] | None = None
+    source: object | None = field(default=None, compare=False)
 
     @property
     def speculative(self) -> bool:
         return self.draft not in ("none", "")
+
+    @property
+    def measured(self) -> bool:
+        """Whether the drafter is measured on each backend (a learned one)."""
+        return self.source is not None
 
 
 def expected_tokens(k: int, acceptance: float) -> float:
