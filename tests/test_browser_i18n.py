@@ -22,6 +22,7 @@ from test_ui import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
+SCREENSHOTS = ROOT / "screenshots"  # git-ignored
 CJK = re.compile(r"[\u4e00-\u9fff]")
 #: the page's own words: buttons, labels, tabs, the counters' names
 WORDS_JS = """
@@ -89,9 +90,31 @@ def test_the_page_speaks_the_browsers_language(url, tag, send, first_token):
         if tag == "zh-CN":
             shown = "".join(words)
             assert not set(TRADITIONAL_ONLY) & set(shown) - set("繁體中文語言"), shown
+        if tag != "en-US":  # the preset's note, the machine-fit line, the engines, the legend
+            WebDriverWait(driver, 60).until(
+                lambda d: len(CJK.findall(d.find_element(By.CSS_SELECTOR, "#preset-info").text)) >= 30)
+            info = driver.find_element(By.CSS_SELECTOR, "#preset-info").text
+            assert not re.search(r"learned|needs|free on", info), info
+            engines = driver.find_element(By.CSS_SELECTOR, "#engines").text
+            assert "this app" not in engines and "OpenAI" in engines and CJK.search(engines), engines
+            legend = driver.find_element(By.CSS_SELECTOR, "#race-chart").text
+            assert "speculative" not in legend and ("路線" in legend or "路线" in legend), legend
         driver.set_window_size(1500, 1800)
         RESULTS.mkdir(exist_ok=True)
         driver.save_screenshot(str(RESULTS / f"page-{tag}.png"))
+        # the Benchmark tab: the measured concurrency sweep, drawn in the page's language (its
+        # screenshot goes to the untracked screenshots/: docs/ holds fewer than 40 files)
+        next(e for e in driver.find_elements(By.CSS_SELECTOR, '[role="tab"]')
+             if e.text.strip() in ("Benchmark", "基準測試", "基准测试")).click()
+        intro = {"en-US": "Speedup against concurrent requests", "zh-TW": "加速比對並發請求數",
+                 "zh-CN": "加速比对并发请求数"}[tag]
+        WebDriverWait(driver, 30).until(
+            lambda d: intro in d.find_element(By.CSS_SELECTOR, "#bench-measured-intro").text)
+        chart = driver.find_element(By.CSS_SELECTOR, "#bench-measured-speedup")
+        WebDriverWait(driver, 30).until(lambda d: chart.find_elements(By.CSS_SELECTOR, "svg, canvas"))
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", chart)
+        SCREENSHOTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(SCREENSHOTS / f"page-{tag}-benchmark.png"))
     finally:
         driver.quit()
 
@@ -108,5 +131,25 @@ def test_the_switch_changes_the_language(url):
         WebDriverWait(driver, 30).until(
             lambda d: "首字延遲" in d.find_element(By.CSS_SELECTOR, "#spec-stats").text)
         assert driver.execute_script("return document.documentElement.lang") == "zh-TW"
+    finally:
+        driver.quit()
+
+
+def test_a_race_on_a_traditional_chinese_page_draws_both_lines(url):
+    """The race chart's legend is written in the page's language (路線: 一般, 推測) and its
+    colours follow the translated names: after a race both lines are drawn."""
+    from selenium.webdriver.common.keys import Keys
+    from test_browser import PROMPT, lines_drawn
+    driver = open_page(url, "zh-TW", "送出")
+    try:
+        number = driver.find_element(By.CSS_SELECTOR, "#max-new-tokens input[type='number']")
+        number.send_keys(Keys.CONTROL, "a")
+        number.send_keys("16", Keys.TAB)
+        driver.find_element(By.CSS_SELECTOR, "#prompt textarea").send_keys(PROMPT)
+        driver.find_element(By.CSS_SELECTOR, "#send").click()
+        WebDriverWait(driver, 400).until(lambda d: lines_drawn(d, "race-chart") == 2)
+        legend = driver.find_element(By.CSS_SELECTOR, "#race-chart").text
+        assert "路線" in legend and "一般" in legend and "推測" in legend, legend
+        assert "speculative" not in legend and "plain" not in legend, legend
     finally:
         driver.quit()

@@ -320,3 +320,20 @@ def test_training_answers_left_out_when_the_server_is_gone(tmp_path):
                                    [{"prompt": "abc"}], tmp_path, answers_per_prompt=1,
                                    retries=0, timeout_s=5)
     assert (tmp_path / data.ANSWERS).read_text() == ""
+
+
+def test_concurrency_sweep_runs_8_requests_and_records_the_machine(servers):
+    """bench's server sweep at 1 and 8 requests at once (8 > the fixture's 4 slots: the rest
+    wait for one): every request answers, and each row names this CPU and its load average."""
+    from specdemo.models.hardware import _cpu_name
+    from specdemo.services import endpoint_bench as eb
+    from specdemo.services.pipeline import DecodeSettings
+    endpoints = {name: ep.Endpoint(server.url) for name, server in servers.items()}
+    rows = eb.sweep(endpoints, [COPY_PROMPT, "Name three colours."], (1, 8),
+                    DecodeSettings(max_new_tokens=4), repeats=1, progress=lambda line: None)
+    assert [(r["lane"], r["concurrency"], r["requests"]) for r in rows] == [
+        ("plain", 1, 1), ("plain", 8, 8), ("speculative", 1, 1), ("speculative", 8, 8)]
+    assert [r["errors"] for r in rows] == [None] * 4
+    assert all(r["cpu_model"] == _cpu_name() and r["load_before"] >= 0 and r["load_after"] >= 0
+               for r in rows)
+    assert rows[3]["speedup"] == round(rows[3]["total_tokens_per_s"] / rows[1]["total_tokens_per_s"], 3)

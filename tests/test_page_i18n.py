@@ -159,3 +159,59 @@ def test_the_page_takes_gradios_i18n_and_every_static_word_has_english():
     assert options["i18n"] is ui_i18n.i18n() and "specdemoLocale" in options["head"]
     with pytest.raises(KeyError):
         ui_i18n.words("no such word")
+
+
+def test_every_preset_note_exists_in_both_scripts():
+    """The preset's line under the dropdown: each presets/*.toml has its note in Traditional and
+    Simplified Chinese, each in its own script; a page in English keeps the English note."""
+    from specdemo.services.presets import list_presets
+    for p in list_presets():
+        assert len(re.findall(r"[\u4e00-\u9fff]", p.note_zh_tw)) >= 8, p.name
+        assert len(re.findall(r"[\u4e00-\u9fff]", p.note_zh_cn)) >= 8, p.name
+        assert not set(SIMPLIFIED_ONLY) & set(p.note_zh_tw), (p.name, set(SIMPLIFIED_ONLY) & set(p.note_zh_tw))
+        assert not set(TRADITIONAL_ONLY) & set(p.note_zh_cn), (p.name, set(TRADITIONAL_ONLY) & set(p.note_zh_cn))
+        assert (p.note_in("zh-TW"), p.note_in("zh-CN"), p.note_in("en")) == (p.note_zh_tw, p.note_zh_cn, p.note)
+
+
+def test_the_machine_fit_line_is_translated_by_its_templates():
+    """What hardware.fits writes (fits, too small, would fit instead, nothing smaller), as it
+    writes it, in both scripts with the figures and the device kept."""
+    from specdemo.models import hardware
+    from specdemo.services.presets import list_presets
+    presets = list(list_presets())
+    small = next(p for p in presets if p.name == "smollm2-135m-ngram")
+    big = next(p for p in presets if p.name == "qwen2.5-7b-0.5b")
+    roomy = hardware.HardwareInfo("cpu", "AMD EPYC", 32 * 2**30, 18 * 2**30, 2, 32 * 2**30, 18 * 2**30)
+    tight = hardware.HardwareInfo("cpu", "AMD EPYC", 32 * 2**30, 3 * 2**30, 2, 32 * 2**30, 3 * 2**30)
+    ok, fits = hardware.fits(small, roomy)
+    assert ok and sentence(fits, "zh-TW") == fits.replace("needs ", "需要 ").replace(
+        " of ", "，AMD EPYC 上可用 ").replace(" free on AMD EPYC", "")
+    tiny = hardware.HardwareInfo("cpu", "AMD EPYC", 32 * 2**30, 2**30, 2, 32 * 2**30, 2**30)
+    reasons = [hardware.fits(small, tiny, presets)[1], hardware.fits(small, tiny)[1],
+               hardware.fits(big, tight, presets)[1]]
+    assert reasons[0].endswith(" is free on AMD EPYC; nothing smaller fits")
+    assert reasons[1].startswith("needs ") and reasons[1].endswith(" is free on AMD EPYC")
+    assert reasons[2].startswith("made for cuda/mps; this machine runs on cpu; would fit: ")
+    for code in ("zh-TW", "zh-CN"):
+        for reason in reasons:
+            shown = sentence(reason, code)
+            assert not re.search(r"needs|free|would fit|nothing|smaller|made for|runs on", shown), shown
+            assert all(figure in shown for figure in re.findall(r"\d+\.\d GB", reason)), shown
+    assert sentence(reasons[2], "zh-TW").startswith("為 cuda/mps 設計；這台機器使用 cpu；可改用：較小的預設組合：")
+
+
+def test_the_engine_choices_and_the_race_legend_are_translated():
+    import gradio as gr
+    from specdemo.interfaces import ui, ui_engines
+    from specdemo.interfaces.ui_format import race_frame
+    from specdemo.interfaces.ui_race import ENGINE_CHOICES
+    with gr.Blocks():
+        engines = ui_engines.engines_controls()[0]
+    assert [(label.key, value) for label, value in engines.choices] == [
+        ("engine_ours", ENGINE_CHOICES[0]), ("engine_servers", ENGINE_CHOICES[1])]
+    assert t("engine_servers", "zh-TW") == "伺服器（相容 OpenAI 的端點）"
+    assert race_frame(None, "zh-TW")["lane"].tolist() == ["一般", "推測"]
+    assert race_frame(None, "zh-CN")["lane"].tolist() == ["一般", "推测"]
+    titles = ui._race_titles("zh-TW")
+    assert titles["color_title"] == "路線" and titles["color_map"] == {"一般": "#6b7280", "推測": "#16a34a"}
+    assert ui._race_titles("en")["color_map"] == {"plain": "#6b7280", "speculative": "#16a34a"}

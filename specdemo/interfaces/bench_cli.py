@@ -132,7 +132,7 @@ def _cmd_endpoints(args, endpoints: dict, config) -> int:
         return 2
     meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": eb.machine(), "note": args.note or "",
-            "servers": {lane: f"{e.engine} at {shown_url(e.url)} ({e.model})"
+            "servers": {lane: f"{e.engine} at {shown_url(e.url)} ({Path(e.model).name})"
                         for lane, e in endpoints.items() if e is not None},
             "tasks": list(config.tasks), "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}

@@ -16,13 +16,13 @@ from typing import Callable
 import gradio as gr
 
 from .. import PROJECT_DIR
-from ..services import bench
+from ..services import bench, endpoint_bench
 from ..services.prompts import TASKS, load_prompts
 from ..services.presets import PresetError, list_presets
 from ..core.model_spec import builtin_spec
 from ..models.builtin import FALLBACK_BUILTIN
 from ..models.loading import cache_dir
-from .ui_format import about
+from .ui_format import AXIS_FORMAT, about, chart_colors, lane_label
 from .ui_i18n import DEFAULT, locale, t, words
 
 DRAFT_LENGTH_CHOICES = ["1", "2", "3", "4", "6", "8", "12", "16", "auto"]
@@ -59,6 +59,9 @@ class BenchmarkTab:
     csv_file: gr.File
     report_file: gr.File
     estimate: gr.Markdown | None = None
+    measured_intro: gr.Markdown | None = None
+    measured_speedup: gr.LinePlot | None = None
+    measured_tokens: gr.LinePlot | None = None
 
 
 _PIPELINES = None  # a race.PipelineCache, made on first use (tests may put their own here)
@@ -250,6 +253,81 @@ def on_device(job: Callable[[Callable], object], progress: Callable[[int, int, s
     return future.result()
 
 
+#: the servers' concurrency sweep the tab draws: llama-server plain against n-gram drafting at
+#: 1, 2, 4 and 8 requests (docs/engines.md), and the command that wrote it
+MEASURED_SWEEP = PROJECT_DIR / "docs" / "results" / "engines-concurrency.csv"
+MEASURED_COMMAND = "scripts/engines_concurrency.sh OUT"
+
+
+def measured_frames(rows: list[dict], lang=DEFAULT):
+    """The charts' data from a concurrency CSV's rows (``endpoint_bench.read_csv``): (speedup
+    frame: ``concurrency``, ``speedup``; throughput frame: ``concurrency``, ``tokens_per_s``,
+    ``lane``, the lane's legend word in ``lang``), both in numeric order of concurrency. The
+    levels are text, one evenly spaced tick each (1, 2, 4, 8; a number axis would tick 1.2, 1.4),
+    which the charts keep in this order (``sort``: :func:`levels`)."""
+    import pandas as pd
+    speedup = pd.DataFrame([(str(n), x) for n, x in endpoint_bench.speedups(rows)],
+                           columns=["concurrency", "speedup"])
+    tokens = pd.DataFrame(
+        [(str(r["concurrency"]), r["total_tokens_per_s"], lane_label(r["lane"], lang))
+         for r in sorted(rows, key=lambda r: (r["lane"] != "plain", r["concurrency"]))
+         if r["total_tokens_per_s"] is not None],
+        columns=["concurrency", "tokens_per_s", "lane"])
+    return (speedup.astype({"concurrency": "str", "speedup": "float64"}),
+            tokens.astype({"concurrency": "str", "tokens_per_s": "float64", "lane": "str"}))
+
+
+def levels(rows: list[dict]) -> list[str]:
+    """The sweep's concurrency levels in numeric order, as the charts' x values."""
+    return [str(n) for n in sorted({r["concurrency"] for r in rows})]
+
+
+def measured_charts(lang=DEFAULT, path: Path = MEASURED_SWEEP) -> tuple[str, dict, dict]:
+    """The measured sweep in ``lang``: (the line above the charts, the speedup chart's and the
+    throughput chart's properties: value, titles, visible); a file that cannot be read is said
+    in the line and the charts are hidden."""
+    try:
+        rows = endpoint_bench.read_csv(path)
+    except (OSError, ValueError) as exc:
+        return t("bench_measured_missing", lang, error=exc), {"visible": False}, {"visible": False}
+    speedup, tokens = measured_frames(rows, lang)
+    loads = [r["load_before"] for r in rows if r["load_before"] is not None]
+    cpu = next((r["cpu_model"] for r in rows if r["cpu_model"]), None)
+    shown = path.relative_to(PROJECT_DIR) if path.is_relative_to(PROJECT_DIR) else path.name
+    intro = t("bench_measured_intro", lang, machine=cpu or t("bench_not_recorded", lang),
+              load=f"{loads[0]:.2f}" if loads else t("bench_not_recorded", lang),
+              path=shown, command=MEASURED_COMMAND)
+    axis = {"x_title": t("bench_measured_x", lang), "sort": levels(rows), "visible": True}
+    return (intro,
+            {"value": speedup, "title": t("bench_measured_plot", lang),
+             "y_title": t("bench_measured_speedup_y", lang), **axis},
+            {"value": tokens, "title": t("bench_measured_tokens_plot", lang),
+             "y_title": t("bench_measured_tokens_y", lang), "color_title": t("chart_lane", lang),
+             "color_map": chart_colors(lang), **axis})
+
+
+def measured_view(lang=DEFAULT) -> tuple:
+    """:func:`measured_charts` as updates of the tab's line and charts (the page's language
+    changed)."""
+    intro, speedup, tokens = measured_charts(lang)
+    return intro, gr.LinePlot(**speedup), gr.LinePlot(**tokens)
+
+
+def _measured_components() -> tuple[gr.Markdown, gr.LinePlot, gr.LinePlot]:
+    """The measured sweep's line and charts, in English until the page redraws them in its
+    language (:func:`measured_view`)."""
+    intro, speedup, tokens = measured_charts(DEFAULT)
+    markdown = gr.Markdown(intro, elem_id="bench-measured-intro")
+    with gr.Row():
+        speedup_plot = gr.LinePlot(x="concurrency", y="speedup", y_lim=[0, None], height=260,
+                                   x_label_angle=0, y_axis_format=AXIS_FORMAT,
+                                   elem_id="bench-measured-speedup", show_label=False, **speedup)
+        tokens_plot = gr.LinePlot(x="concurrency", y="tokens_per_s", color="lane", y_lim=[0, None],
+                                  height=260, x_label_angle=0, y_axis_format=AXIS_FORMAT,
+                                  elem_id="bench-measured-tokens", show_label=False, **tokens)
+    return markdown, speedup_plot, tokens_plot
+
+
 def on_preset(preset_name):
     pair = pairing(preset_name)
     return pair["target"], pair["draft"]
@@ -311,9 +389,13 @@ def build_benchmark_tab(lang: gr.Radio | None = None) -> BenchmarkTab:
     with gr.Row():
         csv_file = gr.File(label="bench.csv", elem_id="bench-csv", interactive=False)
         report_file = gr.File(label="report.md", elem_id="bench-report", interactive=False)
+    measured_intro, measured_speedup, measured_tokens = _measured_components()
 
     preset.change(on_preset, preset, [target, draft], api_visibility="undocumented")
     language = [lang] if lang is not None else []
+    if lang is not None:
+        lang.change(measured_view, lang, [measured_intro, measured_speedup, measured_tokens],
+                    api_visibility="private", show_progress="hidden")
     for control in form + language:
         control.change(estimate_text, form + language, estimate, api_visibility="private",
                        show_progress="hidden")
@@ -327,7 +409,7 @@ def build_benchmark_tab(lang: gr.Radio | None = None) -> BenchmarkTab:
     return BenchmarkTab(preset, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
                         prompts_per_task, temperature, reference, concurrency, run, summary, table,
                         speedup_plot, acceptance_plot, tokens_plot, concurrency_plot, csv_file,
-                        report_file, estimate)
+                        report_file, estimate, measured_intro, measured_speedup, measured_tokens)
 
 
 def build_standalone() -> gr.Blocks:

@@ -24,14 +24,16 @@ from ..checks import inputs
 from ..checks.compat import NON_MODEL_DRAFTS, is_early_exit, non_model_verdict
 from ..services import race as racing
 from ..core.machine import ACTIVE_RACES
-from .ui_format import (AXIS_FORMAT, CHART_COLORS, acceptance_frame,  # noqa: F401
+from .ui_format import (AXIS_FORMAT, acceptance_frame, chart_colors,  # noqa: F401
                         chat_messages, counters_html, exact_check, legend, privacy_html,
                         race_frame, startup_html, tokens_html, verdict_html)
-from .ui_i18n import DEFAULT, HEAD, LANGUAGES, LOAD_LANG_JS, SWITCH_JS, i18n, t, words
+from .ui_i18n import (DEFAULT, HEAD, LANGUAGES, LOAD_LANG_JS, SWITCH_JS, i18n, locale, sentence,
+                      t, words)
 from .ui_race import (clear, model_messages, new_conversation, race_api,  # noqa: F401
                       race_api_for, redraw, replay, rerender, send, stop, turn_of)
 from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, AppSettings, Pairing,  # noqa: F401
-                       _default_preset_name, _pairing, _presets, engine_imports, follow_startup, loaded_backend,
+                       _default_preset_name, _pairing, _presets, engine_imports, follow_startup,
+                       loaded_backend,
                        model_status, preload,
                        start_preload, startup_done, wait_until_ready)
 from ..models.learned import BUILTIN_DRAFTERS, is_learned
@@ -192,8 +194,10 @@ def preset_info(preset_name: str | None, lang: str | None = DEFAULT) -> str:
     mark = t("fits" if ok else "fits_not", lang)
     runs = loaded_backend(preset_name)  # what the race computes in, not only the load dtype
     runs = t("runs_on", lang, runs=runs) if runs else t("backend_at_load", lang, dtype=p.dtype)
-    return (t("preset_line", lang, target=p.target, draft=p.draft, runs=runs, note=p.note)
-            + f"  \n{mark}: {reason}" + precision_line(p.dtype, p.quantization, lang=lang))
+    return (t("preset_line", lang, target=p.target, draft=p.draft, runs=runs,
+              note=p.note_in(locale(lang)))
+            + f"  \n{mark}{t('colon', lang)}{sentence(reason, lang)}"
+            + precision_line(p.dtype, p.quantization, lang=lang))
 
 
 def precision_line(dtype: str, quantization: str | None, device: str = "auto",
@@ -488,7 +492,7 @@ def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
     set in the page's language when the page opens (:func:`_chart_titles`)."""
     with gr.Row():
         race_chart = gr.LinePlot(
-            race_frame(None), x="seconds", y="tokens", color="lane", color_map=CHART_COLORS,
+            race_frame(None), x="seconds", y="tokens", color="lane",
             **_race_titles(DEFAULT), height=260, elem_id="race-chart", scale=3,
             x_axis_format=AXIS_FORMAT, y_axis_format=AXIS_FORMAT, show_label=False)
         acceptance_chart = gr.BarPlot(
@@ -501,7 +505,8 @@ def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
 
 def _race_titles(lang: str) -> dict:
     return {"title": t("chart_race_title", lang), "x_title": t("chart_race_x", lang),
-            "y_title": t("chart_race_y", lang), "label": t("chart_race_label", lang)}
+            "y_title": t("chart_race_y", lang), "label": t("chart_race_label", lang),
+            "color_title": t("chart_lane", lang), "color_map": chart_colors(lang)}
 
 
 def _acceptance_titles(lang: str) -> dict:

@@ -25,7 +25,8 @@ _SERVERS_LOCK = threading.Lock()
 def engines_controls() -> tuple:
     """Build the Engines controls; returns (engines, plain_endpoint, spec_endpoint,
     endpoint_model, key_env, allow_remote) in the order ``ui_race.send`` takes them."""
-    engines = gr.Radio(list(ENGINE_CHOICES), value=ENGINE_CHOICES[0], label=words("engines"),
+    shown = (words("engine_ours"), words("engine_servers"))  # the values stay ENGINE_CHOICES
+    engines = gr.Radio(list(zip(shown, ENGINE_CHOICES)), value=ENGINE_CHOICES[0], label=words("engines"),
                        elem_id="engines", info=words("engines_info"))
     with gr.Accordion(words("server_lanes"), open=False, elem_id="engines-servers"):
         plain_ep = gr.Textbox(label=words("plain_endpoint"), placeholder="http://127.0.0.1:8080",

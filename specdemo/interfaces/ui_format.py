@@ -17,8 +17,9 @@ from ..services.startup import DoneStep, StepView
 from .ui_i18n import DEFAULT, sentence, t
 
 PANES = (PLAIN, SPECULATIVE)
-LANE_LABELS = {PLAIN: "plain", SPECULATIVE: "speculative"}  # the charts' legend (their data)
-CHART_COLORS = {"plain": "#6b7280", "speculative": "#16a34a"}
+#: each lane's word in the charts' legend (the charts' data: written in the page's language)
+LANE_WORDS = {PLAIN: "lane_plain", SPECULATIVE: "lane_speculative"}
+LANE_COLORS = {PLAIN: "#6b7280", SPECULATIVE: "#16a34a"}
 
 #: metric key -> its words' key in the page's dictionaries (``m_<key>``: the label people
 #: read; ``m_<key>_tip``: the tooltip, which names the key JSON and the CLI use, docs/design.md)
@@ -31,6 +32,17 @@ def label(key: str, lang: str | None = DEFAULT) -> tuple[str, str]:
     """(label, tooltip) of a counter in ``lang``."""
     words = WORD_KEYS.get(key, f"m_{key}")
     return t(words, lang), t(f"{words}_tip", lang)
+
+
+def lane_label(name: str, lang: str | None = DEFAULT) -> str:
+    """A lane's name in the charts' legend, in ``lang`` ("plain", "一般", ...)."""
+    return t(LANE_WORDS[name], lang) if name in LANE_WORDS else name
+
+
+def chart_colors(lang: str | None = DEFAULT) -> dict[str, str]:
+    """The charts' colour of each lane, keyed by its legend word in ``lang`` (gradio's
+    ``color_map`` maps the values of the colour column)."""
+    return {lane_label(name, lang): color for name, color in LANE_COLORS.items()}
 
 
 def exact_check(lang: str | None = DEFAULT) -> str:
@@ -437,17 +449,18 @@ def chat_messages(turns: list[dict], speculative: bool, highlight: bool,
 #: and "1e+2"; "r" (significant digits) is never written with an exponent.
 AXIS_FORMAT = "~r"
 
-def race_frame(snap: RaceSnapshot | None):
+def race_frame(snap: RaceSnapshot | None, lang: str | None = DEFAULT):
     """Tokens generated against seconds since each decode started, one line per lane (a point
     per engine event): columns ``seconds``, ``tokens``, ``lane``. Replays pass views cut at the
     replay clock, so the lines grow as the replay plays. Every lane starts at (0, 0), also
     before it has a token: gradio 6.31's line plot draws no lines after an update when the
-    lanes (its colour domain) were not all there from the start."""
+    lanes (its colour domain) were not all there from the start. The ``lane`` column holds each
+    lane's legend word in ``lang`` (:func:`lane_label`)."""
     import pandas as pd
     panes = snap.panes if snap else {name: None for name in PANES}
     rows = []
     for name, view in panes.items():
-        label = LANE_LABELS.get(name, name)
+        label = lane_label(name, lang)
         rows += [(0.0, 0, label)] + [(t, n, label) for t, n in (view.timeline if view else ())]
     frame = pd.DataFrame(rows, columns=["seconds", "tokens", "lane"])
     return frame.astype({"seconds": "float64", "tokens": "int64", "lane": "str"})  # typed axes

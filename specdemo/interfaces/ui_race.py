@@ -257,7 +257,7 @@ def _render(snap: RaceSnapshot, conv: dict, prompt: str, upto: int, highlight: b
     return (out[0], out[1], counters_html(snap.panes[PLAIN], False, step=step, lang=lang),
             counters_html(spec, True, settings.draft_length, step, lang),
             verdict_html(snap, settings.temperature, lang, histories_differ(before)),
-            race_frame(snap), acceptance_frame(spec))
+            race_frame(snap, lang), acceptance_frame(spec))
 
 
 def live_interval_s() -> float:
@@ -355,7 +355,7 @@ def redraw(replayable, conv, highlight, lang=DEFAULT) -> tuple:
 
 def clear(lang=DEFAULT):
     return ([], [], counters_html(None, False, lang=lang), counters_html(None, True, lang=lang),
-            verdict_html(None, 0, lang), race_frame(None), acceptance_frame(None),
+            verdict_html(None, 0, lang), race_frame(None, lang), acceptance_frame(None),
             new_conversation(), None)
 
 

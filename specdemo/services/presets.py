@@ -24,6 +24,8 @@ File format (every key is required unless marked optional)::
     gated = false                      # true when the hub asks you to accept a licence first
     devices = ["cuda", "mps"]          # subset of cuda, mps, cpu
     note = "one line shown in the UI"
+    note_zh_tw = "該行的繁體中文"         # optional: the note on a zh-TW page (else the English one)
+    note_zh_cn = "该行的简体中文"         # optional: the note on a zh-CN page
     sources = ["https://..."]          # where ids, vocab sizes and tokenizer family were checked
 """
 
@@ -61,7 +63,7 @@ QUANT_BYTES_PER_PARAM = {"4bit": 4.5 / 8, "8bit": 1.0, "int4": 5.0 / 8, "int8": 
 REQUIRED_KEYS = ("name", "target", "draft", "draft_length", "dtype", "quantization",
                  "memory_bytes", "tasks", "licence", "gated", "devices", "note", "sources")
 OPTIONAL_KEYS = ("default", "target_params", "draft_params", "draft_kind", "plain_endpoint",
-                 "spec_endpoint")
+                 "spec_endpoint", "note_zh_tw", "note_zh_cn")
 
 
 class PresetError(ValueError):
@@ -79,6 +81,8 @@ class Preset:
         draft_kind: for model-like drafts, "model" or the learned-drafter family (DRAFT_KINDS);
             "" for ngram / self / early-exit.
         path: the file it came from.
+        note_zh_tw, note_zh_cn: the note in Traditional / Simplified Chinese ("" when the file
+            has none: the page then shows the English ``note``).
     """
 
     name: str
@@ -101,6 +105,12 @@ class Preset:
     path: Path | None = None
     plain_endpoint: str = ""
     spec_endpoint: str = ""
+    note_zh_tw: str = ""
+    note_zh_cn: str = ""
+
+    def note_in(self, locale: str | None) -> str:
+        """The note in the page's ``locale`` ("zh-TW", "zh-CN"), else the English ``note``."""
+        return {"zh-TW": self.note_zh_tw, "zh-CN": self.note_zh_cn}.get(locale or "") or self.note
 
     @property
     def draft_is_model(self) -> bool:
@@ -276,6 +286,8 @@ def parse_preset(data: dict[str, Any], path: Path) -> Preset:
         path=path,
         plain_endpoint=_endpoint(path, "plain_endpoint", data.get("plain_endpoint", "")),
         spec_endpoint=_endpoint(path, "spec_endpoint", data.get("spec_endpoint", "")),
+        note_zh_tw=_string(path, "note_zh_tw", data["note_zh_tw"]) if "note_zh_tw" in data else "",
+        note_zh_cn=_string(path, "note_zh_cn", data["note_zh_cn"]) if "note_zh_cn" in data else "",
     )
     _check_consistency(preset)
     return preset

@@ -129,6 +129,8 @@ def _answers_stage(args, target, train_rows: list[dict], out: Path, recipe, timi
             if kept_answers.exists():  # e.g. more answers generated since: shards that still fit are kept
                 print(f"--answers differs from the copy in {out}: using the new file")
             shutil.copyfile(args.answers, kept_answers)
+    elif budget_s == 0:  # --generate-minutes 0: train on the answers at hand (no prompt is even tokenized)
+        print("--generate-minutes 0: no answers generated; training on those at hand", file=sys.stderr)
     elif args.generate_endpoint:
         try:
             data.generate_answers_endpoint(args.generate_endpoint, target.tokenizer, train_rows,
