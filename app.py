@@ -1,6 +1,7 @@
 """Launch the side-by-side chat app: ``python app.py [--host H] [--port P] [--no-browser] [--preset NAME] [--share]``.
 
-Thin on purpose: parse flags, start loading the preset's models, build the page
+Thin on purpose: parse flags into the app's settings (one ``AppSettings``, passed down), start
+loading the preset's models, build the page
 (``specdemo.interfaces.ui``) and launch it. The models load on this (main) thread while another thread
 imports gradio and serves the page (model work releases the GIL, so the two overlap); the page
 shows each slow step with a progress bar, and the same steps are printed here.
@@ -56,15 +57,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def serve_page(args: argparse.Namespace, served: list, failed: threading.Event) -> None:
-    """Import gradio, build the page and launch it (on a thread of its own). If that fails (a
-    port in use, say), the error is printed and ``failed`` is set: no app without its page."""
+def settings_of(args: argparse.Namespace):
+    """The app's settings from its flags: the one object the page and the preload are given."""
+    from specdemo.interfaces.ui_state import AppSettings
+    return AppSettings(preset=args.preset, backend=args.backend, host=args.host, port=args.port,
+                       share=args.share, open_browser=not args.no_browser)
+
+
+def serve_page(app, served: list, failed: threading.Event) -> None:
+    """Import gradio, build the page for the app's settings and launch it (on a thread of its
+    own). If that fails (a port in use, say), the error is printed and ``failed`` is set: no
+    app without its page."""
     try:
-        from specdemo.interfaces import ui, ui_state
-        ui_state.APP_PRESET[0] = args.preset  # also what /race runs when it names no preset
-        demo = ui.build_ui(args.preset, host=args.host, share=args.share)
-        ui.launch(demo, host=args.host, port=args.port, inbrowser=not args.no_browser,
-                  share=args.share, prevent_thread_lock=True)
+        from specdemo.interfaces import ui
+        demo = ui.build_ui(app)
+        ui.launch(demo, host=app.host, port=app.port, inbrowser=app.open_browser,
+                  share=app.share, prevent_thread_lock=True)
         served.append(demo)
     except BaseException:
         traceback.print_exc()
@@ -77,21 +85,20 @@ def say_when_ready(ready: threading.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    app = settings_of(parse_args(argv))
     from specdemo.services import race, startup
     from specdemo.interfaces import ui_state
     from specdemo.interfaces.cli import quiet_library_logs
     quiet_library_logs()
-    ui_state.CACHE.backend = args.backend
 
     # This (main) thread runs every load and decode, as `python -m specdemo compare` does, so the
     # race measures what compare measures; the server runs on gradio's threads.
     race.DEVICE.adopt_current_thread()
     served: list = []
     failed = threading.Event()
-    threading.Thread(target=serve_page, args=(args, served, failed), name="page",
+    threading.Thread(target=serve_page, args=(app, served, failed), name="page",
                      daemon=True).start()
-    ready = ui_state.start_preload(args.preset)
+    ready = ui_state.start_preload(app.preset, app)
     threading.Thread(target=say_when_ready, args=(ready,), name="ready", daemon=True).start()
     try:
         with startup.printed():

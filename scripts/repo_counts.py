@@ -86,6 +86,33 @@ def docstrings(tree: ast.AST) -> set[int]:
     return out
 
 
+def module_cells_set(tree: ast.Module) -> list[str]:
+    """Targets of assignments in ``tree`` that set an attribute or an item (``a.b = x``,
+    ``a.b[0] = x``, ``a[k] += x``): in app.py, a setting put into another module's object
+    (the process environment, ``os.environ``, aside: it is set before gradio is imported)."""
+    return [ast.unparse(t) for t in module_targets(tree)
+            if isinstance(t, (ast.Attribute, ast.Subscript))
+            and not ast.unparse(t).startswith("os.environ[")]
+
+
+def one_item_cells(tree: ast.Module) -> list[str]:
+    """Module-level names bound to a one-item list (``X = [None]``) that an assignment sets
+    through ``X[0] = ...``: a mutable cell used as a setting."""
+    lists = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+             and isinstance(node.value, ast.List) and len(node.value.elts) == 1
+             for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+             if isinstance(t, ast.Name)}
+    return sorted({t.value.id for t in module_targets(tree) if isinstance(t, ast.Subscript)
+                   and isinstance(t.value, ast.Name) and t.value.id in lists})
+
+
+def module_targets(tree: ast.AST) -> list[ast.AST]:
+    """Every assignment target in ``tree``."""
+    return [t for node in ast.walk(tree) for t in (
+        node.targets if isinstance(node, ast.Assign)
+        else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])]
+
+
 def issue51_counts(trees: dict[str, ast.Module]) -> list[tuple[str, object, str]]:
     """What issue 51 fixed: every concern in its room."""
     out = []
@@ -121,6 +148,18 @@ def issue51_counts(trees: dict[str, ast.Module]) -> list[tuple[str, object, str]
     out.append(("files of specdemo/ naming the built-in model in code", len(named),
                 "modules of specdemo/ with a string (docstrings aside) holding smollm2-135m, any "
                 "case (the built-in's name and its hub id): " + ", ".join(sorted(named))))
+    app = trees.get("app.py")
+    if app is None and (ROOT / "app.py").is_file():
+        app = ast.parse((ROOT / "app.py").read_text())
+    out.append(("settings set from app.py through module globals",
+                len(module_cells_set(app)) if app is not None else None,
+                "assignments in app.py into an attribute or an item, os.environ aside "
+                "(ui_state.CACHE.backend = ..., ui_state.APP_PRESET[0] = ...): the app's settings "
+                "are one object passed down"))
+    cells = sorted(f"{p}:{name}" for p, tree in trees.items() for name in one_item_cells(tree))
+    out.append(("module-level one-item list cells in specdemo/", len(cells),
+                "module-level names of specdemo/ bound to a one-item list and set through [0]: "
+                + ", ".join(cells)))
     long = sorted(f"{p}:{f.name} ({f.end_lineno - f.lineno + 1})" for p, tree in trees.items()
                   for f in functions(tree) if f.end_lineno - f.lineno + 1 > LONG_FUNCTION_LINES)
     out.append((f"functions over {LONG_FUNCTION_LINES} lines", len(long),

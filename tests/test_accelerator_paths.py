@@ -309,8 +309,8 @@ def test_the_page_and_the_json_say_when_layers_are_offloaded(tmp_path, monkeypat
     assert decode_cli.offloaded(pipe) == {"model.layers.1": "disk", "model.layers.2": "disk"}
     assert "2 modules of tiny-offloaded are offloaded to disk" in capsys.readouterr().err
     pipe.draft = None
-    monkeypatch.setattr(ui_state, "_pairing", lambda name: {"target": "tiny-offloaded", "draft": "none",
-                                                           "dtype": "float32", "quantization": None})
+    monkeypatch.setattr(ui_state, "_pairing", lambda name: ui_state.Pairing(
+        "tiny-offloaded", "none", dtype="float32", quantization=None))
     monkeypatch.setattr(ui_state.CACHE, "loaded", lambda *a: pipe)
     line = ui_state.model_status(None, "none")
     assert "2 of its modules offloaded to disk" in line

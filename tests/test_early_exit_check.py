@@ -128,10 +128,10 @@ def test_the_draft_list_refuses_an_early_exit_the_target_cannot_run(four_layers,
     choices, refused = ui.draft_options(four_layers, presets)
     assert [spec for _, spec in choices] == ["ngram", "self", "early-exit:2"]
     assert refused == [("early-exit:99", REFUSAL.format(n=99))]
-    monkeypatch.setattr(ui, "_pairing", lambda name: {"target": four_layers})
+    monkeypatch.setattr(ui, "_pairing", lambda name: ui.Pairing(four_layers))
     assert ui.on_draft(None, "early-exit:99") == (f"✗ `early-exit:99`: incompatible. "
                                                   f"{REFUSAL.format(n=99)}")
-    monkeypatch.setattr(ui, "_pairing", lambda name: {"target": "no-such-org/no-such-model"})
+    monkeypatch.setattr(ui, "_pairing", lambda name: ui.Pairing("no-such-org/no-such-model"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert ui.on_draft(None, "early-exit:2").startswith(
         "⚠ `early-exit:2`: cannot check early-exit:2: the layer count of "

@@ -1,6 +1,8 @@
 """Issue 11 item 5: bad input is a clear error naming the field and the valid values, the same
 way in the command line and the /race API (tests/test_ui.py drives the API)."""
 
+import dataclasses
+
 import pytest
 
 from specdemo.checks import inputs
@@ -316,8 +318,8 @@ def test_the_race_api_refuses_with_the_command_lines_sentences(capsys, monkeypat
         ui_race.race_api("hi", draft="org/not-cached", max_new_tokens=4)
     assert refused.value.message == UNREACHABLE
     real_pairing = ui_race._pairing
-    monkeypatch.setattr(ui_race, "_pairing", lambda name: {**real_pairing(name),
-                                                           "target": four_layer_target})
+    monkeypatch.setattr(ui_race, "_pairing", lambda name: dataclasses.replace(
+        real_pairing(name), target=four_layer_target))
     with pytest.raises(gr.Error) as refused:
         ui_race.race_api("hi", draft="early-exit:99", max_new_tokens=4)
     assert refused.value.message == (f"draft 'early-exit:99' does not fit target "

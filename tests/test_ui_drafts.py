@@ -86,9 +86,9 @@ def test_the_api_defaults_to_the_preset_the_app_was_started_with(monkeypatch):
     from specdemo.interfaces import ui_state
     default = presets.default_preset().name
     assert ui_state._default_preset_name(None) == default
-    monkeypatch.setattr(ui_state, "APP_PRESET", ["smollm2-135m-int4-ngram"])
-    assert ui_state._default_preset_name(None) == "smollm2-135m-int4-ngram"
-    assert ui_state._default_preset_name("smollm2-135m-self") == "smollm2-135m-self"
+    app = ui_state.AppSettings(preset="smollm2-135m-int4-ngram")
+    assert ui_state._default_preset_name(None, app) == "smollm2-135m-int4-ngram"
+    assert ui_state._default_preset_name("smollm2-135m-self", app) == "smollm2-135m-self"
 
 
 def test_model_status_names_a_quantised_target(monkeypatch):

@@ -29,10 +29,11 @@ from .ui_format import (AXIS_FORMAT, acceptance_frame, chart_colors,  # noqa: F4
                         race_frame, startup_html, tokens_html, verdict_html)
 from .ui_i18n import (DEFAULT, HEAD, LANGUAGES, LOAD_LANG_JS, SWITCH_JS, i18n, locale, sentence,
                       t, words)
-from .ui_race import (clear, model_messages, new_conversation, race_api, redraw,  # noqa: F401
-                      replay, rerender, send, stop, turn_of)
-from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, _default_preset_name,  # noqa: F401
-                       _pairing, _presets, engine_imports, follow_startup, loaded_backend,
+from .ui_race import (clear, model_messages, new_conversation, race_api,  # noqa: F401
+                      race_api_for, redraw, replay, rerender, send, stop, turn_of)
+from .ui_state import (CACHE, FALLBACK_TARGET, LOAD_LOCK, AppSettings, Pairing,  # noqa: F401
+                       _default_preset_name, _pairing, _presets, engine_imports, follow_startup,
+                       loaded_backend,
                        model_status, preload,
                        start_preload, startup_done, wait_until_ready)
 from ..models.learned import BUILTIN_DRAFTERS, is_learned
@@ -161,16 +162,16 @@ KIND_LABELS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark",
                "gemma4-assistant": "Gemma 4 assistant", "mtp": "MTP"}
 
 
-def load_models(preset_name, draft, lang=DEFAULT):
-    """The explicit Load path: load target and draft, reporting progress."""
+def load_models(preset_name, draft, lang=DEFAULT, app: AppSettings = AppSettings()):
+    """The explicit Load path: load target and draft on the app's backend, reporting progress."""
     engine_imports()
     p = _pairing(preset_name)
-    draft = draft or p["draft"]
-    yield t("loading_target", lang, target=p["target"])
+    draft = draft or p.draft
+    yield t("loading_target", lang, target=p.target)
     try:
-        CACHE.get(p["target"], "none", p["dtype"], p["quantization"])
-        yield t("loaded_preparing", lang, target=p["target"], draft=draft)
-        CACHE.get(p["target"], draft, p["dtype"], p["quantization"])
+        CACHE.get(p.target, "none", p.dtype, p.quantization, backend=app.backend)
+        yield t("loaded_preparing", lang, target=p.target, draft=draft)
+        CACHE.get(p.target, draft, p.dtype, p.quantization, backend=app.backend)
     except Exception as exc:  # ModelLoadError, incompatible draft, out of memory
         yield f"⚠ {racing.describe_error(exc)}"
         return
@@ -183,7 +184,7 @@ def preset_info(preset_name: str | None, lang: str | None = DEFAULT) -> str:
     presets, error = _presets()
     if error:
         return t("presets_unreadable", lang, error=error, target=FALLBACK_TARGET)
-    p = _pairing(preset_name)["preset"]
+    p = _pairing(preset_name).preset
     if p is None:
         return t("target_only", lang, target=FALLBACK_TARGET)
     try:
@@ -216,11 +217,11 @@ def on_preset(preset_name, lang=DEFAULT):
     """Preset changed: draft, draft length and the notes follow (the draft check comes next)."""
     p = _pairing(preset_name)
     choices = [(d, d) for d in PLAIN_DRAFTS]
-    if p["draft"] not in PLAIN_DRAFTS:
-        choices.append((p["draft"], p["draft"]))
-    return (gr.update(choices=choices, value=p["draft"]), str(p["draft_length"]),
+    if p.draft not in PLAIN_DRAFTS:
+        choices.append((p.draft, p.draft))
+    return (gr.update(choices=choices, value=p.draft), str(p.draft_length),
             preset_info(preset_name, lang), t("checking_drafts", lang),
-            model_status(preset_name, p["draft"], lang))
+            model_status(preset_name, p.draft, lang))
 
 
 def check_drafts(preset_name, draft, lang=DEFAULT, recheck: bool = False):
@@ -234,23 +235,23 @@ def check_drafts(preset_name, draft, lang=DEFAULT, recheck: bool = False):
         _VERDICTS.clear()
     presets, _ = _presets()
     p = _pairing(preset_name)
-    choices, refused = draft_options(p["target"], presets)
+    choices, refused = draft_options(p.target, presets)
     values = [v for _, v in choices]
-    if p["draft"] not in values and p["draft"] not in [spec for spec, _ in refused]:
-        choices.append((p["draft"], p["draft"]))
-        values.append(p["draft"])
-    note = (t("drafts_offered", lang, target=p["target"], n=len(choices))
+    if p.draft not in values and p.draft not in [spec for spec, _ in refused]:
+        choices.append((p.draft, p.draft))
+        values.append(p.draft)
+    note = (t("drafts_offered", lang, target=p.target, n=len(choices))
             + (t("refused", lang) + "  \n".join(f"✗ `{spec}`: {why}" for spec, why in refused)
                if refused else t("none_refused", lang)))
     if draft in values:  # keep what the user may have picked while the check ran
         return gr.update(choices=choices), note
-    return gr.update(choices=choices, value=p["draft"]), note
+    return gr.update(choices=choices, value=p.draft), note
 
 
 def on_draft(preset_name, draft, lang=DEFAULT):
     """A draft typed or picked: say whether it can serve the target (a model is checked)."""
     engine_imports()
-    p = _pairing(preset_name)
+    target = _pairing(preset_name).target
     if not draft:
         return ""
     try:
@@ -260,7 +261,7 @@ def on_draft(preset_name, draft, lang=DEFAULT):
     verdict = non_model_verdict(draft)
     if verdict is None:
         try:
-            verdict = _verdict(p["target"], draft)
+            verdict = _verdict(target, draft)
         except Exception as exc:
             return f"⚠ `{draft}`: {_cannot_check(draft, exc)}"
     mark, word = {"compatible": ("✓", "v_compatible"), "compatible with warnings": ("⚠", "v_warnings"),
@@ -332,23 +333,27 @@ def _examples(prompt: gr.Textbox) -> None:
                             examples_per_page=10)
 
 
-def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
-             share: bool = False) -> gr.Blocks:
+def build_ui(app: AppSettings = AppSettings()) -> gr.Blocks:
     """The app's page. Nothing is loaded here: the preset's models load when the app starts
     (``app.py``) or when the page opens, with a progress panel above the panes.
 
     Args:
-        default_preset: preset selected at start (default: the one marked default).
-        host, share: how the app is served, for the privacy line (``launch`` does the serving).
+        app: the app's settings (``app.py`` builds them from its flags): the preset selected at
+            start (default: the one marked default) and run by ``/race`` when it names none,
+            the backend every lane runs on, and how the app is served, for the privacy line
+            (``launch`` does the serving). The handlers that load models get them as an input
+            (a ``gr.State``); ``/race`` gets them bound (:func:`ui_race.race_api_for`).
     """
+    host, share = app.host, app.share
     presets, preset_error = _presets()
-    preset_name = _default_preset_name(default_preset) if not preset_error else None
+    preset_name = _default_preset_name(None, app) if not preset_error else None
     names = [p.name for p in presets]
     if preset_name not in names:
         preset_name = names[0] if names else None
     start = _pairing(preset_name)
 
     with gr.Blocks(title="specdemo: plain vs speculative decoding", analytics_enabled=False) as demo:
+        settings = gr.State(app)
         conv = gr.State(new_conversation())
         last_race = gr.State(None)
         with gr.Row(equal_height=True):
@@ -395,12 +400,12 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
                         load_btn = gr.Button(words("load_models"), size="sm", elem_id="load")
                         recheck_btn = gr.Button(words("recheck"), size="sm", elem_id="recheck")
                     status = gr.Markdown("", elem_id="model-status")
-                    draft = gr.Dropdown([(d, d) for d in dict.fromkeys([*PLAIN_DRAFTS, start["draft"]])],
-                                        value=start["draft"], label=words("draft"), elem_id="draft",
+                    draft = gr.Dropdown([(d, d) for d in dict.fromkeys([*PLAIN_DRAFTS, start.draft])],
+                                        value=start.draft, label=words("draft"), elem_id="draft",
                                         allow_custom_value=True, info=words("draft_info"))
                     draft_note = gr.Markdown("", elem_id="draft-note")
                     refused = gr.Markdown(words("checking_drafts"), elem_id="draft-refused")
-                    draft_length = gr.Dropdown(DRAFT_LENGTHS, value=str(start["draft_length"]),
+                    draft_length = gr.Dropdown(DRAFT_LENGTHS, value=str(start.draft_length),
                                                label=words("draft_length"), elem_id="draft-length")
                     draft_tree = gr.Dropdown(["off", "default"], value="off",
                                              label=words("draft_tree"), elem_id="draft-tree",
@@ -424,7 +429,8 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
         race_outputs = [plain_chat, spec_chat, plain_stats, spec_stats, verdict, race_chart,
                         acceptance_chart]
         go = dict(fn=send, inputs=[prompt, system, preset, draft, draft_length, temperature, top_p,
-                                   max_new, seed, highlight, conv] + engine_inputs + [draft_tree, lang],
+                                   max_new, seed, highlight, conv] + engine_inputs
+                  + [draft_tree, lang, settings],
                   outputs=race_outputs + [conv, last_race, prompt, status], concurrency_id="device",
                   concurrency_limit=1, show_progress="hidden")
         send_btn.click(**go, api_name="send", api_visibility="undocumented")
@@ -436,7 +442,7 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
         clear_btn.click(clear, lang, race_outputs + [conv, last_race], api_visibility="undocumented")
         highlight.change(rerender, [conv, highlight, lang], [plain_chat, spec_chat],
                          api_visibility="undocumented")
-        load_btn.click(load_models, [preset, draft, lang], status, concurrency_id="device",
+        load_btn.click(load_models, [preset, draft, lang, settings], status, concurrency_id="device",
                        concurrency_limit=1, api_visibility="undocumented")
         preset.change(on_preset, [preset, lang], [draft, draft_length, info, refused, status],
                       api_visibility="undocumented").then(
@@ -465,13 +471,13 @@ def build_ui(default_preset: str | None = None, *, host: str = "127.0.0.1",
         opened = demo.load(None, None, lang, js=LOAD_LANG_JS, api_visibility="private")
         opened.then(relang, relang_inputs, relang_outputs, api_visibility="private",
                     show_progress="hidden")
-        opened.then(follow_startup, [preset, lang], startup, concurrency_id="startup",
+        opened.then(follow_startup, [preset, lang, settings], startup, concurrency_id="startup",
                     concurrency_limit=None, show_progress="hidden", api_visibility="private").then(
             model_status, [preset, draft, lang], status, api_visibility="private").then(
             check_drafts, [preset, draft, lang], [draft, refused], concurrency_id="compat",
             show_progress="minimal", api_visibility="undocumented").then(
             startup_done, lang, startup, api_visibility="private")  # Ready once checks are done
-        gr.api(race_api, api_name="race", concurrency_id="device", concurrency_limit=1)
+        gr.api(race_api_for(app), api_name="race", concurrency_id="device", concurrency_limit=1)
     return demo
 
 

@@ -9,6 +9,8 @@ values listed, as the command line does.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import threading
 
@@ -21,8 +23,8 @@ from ..services.startup import STEPS
 from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, explanation_text, not_compared,
                         race_frame, verdict_html)
 from .ui_i18n import DEFAULT, t
-from .ui_state import (CACHE, LOAD_LOCK, _default_preset_name, _pairing, _presets, engine_imports,
-                       model_status)
+from .ui_state import (CACHE, LOAD_LOCK, AppSettings, _default_preset_name, _pairing, _presets,
+                       engine_imports, model_status)
 from ..services.pipeline import DecodeSettings
 from ..core.tree import named_shape
 from ..services.endpoints import Endpoint, EndpointError
@@ -179,12 +181,12 @@ def _check_prompt(prompt: str | None, system: str | None = None) -> str:
     return _valid(inputs.text, "prompt", prompt)
 
 
-def _new_race(prompt, system, preset_name, draft, settings, conv, request) -> Race:
+def _new_race(prompt, system, preset_name, draft, settings, conv, request, backend) -> Race:
     pairing = _pairing(preset_name)
-    draft = _valid(inputs.draft, "draft", draft or pairing["draft"])
-    _valid(compat.before_load, pairing["target"], draft)  # the CLI's check, before any load
-    lanes = racing.race_lanes(CACHE, pairing["target"], draft, histories(conv),
-                              prompt, pairing["dtype"], pairing["quantization"])
+    draft = _valid(inputs.draft, "draft", draft or pairing.draft)
+    _valid(compat.before_load, pairing.target, draft)  # the CLI's check, before any load
+    lanes = racing.race_lanes(CACHE, pairing.target, draft, histories(conv),
+                              prompt, pairing.dtype, pairing.quantization, backend)
     return Race(lanes, settings, system, cancel=_session_cancel(request), device_lock=LOAD_LOCK)
 
 
@@ -206,8 +208,7 @@ def _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_
     urls = {PLAIN: (plain_endpoint or "").strip(), SPECULATIVE: (spec_endpoint or "").strip()}
     if engines != ENGINE_CHOICES[0] and not any(urls.values()):
         pairing = _pairing(preset_name)
-        urls = {PLAIN: pairing.get("plain_endpoint", ""),
-                SPECULATIVE: pairing.get("spec_endpoint", "")}
+        urls = {PLAIN: pairing.plain_endpoint or "", SPECULATIVE: pairing.spec_endpoint or ""}
     if engines != ENGINE_CHOICES[1] and not any(urls.values()):
         return None
     if engines == ENGINE_CHOICES[1] and not any(urls.values()):
@@ -220,19 +221,19 @@ def _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_
         raise refusal(str(exc)) from None
 
 
-def _endpoint_race(prompt, system, preset_name, draft, settings, conv, request,
+def _endpoint_race(prompt, system, preset_name, draft, settings, conv, request, backend,
                    endpoints: dict) -> Race:
     """A race where a lane with an endpoint is that server and the other lanes are our engine
-    (the preset's target; the speculative lane with ``draft``)."""
+    (the preset's target on ``backend``; the speculative lane with ``draft``)."""
     pairing = _pairing(preset_name)
-    draft = _valid(inputs.draft, "draft", draft or pairing["draft"])
+    draft = _valid(inputs.draft, "draft", draft or pairing.draft)
     if endpoints.get(SPECULATIVE) is None:  # our engine drafts: the CLI's check, before any load
-        _valid(compat.before_load, pairing["target"], draft)
+        _valid(compat.before_load, pairing.target, draft)
     elif endpoints.get(PLAIN) is None:  # our engine decodes plainly: only the target matters
-        _valid(inputs.obtainable, "target", pairing["target"])
+        _valid(inputs.obtainable, "target", pairing.target)
     ours = {lane.name: lane for lane in racing.race_lanes(
-        CACHE, pairing["target"], draft, histories(conv), prompt, pairing["dtype"],
-        pairing["quantization"])}
+        CACHE, pairing.target, draft, histories(conv), prompt, pairing.dtype,
+        pairing.quantization, backend)}
     lanes = []
     for name in PANES:
         if endpoints.get(name) is not None:
@@ -288,10 +289,10 @@ def _only_changed(before: tuple | None, after: tuple) -> tuple:
 def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, max_new_tokens,
          seed, highlight, conv, request: gr.Request, engines=None, plain_endpoint="",
          spec_endpoint="", endpoint_model="", key_env="", allow_remote=False, draft_tree="off",
-         lang=DEFAULT):
+         lang=DEFAULT, app: AppSettings = AppSettings()):
     """Race the prompt through both panes; yields the page's outputs as the race goes. With
     Engines set to servers, a lane with an endpoint URL streams from that server. ``lang``: the
-    page's locale (``ui_i18n.LOCALES``)."""
+    page's locale (``ui_i18n.LOCALES``); ``app``: the app's settings (its backend)."""
     _check_prompt(prompt, system)
     settings = _settings(temperature, top_p, max_new_tokens, seed, draft_length,
                          draft_tree=draft_tree)
@@ -300,9 +301,10 @@ def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, m
     engine_imports()
     conv = conv or new_conversation()
     if endpoints:
-        race = _endpoint_race(prompt, system, preset_name, draft, settings, conv, request, endpoints)
+        race = _endpoint_race(prompt, system, preset_name, draft, settings, conv, request,
+                              app.backend, endpoints)
     else:
-        race = _new_race(prompt, system, preset_name, draft, settings, conv, request)
+        race = _new_race(prompt, system, preset_name, draft, settings, conv, request, app.backend)
     upto = len(conv[PLAIN])
     snap, box, shown = None, "", None  # empty the prompt box once, then leave it to the user
     gone = client_gone(request)
@@ -374,7 +376,8 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
              draft_length: str | int | None = None, plain_endpoint: str | None = None,
              spec_endpoint: str | None = None, endpoint_model: str | None = None,
              endpoint_key_env: str | None = None, allow_remote_endpoint: bool = False,
-             draft_tree: str | None = None, request: gr.Request = None) -> dict:
+             draft_tree: str | None = None, request: gr.Request = None,
+             app: AppSettings = AppSettings()) -> dict:
     """Race one prompt: plain, then speculative, each alone; returns both results. A call whose
     client goes away is stopped between two prefill chunks or rounds (:func:`client_gone`).
 
@@ -393,6 +396,8 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         draft_tree: "off" (default), "default" or rank paths (``core.tree``): the EAGLE-3
             drafter's rounds verify a tree of its guesses (greedy only); the pane's
             ``tree`` and ``tree_rounds`` say whether it was used.
+        app: the app's settings (its preset and backend; the page binds them,
+            :func:`race_api_for`).
     Returns:
         {"plain": {...}, "speculative": {...}, "speedup": x, "speedup_note": None,
         "explanation": why the speedup is what it is (``stats.RaceExplanation``'s figures, None
@@ -420,9 +425,9 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     presets, _ = _presets()
     if preset not in (None, ""):
         _valid(inputs.preset, preset, [p.name for p in presets])
-    preset = _default_preset_name(preset or None)
+    preset = _default_preset_name(preset or None, app)
     pairing = _pairing(preset)
-    k = draft_length if draft_length not in (None, "") else pairing["draft_length"]
+    k = draft_length if draft_length not in (None, "") else pairing.draft_length
     settings = _settings(temperature, 1.0, max_new_tokens, -1, k,
                          names={"max_new_tokens": "max_new_tokens", "draft_length": "draft_length",
                                 "draft_tree": "draft_tree"}, draft_tree=draft_tree)
@@ -433,9 +438,10 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     engine_imports()
     if endpoints:
         race = _endpoint_race(prompt, None, preset, draft, settings, new_conversation(), request,
-                              endpoints)
+                              app.backend, endpoints)
     else:
-        race = _new_race(prompt, None, preset, draft, settings, new_conversation(), request)
+        race = _new_race(prompt, None, preset, draft, settings, new_conversation(), request,
+                         app.backend)
     gone, snap = client_gone(request), None
     try:
         for snap in race.run(min_interval_s=1.0):
@@ -454,4 +460,17 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
             "warnings": list(snap.warnings),
             "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,
             "preset": preset,
-            "draft": draft or pairing["draft"], "draft_length_setting": settings.draft_length}
+            "draft": draft or pairing.draft, "draft_length_setting": settings.draft_length}
+
+
+def race_api_for(app: AppSettings):
+    """:func:`race_api` with the app's settings bound, for ``gr.api``: the same signature less
+    ``app`` (gradio reads the parameters and their type hints; ``functools.partial`` loses the
+    hints and the ``gr.Request``)."""
+    @functools.wraps(race_api)
+    def race(*args, **kwargs) -> dict:
+        return race_api(*args, **kwargs, app=app)
+    signature = inspect.signature(race_api)
+    race.__signature__ = signature.replace(
+        parameters=[p for name, p in signature.parameters.items() if name != "app"])
+    return race

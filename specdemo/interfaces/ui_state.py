@@ -1,5 +1,6 @@
-"""State the page's handlers share: the load lock, the pipeline cache, presets, and getting
-the preset's models ready before the first Send (with the steps shown as progress).
+"""State the page's handlers share: the app's settings (:class:`AppSettings`, built once by
+``app.py`` and passed down), the load lock, the pipeline cache, presets, and getting the preset's
+models ready before the first Send (with the steps shown as progress).
 
 Nothing is loaded at import. :func:`start_preload` loads the preset's models in the background
 (``python app.py`` calls it at start, an opening page calls it too); :func:`follow_startup` is the
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from ..core import TARGET_BACKENDS
@@ -44,27 +46,57 @@ def _presets() -> tuple[list, str | None]:
         return [], str(exc)
 
 
-def _pairing(preset_name: str | None) -> dict:
-    """target, draft, draft_length, dtype, quantization of a preset (or the built-in fallback)."""
+@dataclass(frozen=True)
+class AppSettings:
+    """How the app was started (``app.py``'s flags), built once and passed down to the page.
+
+    Attributes:
+        preset: the preset to start with, also what ``/race`` runs when it names none (None:
+            the default preset).
+        backend: the targets' forward backend for every lane (``--backend``; ``auto`` weighs
+            them on this machine).
+        host, port, share, open_browser: how the page is served (``port`` None: gradio's).
+    """
+
+    preset: str | None = None
+    backend: str = "transformers"
+    host: str = "127.0.0.1"
+    port: int | None = None
+    share: bool = False
+    open_browser: bool = False
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """What a race over a preset needs: target, draft, draft length, dtype, quantization, the
+    preset's server lanes, and the preset itself (None: the built-in fallback, no preset)."""
+
+    target: str
+    draft: str = "ngram"
+    draft_length: int | str = "auto"
+    dtype: str = "float32"
+    quantization: str | None = "none"
+    plain_endpoint: str = ""
+    spec_endpoint: str = ""
+    preset: Any = None  # a services.presets.Preset
+
+
+def _pairing(preset_name: str | None) -> Pairing:
+    """The pairing of a preset (or the built-in fallback)."""
     presets, _ = _presets()
     for p in presets:
         if p.name == preset_name:
-            return {"target": p.target, "draft": p.draft, "draft_length": p.draft_length,
-                    "dtype": p.dtype, "quantization": p.quantization, "preset": p,
-                    "plain_endpoint": p.plain_endpoint, "spec_endpoint": p.spec_endpoint}
-    return {"target": FALLBACK_TARGET, "draft": "ngram", "draft_length": "auto",
-            "dtype": "float32", "quantization": "none", "preset": None}
+            return Pairing(p.target, p.draft, p.draft_length, p.dtype, p.quantization,
+                           p.plain_endpoint, p.spec_endpoint, p)
+    return Pairing(FALLBACK_TARGET)
 
 
-APP_PRESET: list[str | None] = [None]  # the preset app.py was started with (--preset), if any
-
-
-def _default_preset_name(name: str | None) -> str | None:
+def _default_preset_name(name: str | None, app: AppSettings = AppSettings()) -> str | None:
     """``name``, else the preset the app was started with, else the default preset."""
     if name:
         return name
-    if APP_PRESET[0]:
-        return APP_PRESET[0]
+    if app.preset:
+        return app.preset
     try:
         return default_preset().name
     except PresetError:
@@ -122,20 +154,20 @@ def runs_on(target) -> str:
 def loaded_backend(preset_name: str | None) -> str | None:
     """``runs_on`` of the preset's target when it is loaded (never loads), else None."""
     p = _pairing(preset_name)
-    plain = CACHE.loaded(p["target"], "none", p["dtype"], p["quantization"])
+    plain = CACHE.loaded(p.target, "none", p.dtype, p.quantization)
     return runs_on(plain.target) if plain is not None else None
 
 
 def model_status(preset_name: str | None, draft: str | None, lang: str | None = DEFAULT) -> str:
     """Which models of this pairing are loaded (never loads), in ``lang``."""
     p = _pairing(preset_name)
-    draft = draft or p["draft"]
-    pipe = CACHE.loaded(p["target"], draft, p["dtype"], p["quantization"])
-    plain = pipe or CACHE.loaded(p["target"], "none", p["dtype"], p["quantization"])
+    draft = draft or p.draft
+    pipe = CACHE.loaded(p.target, draft, p.dtype, p.quantization)
+    plain = pipe or CACHE.loaded(p.target, "none", p.dtype, p.quantization)
     if plain is None:
         when = t("models_loading_now" if _PRELOAD["started"] and not _READY.is_set()
                  else "models_on_send", lang)
-        return t("models_not_loaded", lang, target=p["target"], when=when)
+        return t("models_not_loaded", lang, target=p.target, when=when)
     target = plain.target
     line = t("models_loaded", lang, spec=target.spec, runs=runs_on(target), device=target.device,
              seconds=f"{target.load_s:.1f}")
@@ -152,15 +184,18 @@ def model_status(preset_name: str | None, draft: str | None, lang: str | None = 
     return line + ("" if line.endswith("。") or lang not in (None, DEFAULT) else ".")
 
 
-def preload(preset_name: str | None = None) -> str:
-    """Load the preset's target and draft and warm them up, each a named step
-    (:data:`specdemo.services.startup.STEPS`) that the page and the command line show. Sets the ready
-    event (also on failure, keeping the error).
+def preload(preset_name: str | None = None, app: AppSettings = AppSettings()) -> str:
+    """Load the preset's target and draft on the app's backend and warm them up, each a named
+    step (:data:`specdemo.services.startup.STEPS`) that the page and the command line show. Sets
+    the ready event (also on failure, keeping the error).
 
+    Args:
+        preset_name: the preset (default: the app's, else the default preset).
+        app: the app's settings (its preset and backend).
     Returns:
         The model status line.
     """
-    preset_name = _default_preset_name(preset_name)
+    preset_name = _default_preset_name(preset_name, app)
     p = _pairing(preset_name)
     try:
         engine_imports()
@@ -171,33 +206,35 @@ def preload(preset_name: str | None = None) -> str:
         # The speculative pipeline first: the target's backend is chosen for its drafter (a
         # draft that cannot serve leaves the plain lane ready all the same, then says why).
         try:
-            pipe, refused = CACHE.get(p["target"], p["draft"], p["dtype"], p["quantization"]), None
+            pipe = CACHE.get(p.target, p.draft, p.dtype, p.quantization, backend=app.backend)
+            refused = None
         except Exception as exc:  # noqa: BLE001 - raised again below, after the plain lane
             pipe, refused = None, exc
-        plain = CACHE.get(p["target"], "none", p["dtype"], p["quantization"])
-        racing.DEVICE.call(lambda: prepare_timed(plain, False, p["draft_length"]))
+        plain = CACHE.get(p.target, "none", p.dtype, p.quantization, backend=app.backend)
+        racing.DEVICE.call(lambda: prepare_timed(plain, False, p.draft_length))
         if refused is not None:
             raise refused
-        racing.DEVICE.call(lambda: prepare_timed(pipe, True, p["draft_length"]))
+        racing.DEVICE.call(lambda: prepare_timed(pipe, True, p.draft_length))
     except Exception as exc:  # ModelLoadError, incompatible draft, out of memory: shown, kept
         _PRELOAD["error"] = racing.describe_error(exc)
     finally:
         _READY.set()
-    return model_status(preset_name, p["draft"])
+    return model_status(preset_name, p.draft)
 
 
-def start_preload(preset_name: str | None = None) -> threading.Event:
+def start_preload(preset_name: str | None = None,
+                  app: AppSettings = AppSettings()) -> threading.Event:
     """Start :func:`preload` in a background thread, once per process; returns the ready event.
     ``python app.py`` calls it at start, and an opening page calls it too (for other launchers)."""
     with _PRELOAD_LOCK:
         if not _PRELOAD["started"]:
             _PRELOAD["started"] = True
-            threading.Thread(target=_recorded_preload, args=(preset_name,), name="preload",
+            threading.Thread(target=_recorded_preload, args=(preset_name, app), name="preload",
                              daemon=True).start()
     return _READY
 
 
-def _recorded_preload(preset_name: str | None) -> None:
+def _recorded_preload(preset_name: str | None, app: AppSettings) -> None:
     """:func:`preload`, keeping the steps that end meanwhile for the banner (:func:`startup_steps`),
     so that later steps (a draft switch's check or load) do not grow it."""
     steps = _PRELOAD.setdefault("steps", [])
@@ -206,7 +243,7 @@ def _recorded_preload(preset_name: str | None) -> None:
         if event == "end" and not _READY.is_set():
             steps.append(what)
     with STEPS.listening(keep):
-        preload(preset_name)
+        preload(preset_name, app)
 
 
 def wait_until_ready() -> None:
@@ -221,12 +258,13 @@ def startup_steps(n: int = 6) -> list:
     return list(_PRELOAD.get("steps", []))[-n:]
 
 
-def follow_startup(preset_name: str | None, lang: str | None = DEFAULT):
+def follow_startup(preset_name: str | None, lang: str | None = DEFAULT,
+                   app: AppSettings = AppSettings()):
     """The page's progress panel while the models get ready: the step in progress with its
     estimate, every half second, until the models are ready (then one last update: Ready, with
     the page's draft checks running in the background, and the handler ends, so an idle page
     costs nothing; :func:`startup_done` drops the checks' note once they are done)."""
-    ready = start_preload(preset_name)
+    ready = start_preload(preset_name, app)
     while not ready.wait(0.5):
         yield startup_html(STEPS.current(), startup_steps(), ready=False, lang=lang)
     yield startup_html(STEPS.current(), startup_steps(), ready=True, error=_PRELOAD["error"],

@@ -665,8 +665,9 @@ class PipelineCache:
         check: ``compat.check_specs`` (injectable for tests).
         lock: held while loading; share it with other code that loads models or tokenizers so
             that loads never run concurrently (transformers' lazy imports are not thread-safe).
-        backend: the targets' forward backend (``auto``, ``transformers``, ``ggml``; the app's
-            ``--backend``): every pipeline over a target, so both lanes of a race, use the same.
+        backend: the targets' forward backend when :meth:`get` names none (``auto``,
+            ``transformers``, ``ggml``): every pipeline over a target, so both lanes of a race,
+            use the same.
     """
 
     def __init__(self, load: Callable | None = None, check: Callable | None = None,
@@ -689,8 +690,11 @@ class PipelineCache:
         return self._check
 
     def get(self, target: str, draft: str = "none", dtype: str = "auto",
-            quantization: str | None = None, device: str = "auto") -> Pipeline:
-        """The pipeline for this pairing, loading what is missing.
+            quantization: str | None = None, device: str = "auto",
+            backend: str | None = None) -> Pipeline:
+        """The pipeline for this pairing, loading what is missing, its target on ``backend``
+        (default: this cache's ``backend``; the app passes its ``--backend``). A pairing
+        already built keeps the backend it was built on.
 
         Raises:
             ModelLoadError: a model cannot be loaded.
@@ -701,10 +705,11 @@ class PipelineCache:
         if key in self._pipelines:  # loaded: no need to wait for a load in progress elsewhere
             return self._pipelines[key]
         # Load on the device thread, where this pipeline's races (and warm-ups) will run.
-        return DEVICE.call(lambda: self._build(target, draft, dtype, quantization, device))
+        return DEVICE.call(lambda: self._build(target, draft, dtype, quantization, device,
+                                               backend or self.backend))
 
     def _build(self, target: str, draft: str, dtype: str, quantization: str | None,
-              device: str) -> Pipeline:
+               device: str, backend: str) -> Pipeline:
         key = (target, draft, dtype, quantization, device)
         from .pipeline import build_pipeline  # deferred: imports torch (the app starts without it)
         with self.lock:
@@ -725,7 +730,7 @@ class PipelineCache:
                 base, draft, check_draft=check_draft,
                 load_draft=lambda spec, dev: self._model(spec, dev, dtype, None),
                 on_backend=lambda _loaded, spec, draft_model: self._target(
-                    target, device, dtype, quantization, spec, draft_model))
+                    target, device, dtype, quantization, backend, spec, draft_model))
             self._pipelines[key] = pipe
             return pipe
 
@@ -737,16 +742,16 @@ class PipelineCache:
         return self._models[key]
 
     def _target(self, spec: str, device: str, dtype: str, quantization: str | None,
-                draft: str = "none", draft_model=None):
-        """:meth:`_model` on this cache's backend, chosen once per loaded target, for ``auto``
+                backend: str, draft: str = "none", draft_model=None):
+        """:meth:`_model` on ``backend``, chosen once per loaded target, for ``auto``
         weighed for a race with ``draft`` (``backend_choice.use_backend``; the first pipeline built
         for the target decides, and later ones share it: both lanes run the same backend). A
         ggml backend that cannot serve it raises ``GgmlError``, a ``ModelLoadError``."""
-        key = ("backend", spec, device, dtype, quantization, self.backend)
+        key = ("backend", spec, device, dtype, quantization, backend)
         if key not in self._models:
             loaded = self._model(spec, device, dtype, quantization)
             if hasattr(loaded, "backend"):  # a models.LoadedModel (tests inject stand-ins)
-                loaded, _ = backend_choice.use_backend(loaded, self.backend, draft, draft_model)
+                loaded, _ = backend_choice.use_backend(loaded, backend, draft, draft_model)
             self._models[key] = loaded
         return self._models[key]
 
@@ -758,17 +763,20 @@ class PipelineCache:
 
 
 def race_lanes(cache: PipelineCache, target: str, draft: str, histories: dict[str, list[dict]],
-               prompt: str, dtype: str = "auto", quantization: str | None = None) -> list[Lane]:
+               prompt: str, dtype: str = "auto", quantization: str | None = None,
+               backend: str | None = None) -> list[Lane]:
     """The two standard lanes: plain (draft ``none``) then speculative (``draft``).
 
     Args:
+        backend: the targets' forward backend (default: the cache's).
         histories: {``plain``/``speculative``: earlier messages of that pane}.
         prompt: the user's new message, appended to both histories.
     """
     def lane(name: str, speculative: bool, draft_spec: str) -> Lane:
         messages = list(histories.get(name, [])) + [{"role": "user", "content": prompt}]
         return Lane(name, speculative,
-                    lambda: cache.get(target, draft_spec, dtype, quantization), messages)
+                    lambda: cache.get(target, draft_spec, dtype, quantization, backend=backend),
+                    messages)
     return [lane(PLAIN, False, "none"), lane(SPECULATIVE, True, draft)]
 
 
