@@ -3,6 +3,8 @@ CLI's decodes run), not on a gradio worker thread, and its progress still reache
 
 import threading
 
+import pytest
+
 from specdemo.interfaces import bench_ui
 from specdemo.services.race import DEVICE
 
@@ -38,3 +40,20 @@ def test_benchmark_sweep_runs_on_the_device_thread_with_progress(monkeypatch):
     assert updates[0][1] == "loading tiny + ngram"
     assert updates[1][1] == "warming up (untimed), then the first decode"
     assert updates[2:] == [((1, 3), "cell 1", True), ((2, 3), "cell 2", True), ((3, 3), "cell 3", True)]
+
+
+def test_a_benchmark_of_a_pairing_the_page_has_not_loaded_runs_on_the_apps_backend(monkeypatch):
+    """The Benchmark tab hands the app's --backend to the pipeline cache (it used to set a
+    module-level default); without one the cache's own default stands."""
+    asked = []
+
+    class Cache:
+        def get(self, target, draft, dtype, quantization, **kw):
+            asked.append(kw.get("backend"))
+            raise RuntimeError("stop here")
+    monkeypatch.setattr(bench_ui, "pipelines", lambda: Cache())
+    for backend in ("native-w8a8", None):
+        with pytest.raises(Exception, match="stop here"):
+            bench_ui.run_benchmark(None, "tiny", "ngram", ["chat"], ["2"], 8, 1, 1, 0.0, False, [],
+                                   backend=backend, progress=lambda *a, **k: None)
+    assert asked == ["native-w8a8", None]

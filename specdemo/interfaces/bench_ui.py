@@ -185,8 +185,10 @@ def output_dir() -> Path:
 
 def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
                   prompts_per_task, temperature, reference, concurrency, lang=DEFAULT,
-                  progress=gr.Progress()):
+                  backend: str | None = None, progress=gr.Progress()):
     """The Run button: load, sweep with progress, write the files, show plots and table.
+    ``backend``: the app's ``--backend`` for a pairing the page has not loaded (None: the
+    pipeline cache's own).
 
     Raises:
         gr.Error: bad settings, a model that cannot be loaded, or an incompatible draft.
@@ -205,7 +207,7 @@ def run_benchmark(preset_name, target, draft, tasks, draft_lengths, max_new_toke
     progress(0, desc=t("bench_loading" if loaded is None else "bench_loaded", lang,
                        target=target, draft=draft))
     try:
-        pipe = pipelines().get(target, draft, *how)
+        pipe = pipelines().get(target, draft, *how, **({"backend": backend} if backend else {}))
         if loaded is None:
             progress(0, desc=t("bench_warming", lang))
         prompts = load_prompts(config.tasks)
@@ -333,12 +335,13 @@ def on_preset(preset_name):
     return pair["target"], pair["draft"]
 
 
-def build_benchmark_tab(lang: gr.Radio | None = None) -> BenchmarkTab:
+def build_benchmark_tab(lang: gr.Radio | None = None, backend: str | None = None) -> BenchmarkTab:
     """Add the Benchmark components to the Blocks/Tab being built; returns them.
 
     Args:
         lang: the page's language switch (``ui_i18n``), whose value the tab's computed lines
             (the estimate, the progress, the summary) are written in; English without one.
+        backend: the app's ``--backend``, for the pairings the race page has not loaded.
 
     Nothing loads here: models load when Run is pressed. The run shares the app's ``device``
     concurrency group, so it never overlaps a race (each would slow the other and both numbers
@@ -401,7 +404,8 @@ def build_benchmark_tab(lang: gr.Radio | None = None) -> BenchmarkTab:
                        show_progress="hidden")
     run.click(run_benchmark,
               [preset, target, draft, tasks, draft_lengths, max_new_tokens, repeats,
-               prompts_per_task, temperature, reference, concurrency] + language,
+               prompts_per_task, temperature, reference, concurrency]
+              + (language or [gr.State(DEFAULT)]) + [gr.State(backend)],
               [summary, table, speedup_plot, acceptance_plot, tokens_plot, concurrency_plot,
                csv_file, report_file],
               concurrency_id="device", concurrency_limit=1, api_name="benchmark",

@@ -424,7 +424,7 @@ def build_ui(app: AppSettings = AppSettings()) -> gr.Blocks:
         bench = _benchmark_builder()
         if bench is not None:
             with gr.Tab(words("tab_benchmark"), elem_id="benchmark-tab"):
-                bench(lang)
+                bench(lang, app.backend)
 
         race_outputs = [plain_chat, spec_chat, plain_stats, spec_stats, verdict, race_chart,
                         acceptance_chart]
