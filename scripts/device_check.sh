@@ -37,7 +37,7 @@ fi
 OUTDIR="${OUT:-./device-check-out}"
 mkdir -p "$OUTDIR"
 REPORT="$OUTDIR/device_check.txt"
-PY="${PYTHON:-python3}"
+PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"  # the set-up's .venv when there is one
 START=$(date +%s)
 : > "$REPORT"
 declare -a SUMMARY=()

@@ -28,7 +28,7 @@ fi
 OUTDIR="${OUT:-./gpu-grow-out}"
 mkdir -p "$OUTDIR/shards"
 REPORT="$OUTDIR/gpu_grow_train.txt"
-PY="${PYTHON:-python3}"
+PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"  # the set-up's .venv when there is one
 START=$(date +%s)
 : > "$REPORT"
 declare -a SUMMARY=()

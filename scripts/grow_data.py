@@ -126,8 +126,9 @@ def cmd_import(args) -> int:
     """Re-pack the shards of another machine's run (``gpu_grow_train.sh``'s $OUT/shards) into
     new shards here, without the answers the shards here already hold."""
     rows = prompt_scale.training_rows()
+    vocab = _load(args.target).vocab_size  # a shard with ids beyond it is refused before anything is written
     have, _ = shards.read_all(shards.SHARDS_DIR, target=args.target)
-    theirs, notes = shards.read_all(Path(args.folder), target=args.target)
+    theirs, notes = shards.read_all(Path(args.folder), target=args.target, vocab_size=vocab)
     for note in notes:
         print(f"import: skipped {note}", file=sys.stderr)
     added, written = grow.import_answers(theirs, have, rows, shards.SHARDS_DIR, args.target)
@@ -169,13 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--target", default=TARGET)
     common.add_argument("--seed", type=int, default=0)
-    common.add_argument("--commit", action="store_true", help="commit each new file at once")
     p = sub.add_parser("prompts", parents=[common])
+    p.add_argument("--commit", action="store_true", help="commit each new file at once")
     p.add_argument("--slots", type=int, default=32, help="sequences decoded together")
     p.add_argument("--follow-ups", action="store_true", help="conversations continuing the target's shard answers")
     p.add_argument("--magpie", type=int, default=0, help="this many prompts written by the target itself")
     p.add_argument("--minutes", type=float, help="time for --magpie")
     a = sub.add_parser("answers", parents=[common])
+    a.add_argument("--commit", action="store_true", help="commit each new file at once")
     a.add_argument("--slots", type=int, default=32, help="sequences decoded together")
     a.add_argument("--minutes", type=float, help="stop starting chunks after this long (default: until done)")
     a.add_argument("--chunk", type=int, default=1000, help="answers a chunk (one shard)")
@@ -187,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--device", default="cpu")
     a.add_argument("--shards", default=str(shards.SHARDS_DIR), help="the shard folder to complete")
     i = sub.add_parser("import", parents=[common])
+    i.add_argument("--commit", action="store_true", help="commit each new file at once")
     i.add_argument("folder", help="a folder of shards generated elsewhere")
     b = sub.add_parser("bench", parents=[common])
     b.add_argument("--slots", default="16,32,64", help="batch widths, comma-separated")

@@ -118,6 +118,12 @@ def test_append_keeps_earlier_rows_in_place(tmp_path):
     prompt_scale.append_scale([{"prompt": "a"}], path)
     prompt_scale.append_scale([{"prompt": "b"}, {"prompt": "c"}], path)
     assert [r["prompt"] for r in prompt_scale.load_scale(path)] == ["a", "b", "c"]
+    before = path.read_bytes()
+    prompt_scale.append_scale([], path)  # nothing to add: the file is not rewritten
+    assert path.read_bytes() == before
+    again = tmp_path / "again.jsonl.gz"
+    prompt_scale.append_scale([{"prompt": "a"}, {"prompt": "b"}, {"prompt": "c"}], again)
+    assert again.read_bytes() == before  # the same rows, the same bytes (no timestamp)
 
 
 def test_dedupe_among_drops_near_copies():

@@ -310,12 +310,16 @@ def load_scale(path: Path = SCALE_FILE) -> list[dict]:
 
 
 def append_scale(rows: list[dict], path: Path = SCALE_FILE) -> None:
-    """Write the file's rows followed by ``rows`` (a temporary file renamed: never half-written)."""
+    """Write the file's rows followed by ``rows`` (a temporary file renamed: never half-written;
+    no timestamp in the gzip header, so the same rows give the same bytes). No ``rows``: the file
+    is left as it is."""
+    if not rows:
+        return
     path = Path(path)
     tmp = path.with_suffix(".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=9, mtime=0) as z:
         for r in load_scale(path) + rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            z.write((json.dumps(r, ensure_ascii=False) + "\n").encode("utf-8"))
     tmp.replace(path)
 
 
