@@ -396,3 +396,22 @@ def test_the_forward_cost_step_of_a_run_rechecks_the_stored_choice(monkeypatch):
                            target=SimpleNamespace(spec="t", backend="native"))
     startup.measure_forward_costs(pipe)
     assert seen == [{1: 0.005}] and [d.name for d in steps.recent() if d.note] == ["weighed again"]
+
+
+def test_costs_drops_a_stored_choice_another_backend_beats_widely_on_a_quiet_machine(monkeypatch, tmp_path):
+    """Issue 52.5 as a new user met it: native-int8 stored under load ran 22.8 plain tokens/s
+    where native-w8a8 ran 78.4 in the same `costs` table. A margin within WIDE_MARGIN, a busy
+    machine, or a choice that is not stored conclude nothing; a wide margin on a quiet machine
+    drops the entry once."""
+    monkeypatch.setattr(backend_store, "choice_path", lambda: tmp_path / "choice.json")
+    backend_store.write("k", {"backend": "native-int8"})
+    choice = gb.BackendChoice("native-int8", "stored", {}, key="k")
+    rates = {"native-int8": 22.8, "native-w8a8": 78.4, "transformers": None}
+    assert backend_store.recheck_against_others(choice, {"native-int8": 60.0, "native-w8a8": 78.4}, 0.0) is None
+    assert backend_store.recheck_against_others(choice, rates, 0.6) is None
+    assert "k" in _store(tmp_path)
+    said = backend_store.recheck_against_others(choice, rates, 0.0)
+    assert said == ("the stored backend choice is native-int8 (22.8 plain tokens/s now), but native-w8a8 "
+                    "measured 78.4 (3.44x): the backends are weighed again at the next start")
+    assert "k" not in _store(tmp_path) and choice.key is None
+    assert backend_store.recheck_against_others(choice, rates, 0.0) is None  # said once

@@ -62,14 +62,22 @@ def cmd_costs(args: argparse.Namespace) -> int:
     from ..services.backend_choice import with_backend
     # lazy: imports torch; --help stays fast
     from ..models.ggml_backend import ggml_model, gguf_path
+    from ..core.machine import OtherCpuUse
+    from ..services.backend_store import recheck_against_others
     try:
         chosen, choice = with_backend(loaded, args.backend)
         names = [chosen.backend]
         if args.backend == "auto" and loaded.device.type == "cpu":
             names += [b for b in candidate_backends(loaded)[0] if b != chosen.backend]
+        others = OtherCpuUse()
         reports = costs.measure_backends(loaded, names, max_n=args.max_n, context=args.context,
                                    repeats=args.repeats, clock=args.clock,
                                    before_after_rounds=args.before_after)
+        if args.backend == "auto":
+            note = recheck_against_others(choice, {b: r.plain_tokens_per_s for b, r in reports.items()},
+                                          others.share_if_measurable())
+            if note:
+                print(f"note: {note}", file=sys.stderr)
     except (ValueError, loading.ModelLoadError) as exc:
         print(f"error: {exc}\n(python -m specdemo costs --help)", file=sys.stderr)
         return 2

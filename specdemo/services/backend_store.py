@@ -162,6 +162,35 @@ def wide_miss(estimate_s: float, measured_s: float, margin: float = WIDE_MARGIN)
         estimate_s / margin <= measured_s <= estimate_s * margin)
 
 
+def recheck_against_others(choice, plain_tokens_per_s: dict[str, float | None],
+                           other_cpu_share: float | None) -> str | None:
+    """After ``costs`` measured every candidate: when another backend's plain tokens/s beats the
+    stored choice's by a wide margin (:func:`wide_miss`) on a quiet machine, drop the stored
+    entry so that the next start weighs the backends again (a choice made under a transient is
+    not kept for good).
+
+    Args:
+        choice: the ``backend_choice.BackendChoice`` in use (its ``key``: the stored entry).
+        plain_tokens_per_s: {backend: plain decoding tokens/s measured now}.
+        other_cpu_share: other processes' share of the CPU while it measured (None: unknown).
+    Returns:
+        The sentence saying so, or None.
+    """
+    if choice is None or choice.key is None or machine.is_busy(other_cpu_share):
+        return None
+    ours = plain_tokens_per_s.get(choice.backend)
+    rates = {b: r for b, r in plain_tokens_per_s.items() if r and b != choice.backend}
+    if not ours or not rates:
+        return None
+    best = max(rates, key=rates.get)
+    if rates[best] <= ours * WIDE_MARGIN or not forget(choice.key):
+        return None
+    choice.key = None
+    return (f"the stored backend choice is {choice.backend} ({ours:.1f} plain tokens/s now), but "
+            f"{best} measured {rates[best]:.1f} ({rates[best] / ours:.2f}x): the backends are "
+            "weighed again at the next start")
+
+
 def recheck(loaded, forward_s: dict[int, float], other_cpu_share: float | None) -> str | None:
     """Compare a run's measured one-token forward on ``loaded``'s backend with the estimate of
     the choice that put it there (``loaded.backend_choice``, set by ``backend_choice.use_backend``);
