@@ -112,7 +112,7 @@ def test_start_preload_runs_once_and_reports_failure(monkeypatch):
     monkeypatch.setattr(ui_state, "_PRELOAD", {"started": False, "error": None})
     monkeypatch.setattr(ui_state, "_READY", threading.Event())
 
-    def fake_preload(name):
+    def fake_preload(name, app=None):
         calls.append(name)
         ui_state._PRELOAD["error"] = "could not load x"
         ui_state._READY.set()
@@ -154,7 +154,7 @@ def test_the_banner_lists_the_start_ups_steps_not_later_ones(monkeypatch):
     monkeypatch.setattr(ui_state, "_PRELOAD", {"started": False, "error": None})
     monkeypatch.setattr(ui_state, "_READY", threading.Event())
 
-    def fake_preload(name):
+    def fake_preload(name, app=None):
         with STEPS.step("test-load", "loading the test target"):
             pass
         ui_state._READY.set()

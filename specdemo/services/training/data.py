@@ -335,8 +335,10 @@ def load_answers(out_dir: Path) -> list[dict]:
     return rows
 
 
-#: --capture-backend -> the native weights it runs with (None: transformers, float32)
-CAPTURE_BACKENDS = {"transformers": None, "native": "bf16", "native-w8a8": "w8a8"}
+#: --capture-backend -> the native weights it runs with (None: transformers, float32): the
+#: native backends of the table whose forward gives features (BF16 and W8A8 weights)
+CAPTURE_BACKENDS = {"transformers": None, **{name: w for name, w in family_backends("native").items()
+                                             if w in ("bf16", "w8a8")}}
 
 
 @torch.inference_mode()
