@@ -52,6 +52,7 @@ import torch.nn.functional as F
 
 from ..core.errors import ModelLoadError
 from ..core.kv import RotaryTables, StaticCacheKV
+from .attached import attached
 from ..core import machine
 from .builtin import cache_dir
 
@@ -617,12 +618,5 @@ def int8_model(loaded) -> Int8Model:
     Raises:
         Int8Error: :func:`unavailable_reason`.
     """
-    with _ATTACH_LOCK:
-        qmodel = getattr(loaded.model, _ATTR, None)
-        if qmodel is None:
-            reason = unavailable_reason(loaded)
-            if reason:
-                raise Int8Error(reason)
-            qmodel = Int8Model(loaded.model)
-            setattr(loaded.model, _ATTR, qmodel)
-        return qmodel
+    return attached(loaded.model, _ATTR, _ATTACH_LOCK, lambda: Int8Model(loaded.model),
+                    lambda: unavailable_reason(loaded), Int8Error)

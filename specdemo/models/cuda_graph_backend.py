@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from ..core.errors import ModelLoadError
 from ..core.kv import StaticCacheKV, keep_tree_rows
+from .attached import attached
 from .compiled_backend import llama_reason, rotate
 
 log = logging.getLogger(__name__)
@@ -377,12 +378,5 @@ def static_model(loaded) -> StaticLlama:
     Raises:
         CudaGraphError: :func:`unavailable_reason`.
     """
-    with _LOCK:
-        weights = getattr(loaded.model, _ATTR, None)
-        if weights is None:
-            reason = unavailable_reason(loaded)
-            if reason:
-                raise CudaGraphError(reason)
-            weights = StaticLlama(loaded.model)
-            setattr(loaded.model, _ATTR, weights)
-        return weights
+    return attached(loaded.model, _ATTR, _LOCK, lambda: StaticLlama(loaded.model),
+                    lambda: unavailable_reason(loaded), CudaGraphError)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from ..attached import attached
 from .build import NativeError, default_kernel, library
 from .model import NativeModel, unsupported_reason
 from .prefetch import choose_prefetch
@@ -44,19 +45,14 @@ def native_model(loaded, weights: str = "bf16") -> NativeModel:
     Raises:
         NativeError: :func:`unavailable_reason`.
     """
-    attr = _ATTR if weights == "bf16" else f"{_ATTR}_{weights}"
-    with _ATTACH_LOCK:
-        nmodel = getattr(loaded.model, attr, None)
-        if nmodel is None:
-            reason = unavailable_reason(loaded)
-            if reason:
-                raise NativeError(reason)
-            nmodel = NativeModel(loaded.model, weights=weights)
-            if weights == "w8a8":
-                nmodel.prefetch = choose_prefetch(nmodel)
-                log.info("native-w8a8: %s", nmodel.prefetch["reason"])
-            setattr(loaded.model, attr, nmodel)
+    def build() -> NativeModel:
+        nmodel = NativeModel(loaded.model, weights=weights)
+        if weights == "w8a8":
+            nmodel.prefetch = choose_prefetch(nmodel)
+            log.info("native-w8a8: %s", nmodel.prefetch["reason"])
         return nmodel
+    attr = _ATTR if weights == "bf16" else f"{_ATTR}_{weights}"
+    return attached(loaded.model, attr, _ATTACH_LOCK, build, lambda: unavailable_reason(loaded), NativeError)
 
 
 def model_of(loaded) -> NativeModel:
