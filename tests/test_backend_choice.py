@@ -302,6 +302,7 @@ def test_a_bogus_SPECDEMO_BACKEND_is_warned_about_on_the_start_up_and_changes_no
     loaded, state = chooser
     loaded.model, loaded.vocab_size = None, 32
     monkeypatch.setattr(startup, "STEPS", startup.Steps())
+    monkeypatch.setattr(gb, "_SAID", set())
     monkeypatch.setattr(gb, "_compile_native_once", lambda loaded, backend: None)
     quiet = gb.choose_backend(loaded)
     monkeypatch.setenv(gb.CHOICE_ENV, "bogus")
@@ -314,6 +315,24 @@ def test_a_bogus_SPECDEMO_BACKEND_is_warned_about_on_the_start_up_and_changes_no
     monkeypatch.setenv(gb.CHOICE_ENV, "ReCalibrate")  # the one word it takes, any case
     state["timed"].clear()
     assert not gb.choose_backend(loaded).cached and state["timed"]
+
+
+def test_a_bogus_SPECDEMO_BACKEND_is_printed_once(chooser, monkeypatch, capsys, caplog):
+    """A new user's ``SPECDEMO_BACKEND=bogus python app.py`` printed the warning twice (a log
+    warning and the start-up note), and again for each model loaded later."""
+    from specdemo.services import startup
+    loaded, _ = chooser
+    loaded.model, loaded.vocab_size = None, 32
+    monkeypatch.setattr(startup, "STEPS", startup.Steps())
+    monkeypatch.setattr(gb, "_SAID", set())
+    monkeypatch.setattr(gb, "_compile_native_once", lambda loaded, backend: None)
+    gb.choose_backend(loaded)
+    monkeypatch.setenv(gb.CHOICE_ENV, "bogus")
+    with startup.printed():
+        gb.use_backend(loaded, "auto", "ngram")
+        gb.use_backend(loaded, "auto", "ngram")  # a second model load, e.g. another preset
+    shown = capsys.readouterr().err + "".join(r.getMessage() + "\n" for r in caplog.records)
+    assert shown.count("SPECDEMO_BACKEND=bogus ignored") == 1, shown
 
 
 class ClockedKV:

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 CHOICE_ENV = store.CHOICE_ENV
 RECALIBRATE = store.RECALIBRATE
+#: the choice notes this process has said (a note says what was ignored: once is enough)
+_SAID: set[str] = set()
 
 
 @dataclass
@@ -388,7 +390,8 @@ def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, dr
     if choice.forward_s.get(choice.backend):
         startup.FORWARD_HINT_S[startup.hint_key(chosen)] = choice.forward_s[choice.backend]
     for note in choice.notes:
-        log.warning("%s", note)
-        startup.STEPS.note(note)
+        if note not in _SAID:  # a start-up note once a process, not once per model loaded
+            _SAID.add(note)
+            startup.STEPS.note(note)  # printed by startup.printed(), shown by the page
     startup.STEPS.note(f"forward backend of {loaded.spec}: {choice.backend} ({choice.reason})")
     return chosen, choice
