@@ -215,3 +215,109 @@ def test_the_engine_choices_and_the_race_legend_are_translated():
     titles = ui._race_titles("zh-TW")
     assert titles["color_title"] == "路線" and titles["color_map"] == {"一般": "#6b7280", "推測": "#16a34a"}
     assert ui._race_titles("en")["color_map"] == {"plain": "#6b7280", "speculative": "#16a34a"}
+
+
+CJK = r"[\u4e00-\u9fff]"
+#: a Chinese character touching a Latin letter or a digit: the pages put a space between them
+#: ("每秒 Token 數"), so a template that glues a placeholder to its neighbour shows here
+GLUED = re.compile(rf"{CJK}[A-Za-z0-9]|[A-Za-z0-9]{CJK}")
+
+
+def _english_left(shown: str) -> list[str]:
+    """Runs of three or more English words in ``shown`` (names, numbers and units aside)."""
+    return re.findall(r"[A-Za-z]{2,}(?:[ '][A-Za-z]{2,}){2,}", shown)
+
+
+def test_the_threads_line_is_in_the_pages_language():
+    """A new user's zh-TW page read "執行緒：OpenMP threads spin while they wait (0 other runnable
+    task(s) at start, 2 cores)": the line's middle is ``_omp.describe``'s English."""
+    from specdemo import _omp
+    from specdemo.interfaces import ui_state
+    decisions = [{"policy": "spin", "others_running": 0, "cores": 2},
+                 {"policy": "passive", "others_running": 3, "cores": 2},
+                 {"policy": "spin", "others_running": None, "cores": 2},
+                 {"policy": "user", "setting": {"OMP_WAIT_POLICY": "ACTIVE"}}]
+    for decision in decisions:
+        for code in ("zh-TW", "zh-CN"):
+            shown = sentence(_omp.describe(decision), code)
+            assert not _english_left(shown) and not GLUED.search(shown), (code, shown)
+    import specdemo
+    specdemo_wait = specdemo.OMP_WAIT
+    try:
+        specdemo.OMP_WAIT = decisions[0]
+        assert ui_state.threads_note("zh-TW") == "執行緒：OpenMP 執行緒在等待時持續空轉（啟動時有 0 個其他可執行的工作，2 個核心）。"
+        assert ui_state.threads_note("en") == "Threads: OpenMP threads spin while they wait (0 other runnable task(s) at start, 2 cores)."
+    finally:
+        specdemo.OMP_WAIT = specdemo_wait
+
+
+def _backend_notes() -> list[str]:
+    """The backend choice's start-up notes as ``services.backend_choice`` writes them today."""
+    from types import SimpleNamespace
+    from specdemo.services import backend_choice as gb
+    from specdemo.services import backend_rules as bc
+    forward = {n: 0.001 * n for n in bc.RACE_WIDTHS}
+    choice = gb.BackendChoice("native-w8a8", "", {"native-w8a8": 0.0069, "native": 0.0133},
+                              forward_s={"native-w8a8": forward, "native": forward},
+                              draft_length={"native-w8a8": 4, "native": 0},
+                              acceptance={"native-w8a8": 0.37})
+    lanes = [bc.RaceLane("builtin:smollm2-135m-eagle3", (1, 2), source=object()),
+             bc.RaceLane("ngram"), bc.RaceLane("none")]
+    notes = []
+    for lane in lanes:
+        reason = ("measured: " + gb._weighed(choice, lane)
+                  + "; ruled out by a 5-token probe: transformers (its first forward took 528 ms, "
+                    "over 10x the best probe); ggml (its probe took 26 ms, 4.8x native-w8a8's)"
+                  + f"; machine busy: others used 60% of the CPU ({gb.RECALIBRATE} on a quiet machine)")
+        notes.append(f"forward backend of builtin:smollm2-135m: native-w8a8 ({reason})")
+    notes.append(f"forward backend of t: native (measured earlier on this machine ({gb.RECALIBRATE}): "
+                 + gb._weighed(choice, lanes[2]) + ")")
+    notes.append("choosing the forward backend for builtin:smollm2-135m (auto, weighed for draft ngram)")
+    notes.append("choosing the forward backend for builtin:smollm2-135m (auto, weighed as a race's plain lane)")
+    with_gpu = gb.with_backend(SimpleNamespace(device=SimpleNamespace(type="cuda")), "auto")
+    notes.append(f"forward backend of t: transformers ({with_gpu[1].reason})")
+    return notes
+
+
+def test_the_backend_notes_of_the_start_up_are_in_the_pages_language(monkeypatch):
+    """The start-up panel's "forward backend of ...: native-w8a8 (measured: weighed for a race
+    with ...)" stayed English on the Chinese pages (its reason had no template)."""
+    from specdemo.models import backends as mb
+    monkeypatch.setattr(mb, "replace_backend", lambda loaded, name: loaded)
+    for note in _backend_notes():
+        for code in ("zh-TW", "zh-CN"):
+            shown = sentence(note, code)
+            assert not _english_left(shown) and not GLUED.search(shown), (code, note, shown)
+    assert sentence(_backend_notes()[0], "zh-TW").startswith(
+        "builtin:smollm2-135m 的前向計算後端：native-w8a8（實測：為賽跑權衡，推測路線用草稿模型 "
+        "builtin:smollm2-135m-eagle3：")
+
+
+def test_a_clause_in_brackets_is_not_split_at_its_semicolon():
+    assert ui_i18n._clauses("a (b; c); d") == ["a (b; c)", "d"]
+    assert ui_i18n._clauses("no clauses") == ["no clauses"]
+
+
+def test_the_why_line_puts_a_space_between_chinese_and_token():
+    """The zh why-line read "驗證平均每輪 4.0 個草稿 Token花費": the pages space Latin words
+    from Chinese ("每秒 Token 數")."""
+    from specdemo.core.stats import DecodeStats, explain
+    from specdemo.interfaces.ui_format import explanation_text
+    plain = DecodeStats(new_tokens=21, prompt_tokens=4, verify_s=0.10, target_forwards=10)
+    spec = DecodeStats(new_tokens=21, prompt_tokens=4, verify_s=0.1, target_forwards=10,
+                       draft_s=0.001, draft_length_sum=20, drafted=20, drafter="ngram")
+    e = explain(plain, spec)
+    for code in ("zh-TW", "zh-CN"):
+        line = explanation_text(e, lang=code)
+        assert "Token 花" in line and not GLUED.search(line), (code, line)
+
+
+def test_no_chinese_template_glues_a_latin_placeholder_to_a_chinese_character():
+    """Every zh text, its placeholders filled with a Latin word: no Chinese character touches it,
+    except where the value is itself Chinese (a lane's word, a translated clause)."""
+    chinese_values = {"lane", "who", "parts", "first", "what", "drafts", "time", "estimate", "extra", "recal"}
+    for code in ("zh-TW", "zh-CN"):
+        for key, text in TABLES[code].items():
+            filled = text.format(**{n: ("一般" if n in chinese_values else "Latin")
+                                    for n in fields(text)})
+            assert not GLUED.search(filled), (code, key, filled)

@@ -74,7 +74,8 @@ def t(key: str, lang: str | None = DEFAULT, **values) -> str:
 
 
 #: placeholders of a sentence template that stand for one word ("plain", "43%", "ngram")
-ONE_WORD = {"lane", "share", "n", "accepted", "drafted", "source", "backend"}
+ONE_WORD = {"lane", "share", "n", "accepted", "drafted", "source", "backend", "drafter", "name",
+            "best", "ms", "forward", "acc", "k", "x", "cores", "prior", "widths", "probe", "env"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,10 +102,21 @@ def sentence(text: str | None, lang: str | None) -> str:
         return text or ""
     found = _match(text)
     if found is None:
-        parts = text.split("; ")
+        parts = _clauses(text)
         return "；".join(sentence(p, lang) for p in parts) if len(parts) > 1 else text
     key, values = found
     return t(key, lang, **{name: sentence(v, lang) for name, v in values.items()})
+
+
+def _clauses(text: str) -> list[str]:
+    """``text`` split at each "; " outside parentheses (a clause in brackets stays whole)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and text.startswith("; ", i):
+            parts.append(text[start:i])
+            start = i + 2
+    return parts + [text[start:]]
 
 
 def _match(text: str) -> tuple[str, dict] | None:

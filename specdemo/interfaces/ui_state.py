@@ -20,7 +20,7 @@ from ..services import race as racing
 from ..services.race import PipelineCache
 from ..services.startup import STEPS, prepare_timed
 from .ui_format import startup_html
-from .ui_i18n import DEFAULT, t
+from .ui_i18n import DEFAULT, sentence, t
 from ..services.presets import PresetError, default_preset, list_presets
 from ..services import startup
 from ..core.model_spec import builtin_spec
@@ -285,6 +285,6 @@ def threads_note(lang: str | None = DEFAULT) -> str | None:
     from .. import OMP_WAIT, _omp
     if not OMP_WAIT:
         return None
-    how = _omp.describe(OMP_WAIT)
+    how = sentence(_omp.describe(OMP_WAIT), lang)
     return t("threads_passive" if OMP_WAIT.get("policy") == "passive" else "threads_spin", lang,
              how=how)
