@@ -321,3 +321,25 @@ def test_no_chinese_template_glues_a_latin_placeholder_to_a_chinese_character():
             filled = text.format(**{n: ("一般" if n in chinese_values else "Latin")
                                     for n in fields(text)})
             assert not GLUED.search(filled), (code, key, filled)
+
+
+def test_a_refused_drafts_tokenizer_reason_is_in_the_pages_language():
+    """The zh drafts list read "不適用：✗ builtin:gemma3-270m: different tokenizers: target BPE
+    tokenizer of 'builtin:smollm2-135m' with 49,152 tokens, ..." (``checks/compat``'s English)."""
+    from types import SimpleNamespace
+    from specdemo.checks import compat
+
+    class BPE:
+        pass
+
+    def vocab(label, words):
+        tok = SimpleNamespace(backend_tokenizer=SimpleNamespace(model=BPE()), name_or_path="",
+                              get_vocab=lambda: {w: i for i, w in enumerate(words)})
+        return compat._vocab(tok, label)
+    problems, _ = compat._compare_vocab(vocab("builtin:smollm2-135m", ["a", "b", "c"]),
+                                        vocab("builtin:gemma3-270m", ["a", "x", "y", "z"]))
+    assert problems[0].startswith("different tokenizers: target BPE tokenizer of")
+    assert sentence(problems[0], "zh-TW") == (
+        "分詞器不同：目標模型用 'builtin:smollm2-135m' 的 BPE 分詞器（3 個 Token），"
+        "草稿模型用 'builtin:gemma3-270m' 的 BPE 分詞器（4 個 Token）")
+    assert not _english_left(sentence(problems[0], "zh-CN"))

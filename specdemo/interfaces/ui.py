@@ -241,7 +241,8 @@ def check_drafts(preset_name, draft, lang=DEFAULT, recheck: bool = False):
         choices.append((p.draft, p.draft))
         values.append(p.draft)
     note = (t("drafts_offered", lang, target=p.target, n=len(choices))
-            + (t("refused", lang) + "  \n".join(f"✗ `{spec}`: {why}" for spec, why in refused)
+            + (t("refused", lang) + "  \n".join(f"✗ `{spec}`: {sentence(why, lang)}"
+                                                 for spec, why in refused)
                if refused else t("none_refused", lang)))
     if draft in values:  # keep what the user may have picked while the check ran
         return gr.update(choices=choices), note

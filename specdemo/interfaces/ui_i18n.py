@@ -75,7 +75,8 @@ def t(key: str, lang: str | None = DEFAULT, **values) -> str:
 
 #: placeholders of a sentence template that stand for one word ("plain", "43%", "ngram")
 ONE_WORD = {"lane", "share", "n", "accepted", "drafted", "source", "backend", "drafter", "name",
-            "best", "ms", "forward", "acc", "k", "x", "cores", "prior", "widths", "probe", "env"}
+            "best", "ms", "forward", "acc", "k", "x", "cores", "prior", "widths", "probe", "env",
+            "tok", "size"}
 
 
 @functools.lru_cache(maxsize=1)
