@@ -290,6 +290,10 @@ def test_send_handler_keeps_two_multi_turn_histories(server):
     assert len(plain_chat) == len(spec_chat) == 4
     assert 'data-identical="true"' in outputs[4]
     race_chart, acceptance_chart = outputs[5], outputs[6]  # the race as a picture
+    import pandas as pd
+    top = race_chart.y_lim[1]  # the y-axis holds the lines (and its top tick) with room above
+    race_chart = pd.DataFrame(race_chart.value["data"], columns=race_chart.value["columns"])
+    assert top >= 1.05 * race_chart["tokens"].max()
     assert sorted(set(race_chart["lane"])) == ["plain", "speculative"]
     for lane in ("plain", "speculative"):
         points = race_chart[race_chart["lane"] == lane]

@@ -209,3 +209,19 @@ def test_the_projection_follows_the_verification_cost_as_written(verify_s, proje
     assert f"cost {written} one-token steps" in line
     assert ("Projection, not measured" in line) is projected
     assert ("Verifying cost less than the plain run's one-token steps" in line) is (not projected)
+
+
+@pytest.mark.parametrize("most, top", [(0, 10), (9, 10), (10, 12), (100, 120), (128, 150),
+                                       (143, 200), (990, 1200), (1905, 2500)])
+def test_the_race_charts_y_axis_holds_the_most_tokens_with_room_above(most, top):
+    """The race chart's y-axis ended at the data's maximum (a new user's 128 tokens: ticks 0, 50,
+    100 and the leading line on the plot's top edge); now it ends at a round number at least 5%
+    above it."""
+    from specdemo.interfaces.ui_format import race_chart, race_y_top
+    spec = view(stats=DecodeStats(new_tokens=most), timeline=((0.5, most // 2), (1.0, most)))
+    plain = view(PLAIN, stats=DecodeStats(new_tokens=most // 3), timeline=((1.0, most // 3),))
+    snap = RaceSnapshot({PLAIN: plain, SPECULATIVE: spec}, "done")
+    frame = race_frame(snap)
+    assert race_y_top(frame) == top and top >= 1.05 * frame["tokens"].max()
+    chart = race_chart(snap)  # the update the page gets: the points and the axis
+    assert chart.y_lim == [0, top] and max(row[1] for row in chart.value["data"]) == most

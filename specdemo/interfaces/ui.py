@@ -26,7 +26,7 @@ from ..services import race as racing
 from ..core.machine import ACTIVE_RACES
 from .ui_format import (AXIS_FORMAT, acceptance_frame, chart_colors,  # noqa: F401
                         chat_messages, counters_html, exact_check, legend, privacy_html,
-                        race_frame, startup_html, tokens_html, verdict_html)
+                        race_frame, race_y_top, startup_html, tokens_html, verdict_html)
 from .ui_i18n import (DEFAULT, HEAD, LANGUAGES, LOAD_LANG_JS, SWITCH_JS, i18n, locale, sentence,
                       t, words)
 from .ui_race import (clear, model_messages, new_conversation, race_api,  # noqa: F401
@@ -494,6 +494,7 @@ def _charts() -> tuple[gr.LinePlot, gr.BarPlot]:
     with gr.Row():
         race_chart = gr.LinePlot(
             race_frame(None), x="seconds", y="tokens", color="lane",
+            y_lim=[0, race_y_top(race_frame(None))],
             **_race_titles(DEFAULT), height=260, elem_id="race-chart", scale=3,
             x_axis_format=AXIS_FORMAT, y_axis_format=AXIS_FORMAT, show_label=False)
         acceptance_chart = gr.BarPlot(

@@ -9,6 +9,7 @@ units and layout. Counters carry human labels with units; the metric key of docs
 from __future__ import annotations
 
 import html
+import math
 import os
 
 from ..services.race import (DONE, ERROR, LOADING, PLAIN, REPLAYING, RUNNING, SKIPPED, SPECULATIVE, STOPPED,
@@ -464,6 +465,26 @@ def race_frame(snap: RaceSnapshot | None, lang: str | None = DEFAULT):
         rows += [(0.0, 0, label)] + [(t, n, label) for t, n in (view.timeline if view else ())]
     frame = pd.DataFrame(rows, columns=["seconds", "tokens", "lane"])
     return frame.astype({"seconds": "float64", "tokens": "int64", "lane": "str"})  # typed axes
+
+
+def race_y_top(frame) -> float:
+    """The race chart's y-axis top, in tokens: the first of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8
+    x 10^n at or above the most tokens either lane has plus 5% (so that the leading line and a
+    tick label at the top stay inside the plot), and at least 10 (an empty race gets an axis,
+    not one tick at 0). Left to itself, the page's Vega chart ended the axis at the data's
+    maximum (128 tokens: ticks 0, 50, 100 and the line on the plot's top edge)."""
+    most = float(frame["tokens"].max()) if len(frame) else 0.0
+    need = max(10.0, most * 1.05)
+    scale = 10.0 ** math.floor(math.log10(need))
+    return next(m * scale for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * scale >= need)
+
+
+def race_chart(snap: RaceSnapshot | None, lang: str | None = DEFAULT):
+    """The race chart's update: :func:`race_frame`'s points and a y-axis from 0 to
+    :func:`race_y_top` of them (a ``gr.LinePlot``)."""
+    import gradio as gr
+    frame = race_frame(snap, lang)
+    return gr.LinePlot(value=frame, y_lim=[0, race_y_top(frame)])
 
 
 def acceptance_frame(view: PaneView | None):

@@ -21,7 +21,7 @@ from ..services import race as racing
 from ..services.race import DONE, PLAIN, SPECULATIVE, STOPPED, PaneView, Race, RaceSnapshot
 from ..services.startup import STEPS
 from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, explanation_text, not_compared,
-                        race_frame, verdict_html)
+                        race_chart, verdict_html)
 from .ui_i18n import DEFAULT, t
 from .ui_state import (CACHE, LOAD_LOCK, AppSettings, _default_preset_name, _pairing, _presets,
                        engine_imports, model_status)
@@ -257,7 +257,7 @@ def _render(snap: RaceSnapshot, conv: dict, prompt: str, upto: int, highlight: b
     return (out[0], out[1], counters_html(snap.panes[PLAIN], False, step=step, lang=lang),
             counters_html(spec, True, settings.draft_length, step, lang),
             verdict_html(snap, settings.temperature, lang, histories_differ(before)),
-            race_frame(snap, lang), acceptance_frame(spec))
+            race_chart(snap, lang), acceptance_frame(spec))
 
 
 def live_interval_s() -> float:
@@ -355,7 +355,7 @@ def redraw(replayable, conv, highlight, lang=DEFAULT) -> tuple:
 
 def clear(lang=DEFAULT):
     return ([], [], counters_html(None, False, lang=lang), counters_html(None, True, lang=lang),
-            verdict_html(None, 0, lang), race_frame(None, lang), acceptance_frame(None),
+            verdict_html(None, 0, lang), race_chart(None, lang), acceptance_frame(None),
             new_conversation(), None)
 
 
