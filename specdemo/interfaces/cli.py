@@ -34,6 +34,26 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         refuse(message, self.prog)
 
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, after refusing a mistyped long flag of a subcommand with the one it looks
+        like (``--draft-lenght`` ... did you mean --draft-length?): argparse names no flag it
+        does not know, and only after its other refusals (a missing ``--out``)."""
+        if self._subparsers is None:  # a subcommand's parser (the top one passes its rest on)
+            self._refuse_unknown_flags(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_unknown_flags(self, args: list[str]) -> None:
+        known = [flag for flag in self._option_string_actions if flag.startswith("--")]
+        for arg in args:
+            if arg == "--":  # the rest are values
+                return
+            flag = arg.split("=", 1)[0]
+            if not flag.startswith("--") or len(flag) < 3 or any(k.startswith(flag) for k in known):
+                continue  # a value, a known flag or argparse's abbreviation of one
+            close = closest_name(flag, known)
+            self.error(f"unrecognized argument: {flag}"
+                       + (f" (did you mean {close}?)" if close else ""))
+
     def _check_value(self, action, value):
         """argparse's refusal of a value outside a flag's choices (or of an unknown subcommand),
         plus the one it looks like a typo of: ``--backend nativ`` ... (did you mean native?)."""
