@@ -32,9 +32,19 @@ def test_unreachable_hub_recommends_a_preset_that_runs_offline(empty_hub_cache, 
     assert out["hub_unavailable"] == "the model hub (huggingface.co) is not reachable from this machine"
     assert out["reasons"][0].startswith(out["hub_unavailable"] + ": recommended among the presets "
                                         "whose models are on this machine already")
+    assert {p["name"] for p in out["presets"] if p["usable_now"]} == {
+        p["name"] for p in out["presets"] if not p["to_download"]}
     assert main(["presets"]) == 0
-    text = capsys.readouterr().out
-    assert "[not downloaded; the hub is unreachable]" in text and "[downloads on first use]" not in text
+    lines = capsys.readouterr().out.splitlines()
+    # a new user offline could not tell which presets run: two groups under a one-line legend
+    assert sum(line.startswith("legend: ") for line in lines) == 1 and lines[1].startswith("legend: ")
+    assert "'usable now': its models are on this machine" in lines[1] and "'hub': " in lines[1]
+    here = lines.index(f"usable now ({sum(p['usable_now'] for p in out['presets'])}):")
+    hub = lines.index(f"hub: not usable now, {out['hub_unavailable']} "
+                      f"({sum(not p['usable_now'] for p in out['presets'])}):")
+    for p in out["presets"]:
+        row = next(i for i, line in enumerate(lines) if line[6:].startswith(p["name"] + " "))
+        assert (here < row < hub) if p["usable_now"] else (row > hub), p["name"]
 
 
 def test_reachable_hub_keeps_download_presets_in_the_running(empty_hub_cache, monkeypatch, capsys):
@@ -45,6 +55,9 @@ def test_reachable_hub_keeps_download_presets_in_the_running(empty_hub_cache, mo
     assert out["hub_unavailable"] is None
     assert not any("not reachable" in r for r in out["reasons"])
     assert presets.hub_unavailable() is None
+    assert main(["presets"]) == 0
+    text = capsys.readouterr().out
+    assert "\nhub: downloads on first use (" in text and "not usable now" not in text
 
 
 def test_check_prints_target_then_draft(monkeypatch, capsys):

@@ -12,6 +12,25 @@ from ..models.hardware import format_bytes
 from ..services import presets as service
 
 
+#: the listing's one-line key to its marks and its two groups
+LEGEND = ("legend: * recommended; fits / no: fits this machine's memory or not (why: the line "
+          "under); 'usable now': its models are on this machine (built-in or downloaded), no "
+          "network needed; 'hub': it downloads its models from the model hub on first use")
+HERE_TITLE = "usable now ({n}):"
+HUB_TITLE = "hub: downloads on first use ({n}):"
+HUB_OFFLINE_TITLE = "hub: not usable now, {offline} ({n}):"
+
+
+def _print_preset(preset, verdict: tuple[bool, str], picked) -> None:
+    """Two lines: the marks, name, memory, target + draft and flags; then why it fits or not."""
+    ok, reason = verdict
+    marks = ("*" if picked and picked.name == preset.name else " ") + ("fits" if ok else "no  ")
+    flags = (" [default]" if preset.default else "") + (" [gated]" if preset.gated else "")
+    print(f"{marks} {preset.name:26s} {format_bytes(preset.memory_bytes):>8s}  "
+          f"{preset.target} + {preset.draft}{flags}")
+    print(f"       {reason}")
+
+
 def register(sub) -> None:
     """Add ``presets``: list presets and mark which fit this machine."""
     parser = sub.add_parser("presets", help="list presets and which fit this machine")
@@ -46,21 +65,19 @@ def cmd_presets(args: argparse.Namespace) -> int:
             "reasons": pick.reasons,
             "hub_unavailable": offline,
             "presets": [dict(p.to_dict(), fits=verdicts[p.name][0], reason=verdicts[p.name][1],
-                             to_download=to_fetch[p.name]) for p in presets],
+                             to_download=to_fetch[p.name],
+                             usable_now=not (offline and to_fetch[p.name])) for p in presets],
         }, indent=2))
         return 0
     print(f"this machine: {hardware.describe(hw)}")
-    for preset in presets:
-        ok, reason = verdicts[preset.name]
-        marks = ("*" if pick.preset and pick.preset.name == preset.name else " ") + \
-                ("fits" if ok else "no  ")
-        flags = " [default]" if preset.default else ""
-        flags += " [gated]" if preset.gated else ""
-        if to_fetch[preset.name]:
-            flags += " [not downloaded; the hub is unreachable]" if offline else " [downloads on first use]"
-        print(f"{marks} {preset.name:26s} {format_bytes(preset.memory_bytes):>8s}  "
-              f"{preset.target} + {preset.draft}{flags}")
-        print(f"       {reason}")
+    print(LEGEND)
+    here = [p for p in presets if not to_fetch[p.name]]
+    hub = [p for p in presets if to_fetch[p.name]]
+    for title, group in ((HERE_TITLE, here), (HUB_OFFLINE_TITLE if offline else HUB_TITLE, hub)):
+        if group:
+            print(title.format(n=len(group), offline=offline))
+        for preset in group:
+            _print_preset(preset, verdicts[preset.name], pick.preset)
     print("recommended: " + (pick.preset.name if pick.preset else "none"))
     for reason in pick.reasons:
         print(f"  - {reason}")
