@@ -113,7 +113,7 @@ def _clauses(text: str) -> list[str]:
     """``text`` split at each "; " outside parentheses (a clause in brackets stays whole)."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
+        depth = max(0, depth + {"(": 1, ")": -1}.get(ch, 0))  # a stray ")" closes nothing
         if depth == 0 and text.startswith("; ", i):
             parts.append(text[start:i])
             start = i + 2
