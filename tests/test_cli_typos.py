@@ -22,6 +22,7 @@ def refusal(argv: list[str], capsys) -> str:
 
 @pytest.mark.parametrize("argv, meant", [
     (["chekc"], "did you mean check?"),
+    (["--hlep"], "did you mean --help?"),
     (["bench", "--draft-lenght", "4"], "did you mean --draft-lengths?"),
     (["run", "--promt", "hi"], "did you mean --prompt?"),
     (["run", "--prompt", "hi", "--max-new-tokns=8"], "did you mean --max-new-tokens?"),

@@ -35,11 +35,16 @@ class Parser(argparse.ArgumentParser):
         refuse(message, self.prog)
 
     def parse_known_args(self, args=None, namespace=None):
-        """argparse's, after refusing a mistyped long flag of a subcommand with the one it looks
-        like (``--draft-lenght`` ... did you mean --draft-length?): argparse names no flag it
-        does not know, and only after its other refusals (a missing ``--out``)."""
-        if self._subparsers is None:  # a subcommand's parser (the top one passes its rest on)
-            self._refuse_unknown_flags(sys.argv[1:] if args is None else list(args))
+        """argparse's, after refusing a mistyped long flag with the one it looks like
+        (``bench --draft-lenght`` ... did you mean --draft-lengths?; ``--hlep``: --help?):
+        argparse names no flag it does not know, and only after its other refusals (a missing
+        ``--out``). A subcommand's parser checks all its arguments, the top one those before
+        the subcommand."""
+        given = sys.argv[1:] if args is None else list(args)
+        if self._subparsers is not None:  # the top parser: its own flags come before the command
+            given = given[:next((i for i, a in enumerate(given) if not a.startswith("-")),
+                                len(given))]
+        self._refuse_unknown_flags(given)
         return super().parse_known_args(args, namespace)
 
     def _refuse_unknown_flags(self, args: list[str]) -> None:
