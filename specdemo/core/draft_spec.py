@@ -2,8 +2,8 @@
 typed value, :class:`DraftSpec`: a ``str`` of its text that carries its parse, handed inwards
 as it is (:func:`as_draft_spec` parses what still comes as text). Text only: no torch, no disk,
 no network, so the flag checks (``checks/inputs.py``) and the drafter factory
-(``core/drafters/make_drafter``) read the same parse. Whether a named model exists, can be obtained or fits the target is asked elsewhere
-(``checks/inputs.py``, ``checks/compat.py``).
+(``core/drafters/make_drafter``) read the same parse. Whether a named model exists, can be
+obtained or fits the target is asked elsewhere (``checks/inputs.py``, ``checks/compat.py``).
 
 The forms (README, "Command line"):
 

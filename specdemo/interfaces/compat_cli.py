@@ -16,10 +16,11 @@ def register(sub) -> None:
     for a spec refused at once (``specdemo.checks.inputs``, the same words as run and the /race
     API: an unknown name, a missing path, a hub id not cached while the hub is unreachable,
     all before any step line or model, as ``run`` refuses them) and for a local spec that is
-    not a model (``models.check_local``: run's words and status); 1 when a tokenizer or the target's config cannot be read (a damaged cached model, a hub
-    repository that is not a model): not checked, which is neither a yes nor a no. What it
-    reads before the verdict (tokenizers, a config, a learned drafter's target) is printed to
-    stderr as a start-up step (``services.startup.check_step``); stdout holds the verdict only."""
+    not a model (``models.check_local``: run's words and status); 1 when a tokenizer or the
+    target's config cannot be read (a damaged cached model, a hub repository that is not a
+    model): not checked, which is neither a yes nor a no. What it reads before the verdict
+    (tokenizers, a config, a learned drafter's target) is printed to stderr as a start-up step
+    (``services.startup.check_step``); stdout holds the verdict only."""
     parser = sub.add_parser("check", help="can this draft serve this target? (exit 0 / 0 / 2)")
     parser.add_argument("--target", required=True, type=inputs.checked(inputs.target, "target"),
                         help="HF id, local dir, .gguf file or builtin:<name>")

@@ -378,8 +378,9 @@ class Pipeline:
         return comparison
 
 
-def build_pipeline(target, draft_spec: DraftSpec | str, *, load_draft: Callable, check_draft: Callable,
-                   on_backend: Callable, warn: Callable[[str], None] | None = None) -> Pipeline:
+def build_pipeline(target, draft_spec: DraftSpec | str, *, load_draft: Callable,
+                   check_draft: Callable, on_backend: Callable,
+                   warn: Callable[[str], None] | None = None) -> Pipeline:
     """Target + backend + draft -> :class:`Pipeline`: the one builder of the command line
     (``interfaces.decode_cli``) and the app (``services.race.PipelineCache``).
 

@@ -149,8 +149,8 @@ class TransformersEngine:
     def method(self, draft_length: int | str) -> tuple[str, str | None]:
         """(label, reason it cannot run or None)."""
         if hasattr(self.draft, "new_drafter"):  # a learned drafter (EAGLE-3, combined, ...)
-            return self.draft_spec.text, ("n/a: transformers' generate() has no EAGLE-3 drafter or "
-                                     "n-gram stacking")
+            return self.draft_spec.text, ("n/a: transformers' generate() has no EAGLE-3 "
+                                          "drafter or n-gram stacking")
         if self.draft_spec.kind == "ngram" and draft_length == "auto":
             return "prompt lookup", ("n/a: transformers' prompt lookup has no dynamic draft length "
                                      "(prompt_lookup_num_tokens is fixed)")
