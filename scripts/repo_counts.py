@@ -139,6 +139,13 @@ def issue51_counts(trees: dict[str, ast.Module]) -> list[tuple[str, object, str]
     out.append(("places cutting builtin: by hand", len(cuts),
                 "functions of specdemo/ whose own body holds the string \"builtin:\" and calls "
                 "startswith/removeprefix/split/partition/match: " + ", ".join(sorted(cuts))))
+    parses = sorted(f"{path}:{f.name}" for path, tree in trees.items() for f in functions(tree)
+                    for n in ast.walk(f) if isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Attribute) and n.func.attr == "parse"
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id == "DraftSpec")
+    out.append(("places calling DraftSpec.parse", len(parses),
+                "calls of DraftSpec.parse(...) in specdemo/, by function (the draft spec travels "
+                "parsed; as_draft_spec parses what still comes as text): " + ", ".join(parses)))
     named = []
     for path, tree in trees.items():
         skip = docstrings(tree)

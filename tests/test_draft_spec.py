@@ -3,7 +3,7 @@ sentence (the flag checks, presets, ``check`` and the drafter factory all read t
 
 import pytest
 
-from specdemo.core.draft_spec import FORMS, DraftSpec, DraftSpecError
+from specdemo.core.draft_spec import FORMS, DraftSpec, DraftSpecError, as_draft_spec
 
 
 @pytest.mark.parametrize("text, kind, base, layers, stacked", [
@@ -60,6 +60,32 @@ def test_a_refused_early_exit_keeps_its_kind_and_a_value_is_frozen():
     assert refused.value.kind == "early-exit"
     with pytest.raises(AttributeError):
         DraftSpec.parse("ngram").kind = "self"
+
+
+def test_a_spec_is_its_text_wherever_text_goes():
+    """A ``DraftSpec`` compares, hashes, prints and serialises as its text (argparse fields,
+    JSON, dict keys, the page's values), and survives a copy or a pickle with its parse."""
+    import copy
+    import json
+    import pickle
+    spec = DraftSpec.parse(" early-exit:4 ")
+    assert spec == "early-exit:4" and {"early-exit:4": 1}[spec] == 1 and f"{spec}" == "early-exit:4"
+    assert repr(spec) == "'early-exit:4'" and json.dumps({"draft": spec}) == '{"draft": "early-exit:4"}'
+    assert type(spec.text) is str and type(str(spec)) is str
+    for again in (pickle.loads(pickle.dumps(spec)), copy.deepcopy(spec)):
+        assert isinstance(again, DraftSpec) and (again.kind, again.layers) == ("early-exit", 4)
+    assert spec.is_early_exit and not spec.is_model and not DraftSpec.parse("mtp").is_early_exit
+
+
+def test_as_draft_spec_parses_text_only_and_names_a_refused_one():
+    spec = DraftSpec.parse("ngram")
+    assert as_draft_spec(spec) is spec
+    assert as_draft_spec("builtin:x+ngram").kind == "builtin"
+    with pytest.raises(DraftSpecError) as refused:
+        as_draft_spec("early-exit:0")
+    assert str(refused.value) == ("early-exit needs a layer count of at least 1, e.g. "
+                                  "early-exit:8; got 'early-exit:0'")
+    assert refused.value.kind == "early-exit"
 
 
 def test_the_forms_are_one_line_naming_every_kind():

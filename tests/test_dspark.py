@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specdemo.checks.compat import learned_verdict
+from specdemo.core.draft_spec import DraftSpec
 from specdemo.core.drafters import dspark
 from specdemo.core.drafters.dspark import DSparkDrafter
 from specdemo.core.engine import generate
@@ -359,7 +360,8 @@ def test_the_dropdown_lists_a_compatible_dspark_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "builtin_names", lambda: [])  # no built-in models to check
     monkeypatch.setattr(ui, "_VERDICTS", {})
     target_spec = str(tmp_path / "target")
-    presets = [SimpleNamespace(target=target_spec, draft=str(d), draft_is_learned=True,
+    presets = [SimpleNamespace(target=target_spec, draft=DraftSpec.parse(str(d)),  # as Preset.draft
+                               draft_is_learned=True,
                                draft_is_model=True, draft_kind="dspark") for d in (good, bad)]
     choices, refused = ui.draft_options(target_spec, presets)
     assert (f"{good} (DSpark)", str(good)) in choices

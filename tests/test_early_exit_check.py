@@ -12,6 +12,7 @@ from transformers import LlamaConfig
 
 from specdemo.models import builtin, loading as models
 from specdemo.checks import compat
+from specdemo.core.draft_spec import DraftSpec
 from specdemo.interfaces import ui
 from specdemo.interfaces.cli import main
 from specdemo.models.loading import ModelLoadError
@@ -122,9 +123,9 @@ def test_the_draft_list_refuses_an_early_exit_the_target_cannot_run(four_layers,
     monkeypatch.setattr(ui, "_VERDICTS", {})
     monkeypatch.setattr(models, "builtin_names", lambda: [])  # no other models to check
     monkeypatch.setattr(ui, "engine_imports", lambda: None)
-    presets = [SimpleNamespace(target=four_layers, draft=d, draft_is_learned=False,
-                               draft_is_model=False, draft_kind="") for d in ("early-exit:2",
-                                                                            "early-exit:99")]
+    presets = [SimpleNamespace(target=four_layers, draft=DraftSpec.parse(d),  # as Preset.draft
+                               draft_is_learned=False, draft_is_model=False, draft_kind="")
+               for d in ("early-exit:2", "early-exit:99")]
     choices, refused = ui.draft_options(four_layers, presets)
     assert [spec for _, spec in choices] == ["ngram", "self", "early-exit:2"]
     assert refused == [("early-exit:99", REFUSAL.format(n=99))]

@@ -283,6 +283,39 @@ def test_check_refuses_an_unobtainable_hub_id_with_exit_status_2(capsys, monkeyp
     assert capsys.readouterr().out.splitlines() == ["error: " + UNREACHABLE]
 
 
+def test_check_refuses_a_hub_draft_offline_before_any_step_or_model(tmp_path):
+    """``check --draft foo/bar`` offline (a hub id not in the cache): one sentence on stdout,
+    status 2, nothing on stderr (no start-up step: nothing is read), and neither torch nor
+    transformers imported (it took 6 s importing them to ask whether foo/bar is a learned
+    drafter before it asked whether foo/bar could be had at all)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import sys\nfrom specdemo.interfaces.cli import main\nstatus = main(sys.argv[1:])\n"
+            "print(status, 'torch' in sys.modules, 'transformers' in sys.modules)\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    done = subprocess.run([sys.executable, "-c", code, "check", "--target", "builtin:smollm2-135m",
+                           "--draft", "foo/bar"], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert done.stdout.splitlines() == [
+        "error: draft 'foo/bar' is not in the local Hugging Face cache and the model hub is not "
+        "reachable (or HF_HUB_OFFLINE=1): download it on a connected machine, or give a local "
+        "folder or file", "2 False False"], done.stderr
+    assert done.stderr == ""
+
+
+def test_the_draft_check_returns_the_parsed_spec(tmp_path, offline_empty_cache):
+    """What ``--draft`` (and the page's draft box) hands inwards is a ``DraftSpec``: its text,
+    with its kind, read below without parsing it again."""
+    from specdemo.core.draft_spec import DraftSpec
+    for text, kind, layers in (("ngram", "ngram", None), (" early-exit:3 ", "early-exit", 3),
+                               ("org/model+ngram", "hub", None), ("mtp", "mtp", None)):
+        spec = inputs.draft("draft", text)
+        assert isinstance(spec, DraftSpec) and spec == text.strip()
+        assert (spec.kind, spec.layers, spec.is_early_exit) == (kind, layers, kind == "early-exit")
+
+
 @pytest.fixture
 def four_layer_target(tmp_path):
     """A target folder holding only a 4-layer config (no weights, no tokenizer)."""

@@ -197,6 +197,22 @@ def test_hub_models_to_fetch_checks_the_cache_only(tmp_path, monkeypatch):
     assert P.hub_models_to_fetch(P.default_preset()) == []
 
 
+def test_a_presets_draft_is_parsed_once_when_it_is_made(tmp_path):
+    """``Preset.draft`` is a ``DraftSpec`` (text given to the constructor is parsed there, a
+    spec no form accepts refused), so callers read its kind without parsing it again."""
+    from specdemo.core.draft_spec import DraftSpec, DraftSpecError
+    for preset in P.list_presets():
+        assert isinstance(preset.draft, DraftSpec)
+        assert preset.draft_is_model == (preset.draft.is_model and preset.draft_kind != "mtp")
+        assert json.loads(json.dumps(preset.to_dict()))["draft"] == preset.draft.text
+    fields = dict(name="x", target="t", draft_length=4, dtype="bfloat16", quantization="none",
+                  memory_bytes=1, tasks=("chat",), licence="x", gated=False, devices=("cpu",),
+                  note="x", sources=("https://x",))
+    assert P.Preset(draft=" early-exit:3 ", **fields).draft.layers == 3
+    with pytest.raises(DraftSpecError, match="got 'early-exit:x'"):
+        P.Preset(draft="early-exit:x", **fields)
+
+
 def test_presets_command_json_lists_every_preset(capsys):
     from specdemo.interfaces.cli import main
 

@@ -1,7 +1,8 @@
 """Every concern in its room (issue 51), held by the counts of ``scripts/repo_counts.py``: the
-command modules parse and print, ``builtin:`` is read in one place, the built-in model is named
-in the table of built-ins alone, long functions stay few, and the app's settings travel as one
-object, not through module globals."""
+command modules parse and print, ``builtin:`` is read in one place, a draft spec's text is
+parsed in two (it travels inwards as a ``DraftSpec``), the built-in model is named in the table
+of built-ins alone, long functions stay few, and the app's settings travel as one object, not
+through module globals."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ LIMITS = {
     "interfaces/train_cli.py lines": 300,
     "modules importing argparse below interfaces/": 0,
     "places cutting builtin: by hand": 2,
+    "places calling DraftSpec.parse": 2,
     "files of specdemo/ naming the built-in model in code": 2,
     "functions over 80 lines": 3,
     "settings set from app.py through module globals": 0,
@@ -41,12 +43,14 @@ def test_the_counts_see_what_they_count(tmp_path, monkeypatch):
     below interfaces/ is counted (the counts can fail)."""
     import ast
     source = ('import argparse\n\ndef f(spec):\n    if spec.startswith("builtin:"):\n'
-              '        return spec.split(":", 1)[1] or "smollm2-135m"\n')
+              '        return spec.split(":", 1)[1] or "smollm2-135m"\n'
+              '    return DraftSpec.parse(spec).kind\n')
     trees = {"specdemo/services/bad.py": ast.parse(source)}
     got = {name: value for name, value, _ in repo_counts.issue51_counts(trees)}
     assert got["modules importing argparse below interfaces/"] == 1
     assert got["places cutting builtin: by hand"] == 1
     assert got["files of specdemo/ naming the built-in model in code"] == 1
+    assert got["places calling DraftSpec.parse"] == 1
 
 
 def test_the_settings_counts_see_a_module_cell_set_from_the_app():

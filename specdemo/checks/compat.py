@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from . import inputs
-from ..core.draft_spec import EARLY_EXIT, DraftSpec, DraftSpecError
+from ..core.draft_spec import DraftSpec, DraftSpecError, as_draft_spec
 from ..models import loading as models
 
 COMPATIBLE = "compatible"
@@ -225,32 +225,19 @@ def non_model_verdict(draft_spec: str) -> Verdict | None:
     return None
 
 
-def is_early_exit(draft_spec: str) -> bool:
-    """True for ``early-exit:<layers>`` (and malformed ``early-exit...`` specs, which
-    :meth:`DraftSpec.parse` refuses)."""
-    try:
-        return DraftSpec.parse(draft_spec).kind == EARLY_EXIT
-    except DraftSpecError as exc:
-        return exc.kind == EARLY_EXIT
-
-
-def is_model_draft(spec: str) -> bool:
-    """True when ``spec`` names a draft model (not none, ngram, self or early-exit:N)."""
-    return spec not in NON_MODEL_DRAFTS and not is_early_exit(spec)
-
-
-def early_exit_verdict(target_spec: str, draft_spec: str, *,
+def early_exit_verdict(target_spec: str, draft_spec: DraftSpec | str, *,
                        trust_remote_code: bool = False) -> Verdict:
-    """``early-exit:N`` for ``target_spec``: compatible (same tokenizer by construction) when N is
-    within 1..(target layers - 1), read from the target's config (no weights loaded).
+    """``early-exit:N`` (a ``DraftSpec`` or its text) for ``target_spec``: compatible (same
+    tokenizer by construction) when N is within 1..(target layers - 1), read from the target's
+    config (no weights loaded); incompatible, saying why, for text no form accepts.
 
     Raises:
         specdemo.models.loading.ModelLoadError: the target's config cannot be read ("cannot check ...").
     """
     try:
-        layers = DraftSpec.parse(draft_spec).layers
+        layers = as_draft_spec(draft_spec).layers
     except DraftSpecError as exc:
-        return Verdict(INCOMPATIBLE, [f"{exc}; got {draft_spec!r}"])
+        return Verdict(INCOMPATIBLE, [str(exc)])
     from ..core.drafters.draft_model import early_exit_problem  # deferred: imports torch
     try:
         total = models.layer_count(target_spec, trust_remote_code=trust_remote_code)
@@ -264,12 +251,14 @@ def early_exit_verdict(target_spec: str, draft_spec: str, *,
                                 "layers and its head: same tokenizer by construction"])
 
 
-def check_specs(target_spec: str, draft_spec: str, *, trust_remote_code: bool = False) -> Verdict:
+def check_specs(target_spec: str, draft_spec: DraftSpec | str, *,
+                trust_remote_code: bool = False) -> Verdict:
     """:func:`check_compatibility` for two model specs (hub id, local dir, .gguf, ``builtin:``).
 
     Loads tokenizers only (no weights) through ``specdemo.models.loading.load_tokenizer``, afresh on
     every call. none, ngram and self are compatible; ``early-exit:N`` is when N fits the target's
-    layer count (:func:`early_exit_verdict`, from its config).
+    layer count (:func:`early_exit_verdict`, from its config). ``draft_spec`` is a ``DraftSpec``
+    or its text (:func:`as_draft_spec`); text no form accepts is incompatible, saying why.
 
     A local target (and a local draft model) that cannot be a model at all (a system file, a
     folder without a readable config.json, a weight file cut short) is refused first, in the
@@ -281,10 +270,14 @@ def check_specs(target_spec: str, draft_spec: str, *, trust_remote_code: bool = 
     """
     from ..models import loading as models  # lazy: transformers is heavy
     models.check_local(target_spec)
+    try:
+        draft_spec = as_draft_spec(draft_spec)
+    except DraftSpecError as exc:
+        return Verdict(INCOMPATIBLE, [str(exc)])
     verdict = non_model_verdict(draft_spec)
     if verdict is not None:
         return verdict
-    if is_early_exit(draft_spec):
+    if draft_spec.is_early_exit:
         return early_exit_verdict(target_spec, draft_spec, trust_remote_code=trust_remote_code)
     from ..models.learned import is_learned  # deferred: imports torch
     if is_learned(draft_spec):  # EAGLE-3 / DFlash / MTP: checked against the target's weights
@@ -316,7 +309,8 @@ def learned_verdict(target_spec: str, draft_spec: str, load_target: Callable | N
         else Verdict(COMPATIBLE, [summary])
 
 
-def before_load(target_spec: str, draft_spec: str, *, trust_remote_code: bool = False) -> None:
+def before_load(target_spec: str, draft_spec: DraftSpec | str, *,
+                trust_remote_code: bool = False) -> None:
     """The input checks that need more than the text, run after every flag's own check and
     before anything loads (``run``, ``compare``, ``bench`` and the app's ``/race`` share them):
     a hub id of either spec that cannot be obtained (:func:`inputs.obtainable`), and an
@@ -328,7 +322,11 @@ def before_load(target_spec: str, draft_spec: str, *, trust_remote_code: bool = 
         inputs.InputError: the reason, in the words the command line and the page show.
     """
     inputs.obtainable("target", target_spec)
-    if is_early_exit(draft_spec):
+    try:
+        draft_spec = as_draft_spec(draft_spec)
+    except DraftSpecError as exc:
+        raise inputs.InputError(f"draft: {exc}") from None
+    if draft_spec.is_early_exit:
         try:
             verdict = early_exit_verdict(target_spec, draft_spec,
                                          trust_remote_code=trust_remote_code)
@@ -337,5 +335,5 @@ def before_load(target_spec: str, draft_spec: str, *, trust_remote_code: bool = 
         if not verdict.ok:
             raise inputs.InputError(f"draft {draft_spec!r} does not fit target {target_spec}: "
                                     + "; ".join(verdict.reasons))
-    elif draft_spec not in NON_MODEL_DRAFTS:
+    elif draft_spec.is_model:
         inputs.obtainable("draft", draft_spec)

@@ -208,10 +208,11 @@ def target(field: str, spec) -> str:
     return spec
 
 
-def draft(field: str, spec) -> str:
+def draft(field: str, spec) -> DraftSpec:
     """A draft spec in one of the accepted forms (README, "Command line"), checked from its text
     and the local disk only: no network, no torch, so every flag is checked at once whatever
-    its order.
+    its order. Returns it parsed, a :class:`DraftSpec` (a ``str`` of the stripped text that
+    carries its kind), which the layers below read without parsing it again.
 
     Names that are not models are checked here (``early-exit:`` needs a layer count >= 1,
     ``builtin:`` a built-in name), a local path must exist, and a word that is none of the
@@ -231,7 +232,7 @@ def draft(field: str, spec) -> str:
     except DraftSpecError as exc:
         raise InputError(f"{field} {spec!r}: {exc}; valid forms: {forms}") from None
     if not parsed.is_model:
-        return spec
+        return parsed
     _missing_path(field, spec, forms)
     shipped = [f"builtin:{n}" for n in BUILTIN_DRAFTERS]
     builtins = [f"builtin:{n}" for n in models.builtin_names()] + shipped
@@ -241,7 +242,7 @@ def draft(field: str, spec) -> str:
                          "drafters: " + ", ".join(shipped))
     names = ["none", "ngram", "self", "mtp", "mtp" + COMBINE, "early-exit:8"] + builtins
     _unknown_name(field, parsed.base, names, forms)
-    return spec
+    return parsed
 
 
 def obtainable(field: str, spec: str) -> str:

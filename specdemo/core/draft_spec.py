@@ -1,8 +1,9 @@
 """The draft spec (``--draft``, a preset's ``draft``, the page's draft box) parsed once into a
-typed value, :class:`DraftSpec`. Text only: no torch, no disk, no network, so the flag checks
-(``checks/inputs.py``) and the drafter factory (``core/drafters/make_drafter``) read the same
-parse. Whether a named model exists, can be obtained or fits the target is asked elsewhere
-(``checks/inputs.py``, ``checks/compat.py``).
+typed value, :class:`DraftSpec`: a ``str`` of its text that carries its parse, handed inwards
+as it is (:func:`as_draft_spec` parses what still comes as text). Text only: no torch, no disk,
+no network, so the flag checks (``checks/inputs.py``) and the drafter factory
+(``core/drafters/make_drafter``) read the same parse. Whether a named model exists, can be
+obtained or fits the target is asked elsewhere (``checks/inputs.py``, ``checks/compat.py``).
 
 The forms (README, "Command line"):
 
@@ -25,7 +26,6 @@ text                      ``kind``       what drafts
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from .model_spec import builtin_name
 
@@ -56,33 +56,50 @@ def looks_like_path(spec: str) -> bool:
             or spec.lower().endswith(".gguf"))
 
 
-@dataclass(frozen=True)
-class DraftSpec:
-    """One draft spec, parsed.
+class DraftSpec(str):
+    """One draft spec, parsed: the text itself (a ``str``: it compares, hashes, prints and
+    serialises as its text, so argparse fields, JSON and the page's values carry it as they
+    are), with what its form says. Built by :meth:`parse` (or :func:`as_draft_spec`); frozen.
 
     Attributes:
-        text: the spec as given, stripped (``builtin:smollm2-135m-eagle3+ngram``).
+        text: the spec as given, stripped (``builtin:smollm2-135m-eagle3+ngram``), a plain str.
         kind: one of none, ngram, self, early-exit, mtp, builtin, path, hub, name (module doc).
         base: ``text`` without the ``+ngram`` suffix (the learned drafter's own spec).
         layers: for early-exit, N (>= 1); else None.
         stacked: True when prompt lookup is stacked over the drafter (``+ngram``).
     """
 
-    text: str
+    __slots__ = ("kind", "base", "layers", "stacked")
     kind: str
     base: str
-    layers: int | None = None
-    stacked: bool = False
+    layers: int | None
+    stacked: bool
+
+    def __new__(cls, text: str, kind: str, base: str, layers: int | None = None,
+                stacked: bool = False) -> DraftSpec:
+        """The value of an already parsed spec (use :meth:`parse` for text)."""
+        spec = super().__new__(cls, text)
+        for name, value in (("kind", kind), ("base", base), ("layers", layers),
+                            ("stacked", stacked)):
+            object.__setattr__(spec, name, value)
+        return spec
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"a DraftSpec is frozen: cannot set {name}")
+
+    def __reduce__(self):
+        return (DraftSpec, (str(self), self.kind, self.base, self.layers, self.stacked))
 
     @classmethod
     def parse(cls, text: str) -> DraftSpec:
-        """Parse ``text`` (surrounding blanks ignored; empty means none).
+        """Parse ``text`` (surrounding blanks ignored; empty means none). The one parser of a
+        draft spec: everything else reads its result (:func:`as_draft_spec`).
 
         Raises:
             DraftSpecError: ``early-exit`` without a layer count, with one that is not a whole
                 number or below 1, or ``+ngram`` over something that is not a learned drafter.
         """
-        text = text.strip()
+        text = str(text).strip()
         stacked = text.endswith(COMBINE)
         base = text.removesuffix(COMBINE) if stacked else text
         kind, layers = _kind(base)
@@ -92,13 +109,38 @@ class DraftSpec:
         return cls(text, kind, base, layers, stacked)
 
     @property
+    def text(self) -> str:
+        """The spec's text as a plain ``str``."""
+        return str.__str__(self)
+
+    @property
     def is_model(self) -> bool:
         """True when something is loaded for it: a draft model or a learned drafter (mtp,
         builtin, path, hub, name), not none, ngram, self or early-exit:N."""
         return self.kind not in NON_MODEL_KINDS
 
+    @property
+    def is_early_exit(self) -> bool:
+        """True for ``early-exit:N`` (the target's first N layers)."""
+        return self.kind == EARLY_EXIT
+
     def __str__(self) -> str:
         return self.text
+
+
+def as_draft_spec(spec: str | DraftSpec) -> DraftSpec:
+    """``spec`` as a :class:`DraftSpec`: itself when it is one already (parsed at the edge: a
+    ``--draft`` flag, a preset, the page's draft box), else :meth:`DraftSpec.parse` of it.
+
+    Raises:
+        DraftSpecError: text no form accepts; the message ends with ``; got '<text>'``.
+    """
+    if isinstance(spec, DraftSpec):
+        return spec
+    try:
+        return DraftSpec.parse(spec)
+    except DraftSpecError as exc:
+        raise DraftSpecError(f"{exc}; got {spec!r}", exc.kind) from None
 
 
 def _kind(base: str) -> tuple[str, int | None]:

@@ -14,12 +14,13 @@ from ..services import startup
 def register(sub) -> None:
     """Add ``check --target T --draft D [--json]``: exit status 0 / 0 / 2 for the verdicts; 2 also
     for a spec refused at once (``specdemo.checks.inputs``, the same words as run and the /race
-    API: an unknown name, a missing path, a hub id not cached while the hub is unreachable) and
-    for a local spec that is not a model (``models.check_local``: run's words and status);
-    1 when a tokenizer or the target's config cannot be read (a damaged cached model, a hub
-    repository that is not a model): not checked, which is neither a yes nor a no. What it
-    reads before the verdict (tokenizers, a config, a learned drafter's target) is printed to
-    stderr as a start-up step (``services.startup.check_step``); stdout holds the verdict only."""
+    API: an unknown name, a missing path, a hub id not cached while the hub is unreachable,
+    all before any step line or model, as ``run`` refuses them) and for a local spec that is
+    not a model (``models.check_local``: run's words and status); 1 when a tokenizer or the
+    target's config cannot be read (a damaged cached model, a hub repository that is not a
+    model): not checked, which is neither a yes nor a no. What it reads before the verdict
+    (tokenizers, a config, a learned drafter's target) is printed to stderr as a start-up step
+    (``services.startup.check_step``); stdout holds the verdict only."""
     parser = sub.add_parser("check", help="can this draft serve this target? (exit 0 / 0 / 2)")
     parser.add_argument("--target", required=True, type=inputs.checked(inputs.target, "target"),
                         help="HF id, local dir, .gguf file or builtin:<name>")
@@ -41,36 +42,51 @@ class _NotChecked(Exception):
         self.status = status
 
 
-def _verdict(args: argparse.Namespace) -> compat.Verdict:
-    """The verdict, after the refusals ``run`` makes before loading.
+def _refuse_at_once(args: argparse.Namespace) -> None:
+    """What ``run`` refuses before its first step line (``compat.before_load``): a hub id of
+    the target or of a model draft (``args.draft``, a ``DraftSpec``) that is not in the local
+    Hugging Face cache while the hub cannot be reached. No torch, no model read: one sentence.
 
     Raises:
-        _NotChecked: status 2 for a spec refused at once, 1 when a tokenizer or config cannot
-            be read.
+        _NotChecked: status 2, the sentence ``run`` says.
+    """
+    try:
+        inputs.obtainable("target", args.target)
+        if args.draft.is_model:
+            inputs.obtainable("draft", args.draft)
+    except inputs.InputError as exc:
+        raise _NotChecked(str(exc), 2) from exc
+
+
+def _verdict(args: argparse.Namespace) -> compat.Verdict:
+    """The verdict, after the refusals ``run`` makes before loading (``args.draft``: the
+    ``DraftSpec`` of ``--draft``).
+
+    Raises:
+        _NotChecked: status 2 for a local spec that is not a model, 1 when a tokenizer or
+            config cannot be read.
     """
     local = [args.target]
-    if compat.is_model_draft(args.draft):
+    if args.draft.is_model:
         from ..models.learned import is_learned  # deferred: imports torch (after the step line)
         local += [] if is_learned(args.draft) else [args.draft]
     try:
         for spec in local:  # what run refuses before loading: the same words, status 2
             check_local(spec)
-        inputs.obtainable("target", args.target)
-        if compat.is_model_draft(args.draft):
-            inputs.obtainable("draft", args.draft)
-    except (ModelLoadError, inputs.InputError) as exc:
+    except ModelLoadError as exc:
         raise _NotChecked(str(exc), 2) from exc
     try:
         return compat.check_specs(args.target, args.draft, trust_remote_code=args.trust_remote_code)
     except Exception as exc:  # ModelLoadError, OSError from a bad path: report, do not trace
         # an early-exit check reads the target's config, and its message says so
-        message = str(exc) if compat.is_early_exit(args.draft) or str(exc).startswith("could not") \
+        message = str(exc) if args.draft.is_early_exit or str(exc).startswith("could not") \
             else f"cannot load a tokenizer: {exc}"
         raise _NotChecked(message, 1) from exc
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     try:  # what it reads is a start-up step on stderr, as run and compare print theirs
+        _refuse_at_once(args)
         with startup.printed(), startup.STEPS.step(*startup.check_step(args.target, args.draft)):
             verdict = _verdict(args)
     except _NotChecked as exc:

@@ -21,7 +21,8 @@ import gradio as gr
 
 from .. import PROJECT_DIR
 from ..checks import inputs
-from ..checks.compat import NON_MODEL_DRAFTS, is_early_exit, non_model_verdict
+from ..checks.compat import NON_MODEL_DRAFTS, non_model_verdict
+from ..core.draft_spec import DraftSpec, as_draft_spec
 from ..services import race as racing
 from ..core.machine import ACTIVE_RACES
 from .ui_format import (AXIS_FORMAT, acceptance_frame, chart_colors,  # noqa: F401
@@ -81,7 +82,7 @@ def _checks() -> ThreadPoolExecutor:
         return _CHECKS
 
 
-def _verdict(target: str, draft: str):
+def _verdict(target: str, draft: DraftSpec | str):
     """compat.check_specs, remembered per pair for this process (``recheck`` forgets).
 
     A model draft's check (its tokenizer against the target's: a first Gemma 3 tokenizer check
@@ -95,7 +96,7 @@ def _verdict(target: str, draft: str):
     """
     key = (target, draft)
     if key not in _VERDICTS:
-        if compat.is_model_draft(draft) and not is_learned(draft):
+        if as_draft_spec(draft).is_model and not is_learned(draft):
             _VERDICTS[key] = _worker().verdict(target, draft)
             return _VERDICTS[key]
         with LOAD_LOCK:  # not while models load...
@@ -127,7 +128,7 @@ def draft_options(target: str, presets: list) -> tuple[list[tuple[str, str]], li
     drafters against the target's weights (``drafters.learned``).
     """
     ours = [p for p in presets if p.target == target]
-    early_exits = sorted({p.draft for p in ours if is_early_exit(p.draft)})
+    early_exits = sorted({p.draft for p in ours if p.draft.is_early_exit})
     kinds = {f"builtin:{n}": "eagle3" for n, t in BUILTIN_DRAFTERS.items() if t == target}
     kinds.update({p.draft: p.draft_kind for p in ours if p.draft_is_learned})
     models = list(dict.fromkeys(list(kinds) + [p.draft for p in ours if p.draft_is_model]
@@ -151,9 +152,9 @@ def draft_options(target: str, presets: list) -> tuple[list[tuple[str, str]], li
     return choices, refused
 
 
-def _cannot_check(spec: str, exc: Exception, learned: bool = False) -> str:
+def _cannot_check(spec: DraftSpec | str, exc: Exception, learned: bool = False) -> str:
     """Why ``spec`` could not be checked, for the draft list and the draft note."""
-    if is_early_exit(spec):
+    if as_draft_spec(spec).is_early_exit:
         return str(exc)  # "cannot check early-exit:N: the layer count of T is unknown (...)"
     return f"cannot check {'it' if learned else 'its tokenizer'} ({exc})"
 
@@ -256,7 +257,7 @@ def on_draft(preset_name, draft, lang=DEFAULT):
     if not draft:
         return ""
     try:
-        inputs.draft("draft", draft)
+        draft = inputs.draft("draft", draft)
     except inputs.InputError as exc:
         return f"✗ {exc}"
     verdict = non_model_verdict(draft)

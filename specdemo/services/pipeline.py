@@ -11,9 +11,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from ..checks.compat import is_model_draft
 from ..core import backend_family
-from ..core.drafters import make_drafter, parse_draft
+from ..core.draft_spec import DraftSpec, as_draft_spec
+from ..core.drafters import make_drafter
 from ..core.engine import DecodeEvent, DecodeResult, collect, decode
 from ..core.machine import busy_warning
 from ..core.policy import AdaptiveDraftLength, make_policy, measure_forward_s
@@ -239,19 +239,19 @@ class Pipeline:
 
     Args:
         target: a loaded target (``models.LoadedModel``: model, tokenizer, vocab_size, eos_token_ids).
-        draft_spec: ``none``, ``ngram``, ``self``, ``early-exit:N`` or the spec of ``draft``;
-            parsed once here (``spec``, a ``core.draft_spec.DraftSpec``) and handed to
-            ``make_drafter`` as such for every decode.
+        draft_spec: ``none``, ``ngram``, ``self``, ``early-exit:N`` or the spec of ``draft``,
+            a ``core.draft_spec.DraftSpec`` or its text (:func:`as_draft_spec`); held as
+            ``spec`` (and ``draft_spec``, the same value) and handed to ``make_drafter`` as
+            such for every decode.
         draft: for model specs the loaded draft model (``models.LoadedModel``), for learned
             drafters what ``drafters.learned.load_learned`` returned, else None.
     Raises:
-        ValueError: a draft spec no form accepts.
+        DraftSpecError: (a ValueError) a draft spec no form accepts.
     """
 
-    def __init__(self, target, draft_spec: str = "none", draft=None) -> None:
+    def __init__(self, target, draft_spec: DraftSpec | str = "none", draft=None) -> None:
         self.target = target
-        self.draft_spec = draft_spec
-        self.spec = parse_draft(draft_spec)
+        self.spec = self.draft_spec = as_draft_spec(draft_spec)
         self.draft = draft
         self.kv = target_kv(target)  # a core.kv.TargetKV of the target's backend
 
@@ -378,14 +378,16 @@ class Pipeline:
         return comparison
 
 
-def build_pipeline(target, draft_spec: str, *, load_draft: Callable, check_draft: Callable,
-                   on_backend: Callable, warn: Callable[[str], None] | None = None) -> Pipeline:
+def build_pipeline(target, draft_spec: DraftSpec | str, *, load_draft: Callable,
+                   check_draft: Callable, on_backend: Callable,
+                   warn: Callable[[str], None] | None = None) -> Pipeline:
     """Target + backend + draft -> :class:`Pipeline`: the one builder of the command line
     (``interfaces.decode_cli``) and the app (``services.race.PipelineCache``).
 
     Args:
         target: the loaded target (``models.loading.LoadedModel``), before a backend is set.
-        draft_spec: the ``--draft`` string (``none``, ``ngram``, a folder, a model id ...).
+        draft_spec: the ``--draft`` spec (``none``, ``ngram``, a folder, a model id ...), a
+            ``DraftSpec`` or its text (:func:`as_draft_spec`).
         load_draft: ``load_draft(spec, device) -> LoadedModel`` for a draft model.
         check_draft: ``check_draft(draft_spec)``, run before a draft model loads; raises (or
             exits) when its tokenizer cannot serve the target.
@@ -396,12 +398,12 @@ def build_pipeline(target, draft_spec: str, *, load_draft: Callable, check_draft
     Raises:
         ModelLoadError / DrafterRefused: a draft that cannot load or cannot serve the target.
     """
-    draft = None
+    draft, draft_spec = None, as_draft_spec(draft_spec)
     if is_learned(draft_spec):  # EAGLE-3 / DFlash / MTP: checked against the target
         draft = load_learned(draft_spec, target)
         for warning in (draft.warnings if warn is not None else ()):
             warn(warning)
-    elif is_model_draft(draft_spec):
+    elif draft_spec.is_model:
         check_draft(draft_spec)
         draft = load_draft(draft_spec, str(target.device))
     return Pipeline(on_backend(target, draft_spec, draft), draft_spec, draft)

@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import PROJECT_DIR
-from ..core.draft_spec import DraftSpec, DraftSpecError
+from ..core.draft_spec import DraftSpec, DraftSpecError, as_draft_spec
 from ..core.model_spec import builtin_name, builtin_spec
 from ..models import loading as models
-from ..checks.compat import is_model_draft
 from ..models.hardware import format_bytes  # noqa: F401  (re-exported: callers look here)
 from .endpoints import EndpointError, base_url
 from ..models import quantize
@@ -75,6 +74,8 @@ class Preset:
     """One target/draft pairing, as read from ``presets/<name>.toml``.
 
     Attributes:
+        draft: the draft spec, parsed (a ``core.draft_spec.DraftSpec``: its text, with ``kind``,
+            ``layers``, ``is_model`` ...); text given here is parsed once, on construction.
         memory_bytes: bytes the pairing needs on its device (weights + KV cache + margin).
         target_params, draft_params: parameter counts (0 when unknown or when the draft is not a
             model); they let a refusal estimate what a 4-bit target would need.
@@ -87,7 +88,7 @@ class Preset:
 
     name: str
     target: str
-    draft: str
+    draft: DraftSpec
     draft_length: int | str
     dtype: str
     quantization: str
@@ -108,6 +109,14 @@ class Preset:
     note_zh_tw: str = ""
     note_zh_cn: str = ""
 
+    def __post_init__(self) -> None:
+        """Parse ``draft`` when it came as text.
+
+        Raises:
+            DraftSpecError: a draft spec no form accepts (the message names it).
+        """
+        object.__setattr__(self, "draft", as_draft_spec(self.draft))
+
     def note_in(self, locale: str | None) -> str:
         """The note in the page's ``locale`` ("zh-TW", "zh-CN"), else the English ``note``."""
         return {"zh-TW": self.note_zh_tw, "zh-CN": self.note_zh_cn}.get(locale or "") or self.note
@@ -116,7 +125,7 @@ class Preset:
     def draft_is_model(self) -> bool:
         """True when the draft has weights of its own to fetch and load (a draft model or a learned
         drafter; not none, ngram, self, early-exit:N or the target's own MTP layers)."""
-        return is_model_draft(self.draft) and self.draft_kind != "mtp"
+        return self.draft.is_model and self.draft_kind != "mtp"
 
     @property
     def draft_is_learned(self) -> bool:
@@ -195,19 +204,16 @@ def _draft_length(path: Path, value: Any) -> int | str:
     return value
 
 
-def _draft(path: Path, value: Any) -> str:
-    draft = _string(path, "draft", value)
+def _draft(path: Path, value: Any) -> DraftSpec:
     try:
-        DraftSpec.parse(draft)
+        return as_draft_spec(_string(path, "draft", value))
     except DraftSpecError as exc:
-        raise _fail(path, "draft", f"{exc}; got {draft!r}") from None
-    return draft
+        raise _fail(path, "draft", str(exc)) from None
 
 
-def _draft_kind(path: Path, data: dict[str, Any]) -> str:
-    """The declared kind of a model-like draft ("model" by default); "" for the others."""
-    draft = data["draft"]
-    model_like = isinstance(draft, str) and is_model_draft(draft)
+def _draft_kind(path: Path, data: dict[str, Any], draft: DraftSpec) -> str:
+    """The declared kind of a model-like ``draft`` ("model" by default); "" for the others."""
+    model_like = draft.is_model
     kind = data.get("draft_kind", ("mtp" if draft == "mtp" else "model") if model_like else "")
     if not model_like and kind:
         raise _fail(path, "draft_kind", f"only model-like drafts have a kind; {draft!r} has none")
@@ -265,10 +271,11 @@ def parse_preset(data: dict[str, Any], path: Path) -> Preset:
         PresetError: naming ``path`` and the offending key.
     """
     _check_keys(path, data)
+    draft = _draft(path, data["draft"])
     preset = Preset(
         name=_string(path, "name", data["name"]),
         target=_string(path, "target", data["target"]),
-        draft=_draft(path, data["draft"]),
+        draft=draft,
         draft_length=_draft_length(path, data["draft_length"]),
         dtype=_choice(path, "dtype", data["dtype"], DTYPES),
         quantization=_choice(path, "quantization", data["quantization"], QUANTIZATIONS),
@@ -282,7 +289,7 @@ def parse_preset(data: dict[str, Any], path: Path) -> Preset:
         default=_boolean(path, "default", data.get("default", False)),
         target_params=_integer(path, "target_params", data.get("target_params", 0), 0),
         draft_params=_integer(path, "draft_params", data.get("draft_params", 0), 0),
-        draft_kind=_draft_kind(path, data),
+        draft_kind=_draft_kind(path, data, draft),
         path=path,
         plain_endpoint=_endpoint(path, "plain_endpoint", data.get("plain_endpoint", "")),
         spec_endpoint=_endpoint(path, "spec_endpoint", data.get("spec_endpoint", "")),

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
-from ..checks import compat
 from ..core import machine
+from ..core.draft_spec import DraftSpec, as_draft_spec
 from ..models import loading as models
 from . import backend_store
 
@@ -253,7 +253,7 @@ def tokenizer_step(target: str, draft: str) -> tuple[str, str, float]:
             GUESS_S["tokenizer"])
 
 
-def check_step(target: str, draft: str) -> tuple[str, str, float]:
+def check_step(target: str, draft: DraftSpec | str) -> tuple[str, str, float]:
     """(key, name, guess in seconds) of the step ``check`` prints while it reads what its verdict
     on ``draft`` for ``target`` needs (``checks.compat.check_specs``): importing torch and
     transformers, the target's folder, then both tokenizers, the target's config for
@@ -262,7 +262,7 @@ def check_step(target: str, draft: str) -> tuple[str, str, float]:
     and imports no torch (the step line comes before either)."""
     if _converts_tokenizer(draft):  # the conversion is the slow part: say so
         return tokenizer_step(target, draft)
-    guess = GUESS_S["tokenizer"] if compat.is_model_draft(draft) else GUESS_S["imports"]
+    guess = GUESS_S["tokenizer"] if as_draft_spec(draft).is_model else GUESS_S["imports"]
     return f"check {target} {draft}", f"checking {draft} against {target}", guess
 
 

@@ -15,26 +15,14 @@ from __future__ import annotations
 
 import torch
 
-from ..draft_spec import DraftSpec, DraftSpecError
+from ..draft_spec import DraftSpec, as_draft_spec
 from .base import Drafter, FeatureDrafter, Proposal, fit_vocab, param_bytes, wants_features
 from .draft_model import ModelDrafter, early_exit_view
 from .ngram import NgramDrafter
 
 __all__ = ["Drafter", "FeatureDrafter", "Proposal", "ModelDrafter", "NgramDrafter",
-           "early_exit_view", "fit_vocab", "make_drafter", "parse_draft", "param_bytes",
+           "early_exit_view", "fit_vocab", "make_drafter", "param_bytes",
            "wants_features"]
-
-
-def parse_draft(text: str) -> DraftSpec:
-    """``DraftSpec.parse(text)``, refused as a ValueError naming the text.
-
-    Raises:
-        ValueError: a spec no form accepts (e.g. ``early-exit`` without a layer count).
-    """
-    try:
-        return DraftSpec.parse(text)
-    except DraftSpecError as exc:
-        raise ValueError(f"{exc}; got {text!r}") from None
 
 
 def make_drafter(spec: DraftSpec | str, target: torch.nn.Module, vocab_size: int,
@@ -42,7 +30,8 @@ def make_drafter(spec: DraftSpec | str, target: torch.nn.Module, vocab_size: int
     """Build a fresh drafter (no state shared with earlier decodes) named by ``spec``.
 
     Args:
-        spec: a parsed :class:`DraftSpec` (what a ``Pipeline`` holds), or its text: ``none``,
+        spec: a :class:`DraftSpec` (what a ``Pipeline`` holds), or its text
+            (:func:`as_draft_spec`): ``none``,
             ``ngram``, ``self``, ``early-exit:<layers>``, or anything else together with
             ``draft_model``.
         target: the target model (for self and early-exit views).
@@ -53,9 +42,10 @@ def make_drafter(spec: DraftSpec | str, target: torch.nn.Module, vocab_size: int
     Returns:
         The drafter, or None for ``none`` (plain decoding).
     Raises:
-        ValueError: for an unknown spec or a bad early-exit layer count.
+        ValueError: for an unknown spec; a ``DraftSpecError`` (a ValueError naming the text)
+            for text no form accepts, e.g. a bad early-exit layer count.
     """
-    parsed = spec if isinstance(spec, DraftSpec) else parse_draft(spec)
+    parsed = as_draft_spec(spec)
     spec = parsed.text
     if parsed.kind == "none":
         return None
@@ -63,7 +53,7 @@ def make_drafter(spec: DraftSpec | str, target: torch.nn.Module, vocab_size: int
         return NgramDrafter()
     if parsed.kind == "self":
         return ModelDrafter(target, vocab_size, name="self", shares_weights=True)
-    if parsed.kind == "early-exit":
+    if parsed.is_early_exit:
         return ModelDrafter(early_exit_view(target, parsed.layers), vocab_size, name=spec,
                             shares_weights=True)
     if draft_model is None:

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from typing import Iterator
 
-from ...core.draft_spec import EARLY_EXIT, DraftSpec
+from ...core.draft_spec import DraftSpec, as_draft_spec
 from .config import BenchConfig, PeakMemory, Run
 
 HEURISTIC_START = 5  # draft tokens transformers' heuristic schedule starts from, for "auto"
@@ -110,25 +110,26 @@ class TransformersEngine:
 
     Args:
         target: the loaded target (model, tokenizer, eos_token_ids, device).
-        draft_spec: ``ngram``, ``self``, ``early-exit:N`` or a model spec.
+        draft_spec: ``ngram``, ``self``, ``early-exit:N`` or a model spec (a ``DraftSpec`` or
+            its text, :func:`as_draft_spec`).
         draft: the loaded draft model for model specs.
     """
 
     name = "transformers"
 
-    def __init__(self, target, draft_spec: str, draft=None) -> None:
-        self.target, self.draft_spec, self.draft = target, draft_spec, draft
+    def __init__(self, target, draft_spec: DraftSpec | str, draft=None) -> None:
+        self.target, self.draft_spec, self.draft = target, as_draft_spec(draft_spec), draft
 
     def _options(self, draft_length: int | str) -> tuple[dict, dict, object | None, str]:
         """(generate kwargs, assistant generation-config fields, the model holding them, label)."""
-        if self.draft_spec == "ngram":
+        if self.draft_spec.kind == "ngram":
             return ({"prompt_lookup_num_tokens": draft_length}, {}, None,
                     f"prompt_lookup_num_tokens={draft_length}")
-        if (spec := DraftSpec.parse(self.draft_spec)).kind == EARLY_EXIT:
-            layers = spec.layers
+        if self.draft_spec.is_early_exit:
+            layers = self.draft_spec.layers
             holder, kwargs = self.target.model, {"assistant_early_exit": layers}
             what = f"assistant_early_exit={layers}"
-        elif self.draft_spec == "self":
+        elif self.draft_spec.kind == "self":
             holder = self.target.model
             kwargs, what = {"assistant_model": holder}, "assistant_model=<the target itself>"
         else:
@@ -148,9 +149,9 @@ class TransformersEngine:
     def method(self, draft_length: int | str) -> tuple[str, str | None]:
         """(label, reason it cannot run or None)."""
         if hasattr(self.draft, "new_drafter"):  # a learned drafter (EAGLE-3, combined, ...)
-            return self.draft_spec, ("n/a: transformers' generate() has no EAGLE-3 drafter or "
-                                     "n-gram stacking")
-        if self.draft_spec == "ngram" and draft_length == "auto":
+            return self.draft_spec.text, ("n/a: transformers' generate() has no EAGLE-3 "
+                                          "drafter or n-gram stacking")
+        if self.draft_spec.kind == "ngram" and draft_length == "auto":
             return "prompt lookup", ("n/a: transformers' prompt lookup has no dynamic draft length "
                                      "(prompt_lookup_num_tokens is fixed)")
         return self._options(draft_length)[3], None
