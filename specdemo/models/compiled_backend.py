@@ -52,6 +52,7 @@ import torch.nn.functional as F
 
 from ..core.errors import ModelLoadError
 from ..core.kv import RotaryTables, StaticCacheKV
+from ..core.shape import ModelShape
 from .attached import attached
 from ..core import machine
 from .builtin import cache_dir
@@ -301,7 +302,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-class Int8Model(RotaryTables):
+class Int8Model(RotaryTables, ModelShape):
     """The quantised weights of one transformers Llama, built once and shared by its caches.
 
     Args:
@@ -316,14 +317,8 @@ class Int8Model(RotaryTables):
         reason = unsupported_reason(model)
         if reason:
             raise Int8Error(reason)
-        cfg = model.config
+        ModelShape.__init__(self, model.config)
         self.model = model
-        self.n_layer = cfg.num_hidden_layers
-        self.hidden = cfg.hidden_size
-        self.n_head = cfg.num_attention_heads
-        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_head
-        self.head_dim = getattr(cfg, "head_dim", None) or self.hidden // self.n_head
-        self.eps = float(cfg.rms_norm_eps)
         base = model.model
         self.embed = base.embed_tokens.weight  # (V, H) float32, shared with transformers
         self.vocab = self.embed.shape[0]
@@ -524,8 +519,7 @@ class Int8KV(StaticCacheKV):
     def cache_bytes(self) -> int:
         """Bytes of the float32 keys and values of the cached tokens (``capacity`` of them are
         allocated)."""
-        m = self.qmodel
-        return 2 * 4 * m.n_layer * m.n_kv * m.head_dim * self.length
+        return self.qmodel.kv_bytes(self.length, 4)
 
     # ------------------------------------------------------------------ internals
 

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from ..core.errors import ModelLoadError
 from ..core.kv import StaticCacheKV, keep_tree_rows
+from ..core.shape import ModelShape
 from .attached import attached
 from .compiled_backend import llama_reason, rotate
 
@@ -70,7 +71,7 @@ def unavailable_reason(loaded) -> str | None:
     return unsupported_reason(loaded.model)
 
 
-class StaticLlama:
+class StaticLlama(ModelShape):
     """The weights of one transformers Llama as the static forward reads them (the model's own
     tensors, no copies), and its rotary tables for a capacity.
 
@@ -79,14 +80,9 @@ class StaticLlama:
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        cfg = model.config
+        ModelShape.__init__(self, model.config)
         self.model = model
-        self.n_layer = cfg.num_hidden_layers
-        self.n_head = cfg.num_attention_heads
-        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_head
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_head
-        self.eps = float(cfg.rms_norm_eps)
-        self.max_positions = getattr(cfg, "max_position_embeddings", None)
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
         base = model.model
         self.embed = base.embed_tokens.weight  # (V, H)
         self.dtype, self.device = self.embed.dtype, self.embed.device
@@ -278,8 +274,7 @@ class CudaGraphKV(StaticCacheKV):
     @property
     def cache_bytes(self) -> int:
         """Bytes of the keys and values of the cached tokens (``capacity`` are allocated)."""
-        m = self.weights
-        return 2 * self.k_cache[0].element_size() * m.n_layer * m.n_kv * m.head_dim * self.length
+        return self.weights.kv_bytes(self.length, self.k_cache[0].element_size())
 
     def _width(self, s: int, layers: tuple[int, ...], tree: bool) -> _Width:
         key = (s, layers, tree)

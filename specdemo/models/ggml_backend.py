@@ -39,6 +39,7 @@ from ..core.errors import ModelLoadError
 from ..core.kv import PREFILL_CHUNK, feed_in_chunks, unknown_hidden_states
 from ..core.model_spec import builtin_name
 from ..core.machine import default_threads
+from ..core.shape import ModelShape
 from . import builtin, llama_ctypes
 from .ggufread import GGUFDamaged, check_whole
 from .llama_ctypes import (clear_errors, last_error, library, meta_string,
@@ -233,10 +234,7 @@ class GgmlKV:
         cfg = getattr(getattr(self.model, "config", None), "get_text_config", None)
         if cfg is None:
             return 0
-        c = cfg()
-        heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return 2 * 2 * c.num_hidden_layers * heads * head_dim * self.length
+        return ModelShape(cfg()).kv_bytes(self.length, 2)
 
     # ------------------------------------------------------------------ internals
 

@@ -12,6 +12,7 @@ import torch
 
 from ...core.kv import RotaryTables, StaticCacheKV, keep_tree_rows
 from ...core.machine import default_threads
+from ...core.shape import ModelShape
 from ..compiled_backend import llama_reason
 from .build import KERNELS, NativeError, default_kernel, library
 from .weights import NAME, _WEIGHTS, _check_weights, _packer, _set_scales
@@ -32,11 +33,9 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     reason = llama_reason(model, "native", ARCHITECTURES)
     if reason is not None:
         return reason
-    cfg = model.config
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    widths = (cfg.hidden_size, cfg.intermediate_size, heads * head_dim)
-    if any(w % 32 for w in widths) or head_dim > 1024 or head_dim % 2:
+    shape = ModelShape(model.config)
+    widths = (shape.hidden, shape.inter, shape.n_head * shape.head_dim)
+    if any(w % 32 for w in widths) or shape.head_dim > 1024 or shape.head_dim % 2:
         return f"the native backend needs widths that are multiples of 32; this target has {widths}"
     p = next(model.parameters())
     if p.dtype not in (torch.float32, torch.bfloat16):
@@ -44,7 +43,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-class NativeModel(RotaryTables):
+class NativeModel(RotaryTables, ModelShape):
     """The BF16 weights of one transformers Llama and the C model over them, built once and
     shared by its caches (one forward at a time: the C model owns one set of scratch buffers).
 
@@ -68,15 +67,8 @@ class NativeModel(RotaryTables):
         self.weights = _check_weights(weights)
         self.lib = library()
         self.kernel = kernel or default_kernel()
-        cfg = model.config
+        ModelShape.__init__(self, model.config)
         self.model = model
-        self.n_layer = cfg.num_hidden_layers
-        self.hidden = cfg.hidden_size
-        self.n_head = cfg.num_attention_heads
-        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_head
-        self.head_dim = getattr(cfg, "head_dim", None) or self.hidden // self.n_head
-        self.inter = cfg.intermediate_size
-        self.eps = float(cfg.rms_norm_eps)
         self.threads = threads or default_threads()
         base = model.model
         self.scales: list[torch.Tensor] = []  # int8: (qkv, o, gate_up, down) row scales a layer, then the head's
@@ -184,8 +176,7 @@ class NativeKV(StaticCacheKV):
     def cache_bytes(self) -> int:
         """Bytes of the float32 keys and values of the cached tokens (``capacity`` of them are
         allocated)."""
-        m = self.nmodel
-        return 2 * 4 * m.n_layer * m.n_kv * m.head_dim * self.length
+        return self.nmodel.kv_bytes(self.length, 4)
 
     # ------------------------------------------------------------------ internals
 
