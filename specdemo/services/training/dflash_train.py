@@ -41,11 +41,13 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ...core.drafters.features import dflash_indices, num_layers
+from ...core.shape import ModelShape
 from .train import StepLoss, TrainState, run_training
 from ...core.drafters.dflash import ZLAB_RENAMES, noise_embeddings
 
@@ -101,23 +103,35 @@ def pick_mask_token(counts: torch.Tensor, eos_ids) -> int:
     return int((c == least).nonzero().max())
 
 
-def new_drafter(target, recipe: DFlashRecipe):
-    """A fresh ``MuseGlimmerAssistantModel`` for ``target`` (a ``models.LoadedModel``): the
-    target's hidden size, heads and RoPE, ``recipe.draft_layers`` layers, seeded init."""
-    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+def draft_layer_config(target, n_layers: int, vocab_size: int | None = None) -> dict:
+    """The Qwen3-style config of ``n_layers`` draft layers shaped like ``target``'s (a
+    ``models.LoadedModel``; ``core.shape.ModelShape``): hidden size, MLP width, heads, head
+    width, ``vocab_size`` when given, RMSNorm epsilon, RoPE (``rope_parameters``, else the
+    default rope of its ``rope_theta``), context length and activation. DFlash's and DSpark's
+    drafters are built from it."""
     cfg = target.model.config.get_text_config()
-    n = recipe.draft_layers
-    heads = cfg.num_attention_heads
+    shape = ModelShape(cfg)
     rope = dict(getattr(cfg, "rope_parameters", None) or {}) or {
         "rope_type": "default", "rope_theta": float(getattr(cfg, "rope_theta", 10000.0))}
+    widths = {"hidden_size": shape.hidden, "intermediate_size": shape.inter,
+              "num_hidden_layers": n_layers, "num_attention_heads": shape.n_head,
+              "num_key_value_heads": shape.n_kv, "head_dim": shape.head_dim}
+    if vocab_size is not None:
+        widths["vocab_size"] = vocab_size
+    return {**widths, "rms_norm_eps": cfg.rms_norm_eps, "rope_parameters": rope,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "hidden_act": getattr(cfg, "hidden_act", "silu")}
+
+
+def new_drafter(target, recipe: DFlashRecipe):
+    """A fresh ``MuseGlimmerAssistantModel`` for ``target`` (a ``models.LoadedModel``): the
+    target's hidden size, heads and RoPE (:func:`draft_layer_config`), ``recipe.draft_layers``
+    layers, seeded init."""
+    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+    layer = draft_layer_config(target, recipe.draft_layers)
     config = MuseGlimmerAssistantConfig(
-        hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=n,
-        num_attention_heads=heads, num_key_value_heads=getattr(cfg, "num_key_value_heads", heads),
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        rms_norm_eps=cfg.rms_norm_eps, rope_parameters=rope,
-        max_position_embeddings=cfg.max_position_embeddings,
-        sliding_window=cfg.max_position_embeddings, layer_types=["full_attention"] * n,
-        hidden_act=getattr(cfg, "hidden_act", "silu"), block_size=recipe.block_size,
+        **layer, sliding_window=layer["max_position_embeddings"],
+        layer_types=["full_attention"] * recipe.draft_layers, block_size=recipe.block_size,
         target_layer_ids=list(recipe.target_layer_ids), mask_token_id=recipe.mask_token_id,
         bos_token_id=None, eos_token_id=None, pad_token_id=None)
     torch.manual_seed(recipe.seed)
@@ -226,18 +240,23 @@ def block_loss(model, embeddings: torch.nn.Module, head_weight: torch.Tensor, ba
     return total / weight, agree
 
 
-def train(model, target, items: list[dict], recipe: DFlashRecipe, out_dir: Path,
-          resume: bool = False, max_steps: int | None = None) -> TrainState:
-    """Train the DFlash ``model`` in place on feature ``items`` (``data.capture_features`` with
-    ``recipe.feature_layers``) with the block loss (:func:`block_loss`) in the shared loop
-    (``train.run_training``).
+def train_blocks(model, target, items: list[dict], recipe: DFlashRecipe, out_dir: Path,
+                 loss: Callable, *, shift: int = 0, desc: str, resume: bool = False,
+                 max_steps: int | None = None) -> TrainState:
+    """Train a block drafter (DFlash's, DSpark's) in place on feature ``items``
+    (``data.capture_features`` with ``recipe.feature_layers``) in the shared loop
+    (``train.run_training``): each step's batch is :func:`collate` (``shift``) of its items,
+    its loss ``loss(model, embeddings, head_weight, batch, recipe)`` -> (loss tensor,
+    agreement per block position), ``embeddings`` and ``head_weight`` ((V, H), float32) the
+    target's frozen ones.
 
     Anchors are drawn from a generator seeded by (seed, step), so a resumed run draws the same
     blocks as an uninterrupted one.
 
     Args:
-        max_steps: stop after this many optimiser steps in total.
         resume: continue from ``out_dir/checkpoint.pt`` when it exists.
+        max_steps: stop after this many optimiser steps in total.
+        desc: the progress bar's words.
     Returns:
         The final state (losses per step, agreement per step and block position).
     Raises:
@@ -249,11 +268,19 @@ def train(model, target, items: list[dict], recipe: DFlashRecipe, out_dir: Path,
 
         def step(batch_items: list[dict], n: int):
             gen = torch.Generator().manual_seed(recipe.seed * 1_000_003 + n)  # n: the optimiser step
-            return block_loss(model, embeddings, head_weight, collate(batch_items, recipe, gen), recipe)
+            return loss(model, embeddings, head_weight, collate(batch_items, recipe, gen, shift), recipe)
         return step
 
     return run_training(model, list(model.parameters()), items, recipe, out_dir, make_step,
-                        resume, max_steps, desc="training (DFlash)", shown=4)
+                        resume, max_steps, desc=desc, shown=4)
+
+
+def train(model, target, items: list[dict], recipe: DFlashRecipe, out_dir: Path,
+          resume: bool = False, max_steps: int | None = None) -> TrainState:
+    """Train the DFlash ``model`` in place with the block loss (:func:`block_loss`) in
+    :func:`train_blocks` (its arguments, its result, its errors)."""
+    return train_blocks(model, target, items, recipe, out_dir, block_loss,
+                        desc="training (DFlash)", resume=resume, max_steps=max_steps)
 
 
 def save(model, folder: Path, target, dtype: torch.dtype = torch.bfloat16,

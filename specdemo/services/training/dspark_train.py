@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 from ...core.drafters import dspark
 from ...core.drafters.features import eagle3_default_layers
-from .dflash_train import DFlashRecipe, collate, default_target_layers
-from .train import StepLoss, TrainState, run_training
+from .dflash_train import DFlashRecipe, default_target_layers, draft_layer_config, train_blocks
+from .train import TrainState
 
 
 @dataclass
@@ -58,20 +58,10 @@ def default_target_layers_dspark(n_layers: int) -> tuple[int, ...]:
 
 def new_drafter(target, recipe: DSparkRecipe, verifier: str | None = None) -> dspark.DSparkModel:
     """A fresh :class:`DSparkModel` for ``target`` (a ``models.LoadedModel``): the target's hidden
-    size, heads and RoPE, ``recipe.draft_layers`` layers, the full vocabulary, seeded init
+    size, heads and RoPE (``dflash_train.draft_layer_config``), ``recipe.draft_layers`` layers, the full vocabulary, seeded init
     (speculators': the Markov embedding from N(0, 0.01))."""
-    cfg = target.model.config.get_text_config()
-    heads = cfg.num_attention_heads
-    rope = dict(getattr(cfg, "rope_parameters", None) or {}) or {
-        "rope_type": "default", "rope_theta": float(getattr(cfg, "rope_theta", 10000.0))}
-    layer = {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-             "num_hidden_layers": recipe.draft_layers, "num_attention_heads": heads,
-             "num_key_value_heads": getattr(cfg, "num_key_value_heads", heads),
-             "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-             "vocab_size": int(target.model.get_input_embeddings().num_embeddings),
-             "rms_norm_eps": cfg.rms_norm_eps, "rope_parameters": rope,
-             "max_position_embeddings": cfg.max_position_embeddings,
-             "hidden_act": getattr(cfg, "hidden_act", "silu")}
+    layer = draft_layer_config(target, recipe.draft_layers,
+                               int(target.model.get_input_embeddings().num_embeddings))
     config = dspark.new_config(layer, recipe.feature_layers, recipe.block_size,
                                recipe.mask_token_id, markov_rank=recipe.markov_rank,
                                markov_head_type=recipe.markov_head_type, verifier=verifier,
@@ -136,31 +126,11 @@ def block_loss(model: dspark.DSparkModel, embeddings: torch.nn.Module, head_weig
 
 def train(model: dspark.DSparkModel, target, items: list[dict], recipe: DSparkRecipe,
           out_dir: Path, resume: bool = False, max_steps: int | None = None) -> TrainState:
-    """Train the DSpark ``model`` in place on feature ``items`` (``data.capture_features`` with
-    ``recipe.feature_layers``) with :func:`block_loss` in the shared loop
-    (``train.run_training``); anchors are drawn from a generator seeded by (seed, step), so a
-    resumed run draws the same blocks as an uninterrupted one.
-
-    Args:
-        resume: continue from ``out_dir/checkpoint.pt`` when it exists.
-        max_steps: stop after this many optimiser steps in total.
-    Returns:
-        The final state (losses per step, agreement per step and block slot).
-    Raises:
-        KeyboardInterrupt: after writing a checkpoint, when interrupted.
-    """
-    def make_step() -> StepLoss:
-        embeddings = target.model.get_input_embeddings()
-        head_weight = target.model.get_output_embeddings().weight.detach().float()
-
-        def step(batch_items: list[dict], n: int):
-            gen = torch.Generator().manual_seed(recipe.seed * 1_000_003 + n)
-            batch = collate(batch_items, recipe, gen, shift=1)
-            return block_loss(model, embeddings, head_weight, batch, recipe)
-        return step
-
-    return run_training(model, list(model.parameters()), items, recipe, out_dir, make_step,
-                        resume, max_steps, desc="training (DSpark)", shown=4)
+    """Train the DSpark ``model`` in place with :func:`block_loss` in
+    ``dflash_train.train_blocks`` (batches of ``shift`` 1; its arguments, its result, its
+    errors)."""
+    return train_blocks(model, target, items, recipe, out_dir, block_loss, shift=1,
+                        desc="training (DSpark)", resume=resume, max_steps=max_steps)
 
 
 def save(model: dspark.DSparkModel, folder: Path, dtype: torch.dtype = torch.bfloat16,

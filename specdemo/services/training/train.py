@@ -32,6 +32,7 @@ from transformers import LlamaConfig
 from ...core.drafters.eagle import Eagle3Head
 from ...core.drafters.features import capture
 from ...core.drafters.vocab import build_maps
+from ...core.shape import ModelShape
 from ...models.learned import verifier_name
 
 CHECKPOINT = "checkpoint.pt"
@@ -76,11 +77,10 @@ def new_head(target, recipe: Recipe, token_counts: torch.Tensor) -> Eagle3Head:
     """A fresh head for ``target``: its layer shapes, the draft vocabulary from ``token_counts``,
     ``lm_head`` initialised from the target's head rows of that vocabulary."""
     cfg = target.model.config.get_text_config()
-    layer = LlamaConfig(vocab_size=target.vocab_size, hidden_size=cfg.hidden_size,
-                        intermediate_size=cfg.intermediate_size,
-                        num_attention_heads=cfg.num_attention_heads,
-                        num_key_value_heads=cfg.num_key_value_heads,
-                        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+    shape = ModelShape(cfg)
+    layer = LlamaConfig(vocab_size=target.vocab_size, hidden_size=shape.hidden,
+                        intermediate_size=shape.inter, num_attention_heads=shape.n_head,
+                        num_key_value_heads=shape.n_kv, head_dim=shape.head_dim,
                         rms_norm_eps=cfg.rms_norm_eps,
                         max_position_embeddings=cfg.max_position_embeddings,
                         rope_parameters=getattr(cfg, "rope_parameters", None))
