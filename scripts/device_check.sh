@@ -4,9 +4,10 @@
 #   scripts/device_check.sh                # on the GPU machine, from the repository root
 #   scripts/device_check.sh --cpu-dry-run  # the same steps on the CPU, shortened: tests the plumbing
 #
-# Steps, each with its own time limit, none stopping the others (the measuring ones are
-# subcommands of scripts/device_check.py, which append JSON records as they go, so a step cut by
-# its limit keeps what it measured); nothing imports gradio (the GPU machine has none):
+# Steps, each with its own time limit, none stopping the others (scripts/_steps.sh runs them; the
+# measuring ones are subcommands of scripts/device_check.py, which append JSON records as they go,
+# so a step cut by its limit keeps what it measured); nothing imports gradio (the GPU machine has
+# none):
 #   1. environment: the commit, the GPU and its driver, torch, transformers, bitsandbytes; when
 #      torch/transformers are missing, pip install -r requirements.txt -r requirements-dev.txt;
 #   2. the suite's CUDA tests (pytest -m cuda: greedy speculative == plain greedy in float32 with
@@ -30,43 +31,12 @@
 set -u
 cd "$(dirname "$0")/.."
 
-DRY=0
-if [[ "${1:-}" == "--cpu-dry-run" ]]; then DRY=1; elif [[ -n "${1:-}" ]]; then
-  echo "usage: $0 [--cpu-dry-run]" >&2; exit 2
-fi
-OUTDIR="${OUT:-./device-check-out}"
-mkdir -p "$OUTDIR"
-REPORT="$OUTDIR/device_check.txt"
-PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"  # the set-up's .venv when there is one
-START=$(date +%s)
-: > "$REPORT"
-declare -a SUMMARY=()
-
-log() { echo "$*" | tee -a "$REPORT"; }
-section() { log ""; log "=== $* ($(( $(date +%s) - START )) s in)"; }
-# run LIMIT NAME CMD...: run with a time limit, output into the report, status into the summary
-BUDGET_S=300  # the whole check stays near 5 minutes: each step gets at most what is left
-SCALE=1       # a dry run on a (busy) CPU gets 6x the time per step and a 40-minute budget
-if [[ $DRY -eq 1 ]]; then BUDGET_S=2400; SCALE=6; fi
-run() {
-  local limit=$(( $1 * SCALE )) name=$2; shift 2
-  local left=$(( BUDGET_S - ($(date +%s) - START) ))
-  if (( left < 15 )); then
-    log "--- $name: SKIPPED (the ${BUDGET_S}-second budget is spent)"
-    SUMMARY+=("$name: SKIPPED (budget spent)")
-    return 1
-  fi
-  (( limit > left )) && limit=$left
-  section "$name: $*"
-  timeout "$limit" "$@" >> "$REPORT" 2>&1
-  local rc=$?
-  local verdict="ok"
-  [[ $rc -eq 124 ]] && verdict="TIMED OUT after ${limit} s (its records so far are kept)"
-  [[ $rc -ne 0 && $rc -ne 124 ]] && verdict="FAILED (exit $rc)"
-  log "--- $name: $verdict"
-  SUMMARY+=("$name: $verdict")
-  return $rc
-}
+source scripts/_steps.sh
+steps_begin ./device-check-out device_check.txt "$@"
+STEP_BUDGET_S=300  # the whole check stays near 5 minutes: each step gets at most what is left
+STEP_SCALE=1       # a dry run on a (busy) CPU gets 6x the time per step and a 40-minute budget
+if [[ $DRY -eq 1 ]]; then STEP_BUDGET_S=2400; STEP_SCALE=6; fi
+STEP_TIMEOUT_NOTE="(its records so far are kept)"
 
 section "environment"
 log "mode: $([[ $DRY -eq 1 ]] && echo 'CPU dry run (plumbing only; no GPU figures)' || echo 'accelerator')"
@@ -149,11 +119,9 @@ run 60 "races on the CPU" "${CHECK[@]}" races --out "$RECORDS" --device cpu --to
   --dtype float32 --backend auto --prompts chat,copying --drafters "default,eagle3 k=4,ngram"
 
 # summary: one results file, and its figures in a few lines at the end of the report
-section "summary"
-for line in "${SUMMARY[@]}"; do log "$line"; done
+steps_summary
 "$PY" scripts/device_check.py summary --records "$RECORDS" --junit "$JUNIT" --costs "$COSTS" \
   --mode "$([[ $DRY -eq 1 ]] && echo cpu-dry-run || echo accelerator)" --steps "${SUMMARY[@]}" \
   --out "$RESULTS" 2>&1 | tee -a "$REPORT"
 log "total: $(( $(date +%s) - START )) s; report: $REPORT; results: $RESULTS"
-for line in "${SUMMARY[@]}"; do [[ $line == *": ok" ]] || exit 1; done
-exit 0
+steps_exit

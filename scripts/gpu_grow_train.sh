@@ -5,7 +5,7 @@
 #   scripts/gpu_grow_train.sh                # on the GPU machine, from the repository root
 #   scripts/gpu_grow_train.sh --cpu-dry-run  # the same steps on the CPU with tiny sizes: the plumbing
 #
-# Steps (each with its own time limit; a failed step does not stop the next):
+# Steps (each with its own time limit; a failed step does not stop the next; scripts/_steps.sh runs them):
 #   1. environment: Python, torch and its CUDA, the GPU;
 #   2. answers: scripts/grow_data.py answers on the GPU (transformers' batched generate, 512
 #      sequences at once, float32) for 3.5 minutes (ANSWER_MIN), over the prompts no shard holds, in an
@@ -21,29 +21,9 @@
 set -u
 cd "$(dirname "$0")/.."
 
-DRY=0
-if [[ "${1:-}" == "--cpu-dry-run" ]]; then DRY=1; elif [[ -n "${1:-}" ]]; then
-  echo "usage: $0 [--cpu-dry-run]" >&2; exit 2
-fi
-OUTDIR="${OUT:-./gpu-grow-out}"
+source scripts/_steps.sh
+steps_begin ./gpu-grow-out gpu_grow_train.txt "$@"
 mkdir -p "$OUTDIR/shards"
-REPORT="$OUTDIR/gpu_grow_train.txt"
-PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"  # the set-up's .venv when there is one
-START=$(date +%s)
-: > "$REPORT"
-declare -a SUMMARY=()
-log() { echo "$*" | tee -a "$REPORT"; }
-run() {  # run LIMIT_S NAME CMD...: output into the report, verdict into the summary
-  local limit=$1 name=$2; shift 2
-  log ""; log "=== $name ($(( $(date +%s) - START )) s in): $*"
-  timeout "$limit" "$@" >> "$REPORT" 2>&1
-  local rc=$?
-  local verdict="ok"
-  [[ $rc -eq 124 ]] && verdict="TIMED OUT after ${limit} s"
-  [[ $rc -ne 0 && $rc -ne 124 ]] && verdict="FAILED (exit $rc)"
-  log "--- $name: $verdict"; SUMMARY+=("$name: $verdict")
-  return $rc
-}
 
 if [[ $DRY -eq 1 ]]; then
   DEVICE=cpu; ANSWER_MIN=1; SLOTS=8; CHUNK=16; TRAIN_MIN=0.3; EXTRA=(--max-steps 4 --max-prompts 400 --report-prompts 0); MAXTOK=32; DTYPE=float32
@@ -74,8 +54,6 @@ run $(( 60 * ${TRAIN_MIN%.*} + 240 )) "train" $PY -m specdemo train-draft --targ
   --batch-tokens "$BATCH_TOKENS" "${EXTRA[@]}"
 rm -rf "$WORK" "$OUTDIR/head/checkpoint.pt" "$OUTDIR/head/answers.jsonl"  # large; the head and its reports stay
 
-log ""; log "=== summary ($(( $(date +%s) - START )) s in all)"
-for line in "${SUMMARY[@]}"; do log "$line"; done
+steps_summary
 grep -E "^answers: .*tokens/s" "$REPORT" | tail -3 | tee -a "$REPORT" > /dev/null
-for line in "${SUMMARY[@]}"; do [[ $line == *": ok" ]] || exit 1; done
-exit 0
+steps_exit
