@@ -115,8 +115,7 @@ def cmd_answers(args) -> int:
                                         f"{s['answer_tokens']} tokens in all)")
         if result.answers < len(chunk):  # the chunk's budget cut it: its unfinished answers go first
             have, _ = shards.read_all(shard_dir, target=args.target)
-            held = {(a["key"], a["answer_index"]) for a in have}
-            todo = [ia for ia in chunk if (shards.prompt_key(rows[ia[0]]), ia[1]) not in held] + todo
+            todo = grow.unanswered(rows, have, chunk) + todo
     if total_s:
         print(f"answers: {total_tokens:.0f} tokens in {total_s:.0f} s, {total_tokens / total_s:.0f} tokens/s", flush=True)
     return 0

@@ -62,6 +62,22 @@ def _done(path: Path) -> set[tuple[int, int]]:
     return done
 
 
+def answer_indices(n_prompts: int, answers, done: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (prompt index, answer index) pairs left to generate: for each answer index of
+    ``answers`` in turn, the prompts 0..``n_prompts``-1 whose pair ``done`` (the pairs an
+    answers file holds) lacks."""
+    return [(i, a) for a in answers for i in range(n_prompts) if (i, a) not in done]
+
+
+def answer_temperature(temperature: float | tuple[float, ...], a: int) -> float:
+    """The temperature of answer index ``a``: 0 (greedy) for answer 0, else ``temperature`` (for
+    a tuple, ``temperature[(a - 1) % len(temperature)]``)."""
+    if a == 0:
+        return 0.0
+    temps = temperature if isinstance(temperature, (list, tuple)) else (temperature,)
+    return temps[(a - 1) % len(temps)]
+
+
 def _append(path: Path):
     """``path`` opened for appending lines, after a newline when an interruption cut its last
     line (else the first new line would be glued to the cut one and lost)."""
@@ -79,7 +95,8 @@ def _append(path: Path):
 def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
                      temperature: float | tuple[float, ...] = 0.7, max_new_tokens: int = 160,
                      batch_size: int = 16,
-                     seed: int = 0, budget_s: float | None = None) -> Path:
+                     seed: int = 0, budget_s: float | None = None,
+                     answers: tuple[int, ...] | None = None) -> Path:
     """Append the target's answers to ``out_dir/answers.jsonl`` (resumable).
 
     Each line: {"prompt_index", "answer_index", "task", "ids" (prompt + answer ids),
@@ -92,6 +109,8 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
             for a tuple, at ``temperature[(a - 1) % len(temperature)]``).
         budget_s: start no new batch after this many seconds (greedy answers of every prompt
             come first, shortest prompts first); None = generate everything.
+        answers: the answer indices to generate (default ``range(answers_per_prompt)``); answer
+            a's temperature and seed are the same whichever others are generated with it.
     Returns:
         The answers file.
     """
@@ -101,7 +120,7 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
     pad = getattr(tok, "pad_token_id", None)
     pad = pad if pad is not None else min(target.eos_token_ids)
     eos = target.eos_token_ids
-    todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
+    todo = answer_indices(len(rows), answers or range(answers_per_prompt), done)
     if not todo and _nothing_left(path, done):
         return path
     prompts = {i: chat_ids(tok, rows[i]["prompt"], rows[i].get("messages")) for i, _ in todo}
@@ -123,8 +142,7 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
             mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i])
                                  for i, _ in batch])
             sample = batch[0][1] > 0
-            temps = temperature if isinstance(temperature, (list, tuple)) else (temperature,)
-            temp = temps[(batch[0][1] - 1) % len(temps)] if sample else 0.0
+            temp = answer_temperature(temperature, batch[0][1])
             torch.manual_seed(seed + start + 1000 * batch[0][1])
             gen = model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
                                  max_new_tokens=max_new_tokens, do_sample=sample,
@@ -146,12 +164,13 @@ def generate_answers(target, rows: list[dict], out_dir: Path, answers_per_prompt
 def generate_answers_native(target, rows: list[dict], out_dir: Path, answers_per_prompt: int = 2,
                             temperature: float | tuple[float, ...] = 0.7, max_new_tokens: int = 160,
                             slots: int = 32, weights: str = "w8a8", seed: int = 0,
-                            budget_s: float | None = None) -> Path:
+                            budget_s: float | None = None,
+                            answers: tuple[int, ...] | None = None) -> Path:
     """Append answers to ``out_dir/answers.jsonl`` from the target on our native CPU forward
     (``models.native``, ``weights`` ``w8a8``, ``int8`` or ``bf16``), ``slots`` answers
     decoded together with continuous batching (``NativeBatch``: a finished answer's slot takes
     the next prompt in the same forward as the others' next tokens). Resumable; the same lines
-    as :func:`generate_answers`, plus "source".
+    as :func:`generate_answers`, plus "source"; ``answers`` as there.
 
     Answer 0 is greedy, answer a > 0 sampled at its temperature (as :func:`generate_answers`)
     from a generator seeded by (``seed``, prompt, answer), and a token's logits do not depend on
@@ -167,12 +186,11 @@ def generate_answers_native(target, rows: list[dict], out_dir: Path, answers_per
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / ANSWERS
     done = _done(path)
-    todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
+    todo = answer_indices(len(rows), answers or range(answers_per_prompt), done)
     if not todo and _nothing_left(path, done):
         return path
     nmodel = nb.native_model(target, weights)
     eos = set(target.eos_token_ids)
-    temps = temperature if isinstance(temperature, (list, tuple)) else (temperature,)
     prompts = {i: chat_ids(target.tokenizer, rows[i]["prompt"], rows[i].get("messages")) for i, _ in todo}
     todo.sort(key=lambda ia: (ia[1], len(prompts[ia[0]])))
     todo.reverse()  # popped from the end: shortest first
@@ -190,7 +208,7 @@ def generate_answers_native(target, rows: list[dict], out_dir: Path, answers_per
                 if slot in live or not todo or spent:
                     continue
                 i, a = todo.pop()
-                temp = temps[(a - 1) % len(temps)] if a > 0 else 0.0
+                temp = answer_temperature(temperature, a)
                 gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * i + a)
                 live[slot] = {"i": i, "a": a, "temp": temp, "answer": [], "gen": gen}
                 batch.reset(slot)
@@ -271,17 +289,16 @@ def generate_answers_endpoint(url: str, tokenizer, rows: list[dict], out_dir: Pa
 
     path = out_dir / ANSWERS
     done = _done(path)
-    todo = [(i, a) for a in range(answers_per_prompt) for i in range(len(rows)) if (i, a) not in done]
+    todo = answer_indices(len(rows), range(answers_per_prompt), done)
     if not todo and _nothing_left(path, done):
         return path
-    temps = temperature if isinstance(temperature, (list, tuple)) else (temperature,)
     base = url.rstrip("/").removesuffix("/v1")
     client = httpx.Client(timeout=timeout_s)
 
     def one(ia: tuple[int, int]) -> dict:
         i, a = ia
         ids = chat_ids(tokenizer, rows[i]["prompt"], rows[i].get("messages"))
-        temp = temps[(a - 1) % len(temps)] if a > 0 else 0.0
+        temp = answer_temperature(temperature, a)
         body = {"prompt": ids, "n_predict": max_new_tokens, "temperature": temp, "top_k": 0, "top_p": 1.0,
                 "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "seed": seed + 7919 * i + a,
                 "return_tokens": True, "cache_prompt": True}  # temperature only (0: greedy)

@@ -13,7 +13,6 @@ a scratch folder and packed into one new shard (``shards.write_shards``); the ca
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import shutil
@@ -45,16 +44,20 @@ class ChunkResult:
         self.tokens_per_s = self.answer_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+def unanswered(rows: list[dict], have: list[dict], pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (row index, answer index) ``pairs`` that no shard answer in ``have``
+    (``shards.read_all``) holds, in their order."""
+    known = {(a["key"], a["answer_index"]) for a in have}
+    return [(i, a) for i, a in pairs if (shards.prompt_key(rows[i]), a) not in known]
+
+
 def missing(rows: list[dict], have: list[dict], answers_per_prompt: int = 1,
             seed: int = 0) -> list[tuple[int, int]]:
     """(row index, answer index) pairs of the training ``rows`` that no shard answer in ``have``
     (``shards.read_all``) holds, in a seeded order (answer index first, then shuffled rows)."""
-    known = {(a["key"], a["answer_index"]) for a in have}
-    train = [i for i, r in enumerate(rows) if r.get("split", "train") == "train"]
-    order = train[:]
+    order = [i for i, r in enumerate(rows) if r.get("split", "train") == "train"]
     random.Random(seed).shuffle(order)
-    return [(i, a) for a in range(answers_per_prompt) for i in order
-            if (shards.prompt_key(rows[i]), a) not in known]
+    return unanswered(rows, have, [(i, a) for a in range(answers_per_prompt) for i in order])
 
 
 def answer_chunk(target, rows: list[dict], todo: list[tuple[int, int]], shard_dir: Path, *,
@@ -87,26 +90,17 @@ def answer_chunk(target, rows: list[dict], todo: list[tuple[int, int]], shard_di
             left = None if budget_s is None else budget_s - (time.perf_counter() - began)
             if left is not None and left <= 0:
                 break
-            # answer index a of each prompt: generate a + 1 answers per prompt with answers
-            # 0..a-1 marked done, so that seeds and temperatures follow the usual rule
+            # answer index a of each prompt alone, its seed and temperature by the usual rule
             out = scratch / f"a{a}"
             out.mkdir()
-            path = out / data.ANSWERS
-            with path.open("w") as f:
-                for j in range(len(sub)):
-                    for earlier in range(a):
-                        f.write(json.dumps({"prompt_index": j, "answer_index": earlier, "skip": True}) + "\n")
-            temp = temperatures if a > 0 else 0.7
             if backend == "transformers":
-                data.generate_answers(target, sub, out, a + 1, temp, max_new_tokens, batch_size=slots, budget_s=left)
+                data.generate_answers(target, sub, out, a + 1, temperatures, max_new_tokens,
+                                      batch_size=slots, budget_s=left, answers=(a,))
             else:
-                data.generate_answers_native(target, sub, out, a + 1, temp, max_new_tokens, slots=slots,
-                                             weights=backend, budget_s=left)
-            for line in path.read_text().splitlines():
-                r = json.loads(line) if line.strip() else {}
-                if r.get("skip") or "ids" not in r:
-                    continue
-                made.append({**r, "prompt_index": idx[r["prompt_index"]]})
+                data.generate_answers_native(target, sub, out, a + 1, temperatures, max_new_tokens,
+                                             slots=slots, weights=backend, budget_s=left, answers=(a,))
+            if (out / data.ANSWERS).exists():
+                made += [{**r, "prompt_index": idx[r["prompt_index"]]} for r in data.load_answers(out)]
         seconds = time.perf_counter() - began
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
