@@ -28,6 +28,7 @@ from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..sampling import SamplingParams
+from ..shape import ModelShape
 from ..tree import DraftTree, TreeShape
 from .base import DraftSampler, Proposal, param_bytes
 from .vocab import target_ids
@@ -46,9 +47,9 @@ class Eagle3Layer(nn.Module):
 
     def __init__(self, config: LlamaConfig, norm_before_residual: bool = False) -> None:
         super().__init__()
-        h, nh, kvh = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or h // nh
-        self.heads, self.kv_heads = nh, kvh
+        shape = ModelShape(config)
+        h, nh, kvh = shape.hidden, shape.n_head, shape.n_kv
+        self.head_dim, self.heads, self.kv_heads = shape.head_dim, nh, kvh
         self.norm_before_residual = norm_before_residual
         eps, bias = config.rms_norm_eps, bool(getattr(config, "attention_bias", False))
         self.input_layernorm = LlamaRMSNorm(h, eps=eps)

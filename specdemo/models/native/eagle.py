@@ -4,16 +4,14 @@ native backends (:func:`head_stepper`)."""
 from __future__ import annotations
 
 import logging
-import threading
 
 import torch
 
-from ...core.kv import RotaryTables
-from ...core.machine import default_threads
+from ...core.shape import ModelShape
 from .attach import _ATTACH_LOCK
-from .build import KERNELS, NativeError, default_kernel, library
-from .model import MIN_CAPACITY, _grow_cache, _tree_mode
-from .weights import _WEIGHTS, _check_weights, _packer, _set_scales
+from .build import KERNELS, NativeError, default_kernel
+from .model import MIN_CAPACITY, CModel, _grow_cache, _tree_mode, unfit_widths
+from .weights import _WEIGHTS, _packer, _set_scales
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +31,15 @@ def head_unsupported_reason(head) -> str | None:
         return "the native EAGLE-3 head step computes heads without biases; this one has biases"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"the native EAGLE-3 head step computes SiLU MLPs; this head uses {cfg.hidden_act}"
-    layer = head.layers[0]
-    widths = (cfg.hidden_size, cfg.intermediate_size, layer.heads * layer.head_dim)
-    if any(w % 32 for w in widths) or layer.head_dim > 1024 or layer.head_dim % 2:
+    widths = unfit_widths(ModelShape(cfg))
+    if widths:
         return f"the native EAGLE-3 head step needs widths that are multiples of 32; this head has {widths}"
     if head.fc.weight.device.type != "cpu":
         return f"the native EAGLE-3 head step runs on the CPU; this head is on {head.fc.weight.device.type}"
     return None
 
 
-class NativeEagleWeights(RotaryTables):
+class NativeEagleWeights(CModel):
     """An ``Eagle3Head``'s decoder layer, final norm and ``lm_head`` in BF16 (or int8) and the C
     head model over them (``nf_head_create``), built once per head, embedding table, kernel and
     weight format (:meth:`of`) and shared by the drafters' caches (one step at a time).
@@ -62,24 +59,13 @@ class NativeEagleWeights(RotaryTables):
 
     def __init__(self, head, embed: torch.Tensor, threads: int | None = None,
                  kernel: str | None = None, weights: str = "bf16") -> None:
-        reason = head_unsupported_reason(head)
-        if reason:
-            raise NativeError(reason)
-        self.weights = _check_weights(weights)
-        self.lib = library()
-        self.kernel = kernel or default_kernel()
-        cfg, layer = head.config, head.layers[0]
-        self.hidden, self.n_head, self.n_kv = cfg.hidden_size, layer.heads, layer.kv_heads
-        self.head_dim, self.inter = layer.head_dim, cfg.intermediate_size
-        self.eps = float(cfg.rms_norm_eps)
+        super().__init__(head_unsupported_reason(head), head.config, weights, kernel, threads,
+                         head.rotary_emb)  # the widths of the head's one layer
+        layer = head.layers[0]
         self.scaling = self.head_dim ** -0.5  # F.scaled_dot_product_attention's default
         self.draft_vocab = head.draft_vocab_size
-        self.threads = threads or default_threads()
-        self.rotary = head.rotary_emb
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         a, m = layer.self_attn, layer.mlp
-        self.scales: list[torch.Tensor] = []  # int8: qkv, o, gate_up, down, lm_head row scales
-        pack = _packer(weights, self.lib, self.scales)
+        pack = _packer(weights, self.lib, self.scales)  # int8 scales: qkv, o, gate_up, down, lm_head
 
         def f32(t):
             return t.detach().float().contiguous()
@@ -102,7 +88,6 @@ class NativeEagleWeights(RotaryTables):
             }
         flags = ((HEAD_NORM_BEFORE_RESIDUAL if layer.norm_before_residual else 0)
                  | (HEAD_NORM_OUTPUT if head.norm_output else 0))
-        self.lock = threading.Lock()
         handle = self.lib.nf_head_create(self.hidden, self.n_head, self.n_kv, self.head_dim,
                                          self.inter, self.draft_vocab, self.embed.shape[0],
                                          self.eps, self.scaling, self.threads,
@@ -128,12 +113,6 @@ class NativeEagleWeights(RotaryTables):
             if key not in built:
                 built[key] = cls(head, embed, kernel=kernel, weights=weights)
             return built[key]
-
-    def __del__(self) -> None:
-        handle = getattr(self, "handle", None)
-        if handle:
-            self.lib.nf_free(handle)
-            self.handle = None
 
 
 class NativeEagleHead:

@@ -25,6 +25,15 @@ ARCHITECTURES = ("llama",)  # transformers model_type values whose forward the C
 MIN_CAPACITY = 512  # cache positions allocated at first; doubled when a forward passes them
 
 
+def unfit_widths(shape: ModelShape) -> tuple[int, ...] | None:
+    """(hidden, MLP width, heads x head width) when the C kernels cannot take them (a width not
+    a multiple of 32, or a head width over 1024 or odd); None when they can."""
+    widths = (shape.hidden, shape.inter, shape.n_head * shape.head_dim)
+    if any(w % 32 for w in widths) or shape.head_dim > 1024 or shape.head_dim % 2:
+        return widths
+    return None
+
+
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why the native backend cannot compute ``model``'s forward (None when it can): a Llama
     (``model_type`` in :data:`ARCHITECTURES`) with SiLU MLPs, no biases, no sliding window,
@@ -33,9 +42,8 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     reason = llama_reason(model, "native", ARCHITECTURES)
     if reason is not None:
         return reason
-    shape = ModelShape(model.config)
-    widths = (shape.hidden, shape.inter, shape.n_head * shape.head_dim)
-    if any(w % 32 for w in widths) or shape.head_dim > 1024 or shape.head_dim % 2:
+    widths = unfit_widths(ModelShape(model.config))
+    if widths:
         return f"the native backend needs widths that are multiples of 32; this target has {widths}"
     p = next(model.parameters())
     if p.dtype not in (torch.float32, torch.bfloat16):
@@ -43,7 +51,39 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-class NativeModel(RotaryTables, ModelShape):
+class CModel(RotaryTables, ModelShape):
+    """What a C model over packed weights holds, a target's (:class:`NativeModel`) or an EAGLE-3
+    head's (``eagle.NativeEagleWeights``): the weight format, the library, the kernel, the
+    widths (``core.shape.ModelShape`` of ``config``), the threads, the rotary tables, a lock
+    (one forward at a time), the int8 row scales; the subclass creates ``handle``, freed here.
+
+    Raises:
+        NativeError: ``reason`` (a refusal, None for none), or the library could not be built.
+        ValueError: ``weights`` is not a weight format.
+    """
+
+    def __init__(self, reason: str | None, config, weights: str, kernel: str | None,
+                 threads: int | None, rotary: torch.nn.Module) -> None:
+        if reason:
+            raise NativeError(reason)
+        self.weights = _check_weights(weights)
+        self.lib = library()
+        self.kernel = kernel or default_kernel()
+        ModelShape.__init__(self, config)
+        self.threads = threads or default_threads()
+        self.rotary = rotary
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.lock = threading.Lock()
+        self.scales: list[torch.Tensor] = []  # int8: the row scales of the packed matrices, in order
+
+    def __del__(self) -> None:
+        handle = getattr(self, "handle", None)
+        if handle:
+            self.lib.nf_free(handle)
+            self.handle = None
+
+
+class NativeModel(CModel):
     """The BF16 weights of one transformers Llama and the C model over them, built once and
     shared by its caches (one forward at a time: the C model owns one set of scratch buffers).
 
@@ -61,18 +101,11 @@ class NativeModel(RotaryTables, ModelShape):
 
     def __init__(self, model: torch.nn.Module, threads: int | None = None,
                  kernel: str | None = None, weights: str = "bf16") -> None:
-        reason = unsupported_reason(model)
-        if reason:
-            raise NativeError(reason)
-        self.weights = _check_weights(weights)
-        self.lib = library()
-        self.kernel = kernel or default_kernel()
-        ModelShape.__init__(self, model.config)
+        super().__init__(unsupported_reason(model), model.config, weights, kernel, threads,
+                         model.model.rotary_emb)
         self.model = model
-        self.threads = threads or default_threads()
         base = model.model
-        self.scales: list[torch.Tensor] = []  # int8: (qkv, o, gate_up, down) row scales a layer, then the head's
-        pack = _packer(weights, self.lib, self.scales)
+        pack = _packer(weights, self.lib, self.scales)  # int8 scales: (qkv, o, gate_up, down) a layer, then the head's
         self.scaling = float(getattr(base.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
         with torch.no_grad():
             self.embed = base.embed_tokens.weight.detach().float().contiguous()  # (V, H)
@@ -90,9 +123,6 @@ class NativeModel(RotaryTables, ModelShape):
                 })
             self.norm = base.norm.weight.detach().float().contiguous()
             self.head = pack(model.get_output_embeddings().weight)
-        self.rotary = base.rotary_emb
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.lock = threading.Lock()
         handle = self.lib.nf_create(self.n_layer, self.hidden, self.n_head, self.n_kv,
                                     self.head_dim, self.inter, self.vocab, self.eps, self.scaling,
                                     self.threads, KERNELS[self.kernel])
@@ -107,12 +137,6 @@ class NativeModel(RotaryTables, ModelShape):
         _set_scales(self.lib, handle, weights, self.scales, self.n_layer)
         self._cache_owner = None  # the NativeKV whose cache the C model points at
         self.prefetch: dict | None = None  # native-w8a8: choose_prefetch's choice
-
-    def __del__(self) -> None:
-        handle = getattr(self, "handle", None)
-        if handle:
-            self.lib.nf_free(handle)
-            self.handle = None
 
     @property
     def weight_bytes(self) -> int:
