@@ -48,15 +48,16 @@ import torch.nn.functional as F
 
 from ...core.drafters.features import dflash_indices, num_layers
 from ...core.shape import ModelShape
-from .train import StepLoss, TrainState, run_training
+from .train import LoopRecipe, StepLoss, TrainState, run_training
 from ...core.drafters.dflash import ZLAB_RENAMES, noise_embeddings
 
 ZLAB_DIR = "zlab"
 
 
 @dataclass
-class DFlashRecipe:
-    """Everything that decides a DFlash result (saved in train.json and in checkpoints)."""
+class DFlashRecipe(LoopRecipe):
+    """Everything that decides a DFlash result (saved in train.json and in checkpoints): the
+    loop's settings (``train.LoopRecipe``) and the blocks'."""
 
     block_size: int = 8
     draft_layers: int = 2
@@ -64,18 +65,6 @@ class DFlashRecipe:
     mask_token_id: int = -1
     anchors_per_sequence: int = 16
     gamma: float = 4.0  # position weight exp(-(i - 1) / gamma)
-    epochs: int = 3
-    learning_rate: float = 1e-3
-    warmup_steps: int = 20
-    batch_tokens: int = 1024
-    weight_decay: float = 0.0
-    answers_per_prompt: int = 2
-    temperature: float = 0.7
-    max_new_tokens: int = 128
-    seed: int = 0
-    checkpoint_every_s: float = 180.0
-    loss_on_prompt: bool = True
-    train_dtype: str = "float32"  # "bfloat16": autocast (train.autocast)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:

@@ -39,12 +39,11 @@ CHECKPOINT = "checkpoint.pt"
 
 
 @dataclass
-class Recipe:
-    """Everything that decides the result (saved in train.json and in checkpoints)."""
+class LoopRecipe:
+    """The settings of the answers and of the shared loop (:func:`run_training`) that every
+    drafter kind's recipe holds: :class:`Recipe` (EAGLE-3), ``dflash_train.DFlashRecipe``
+    (and DSpark's)."""
 
-    draft_vocab_size: int = 8192
-    ttt_steps: int = 3
-    step_decay: float = 0.8
     epochs: int = 3
     learning_rate: float = 1e-3
     warmup_steps: int = 20
@@ -53,11 +52,20 @@ class Recipe:
     answers_per_prompt: int = 2
     temperature: float | tuple[float, ...] = 0.7  # answers 1.. (answer 0 is greedy); a tuple is used in turn
     max_new_tokens: int = 128
-    feature_layers: tuple[int, ...] = ()
     seed: int = 0
     checkpoint_every_s: float = 180.0
     loss_on_prompt: bool = True  # the target's distribution is a label at prompt positions too
     train_dtype: str = "float32"  # "bfloat16": the forward and backward under autocast (weights stay float32)
+
+
+@dataclass
+class Recipe(LoopRecipe):
+    """Everything that decides the result (saved in train.json and in checkpoints)."""
+
+    draft_vocab_size: int = 8192
+    ttt_steps: int = 3
+    step_decay: float = 0.8
+    feature_layers: tuple[int, ...] = ()
     feature_noise: float = 0.0  # Gaussian noise on the input features, times each vector's RMS
     train_budget_s: float | None = None  # fit the learning-rate schedule to this many seconds of training
 
