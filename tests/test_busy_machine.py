@@ -129,7 +129,7 @@ def test_race_api_json_has_each_lanes_share_and_the_warnings(loaded, monkeypatch
     from specdemo.interfaces import ui_race
     race_lanes = warmed_lanes(loaded, 2)
     monkeypatch.setattr(ui_race, "_new_race", lambda prompt, system, preset, draft, settings,
-                        conv, request, backend=None: Race(race_lanes, settings))
+                        conv, request, backend=None, endpoints=None: Race(race_lanes, settings))
     report_shares(monkeypatch, [0.5, 0.3])
     result = ui_race.race_api(PROMPT, max_new_tokens=8, draft_length="2")
     assert result["plain"]["other_cpu_share"] == 0.5

@@ -111,7 +111,7 @@ def test_race_snapshot_page_chip_and_race_json(loaded, monkeypatch):
     assert 'data-warning="acceptance"' in page and "⚠ " + warning in page
     assert page.index('class="sd-chip sd-speedup"') < page.index('data-warning="acceptance"')
     monkeypatch.setattr(ui_race, "_new_race", lambda prompt, system, preset, d, settings, conv,
-                        request, backend=None: Race(lanes(loaded, spec=lambda: Pipeline(loaded, "random-eagle3", draft)),
+                        request, backend=None, endpoints=None: Race(lanes(loaded, spec=lambda: Pipeline(loaded, "random-eagle3", draft)),
                                       settings))
     result = ui_race.race_api(PROMPT, max_new_tokens=60, draft_length="4")
     assert any(w.startswith("drafter random-eagle3 accepted almost nothing: ") for w in result["warnings"])

@@ -247,7 +247,8 @@ def test_an_abandoned_race_api_call_is_cancelled(monkeypatch):
     job = _Job("tab-1")
     made = {}
 
-    def new_race(prompt, system, preset, draft, settings, conv, request, backend=None):
+    def new_race(prompt, system, preset, draft, settings, conv, request, backend=None,
+                 endpoints=None):
         made["race"] = race_of(target, ui_race._session_cancel(request))
         return made["race"]
     monkeypatch.setattr(ui_race, "_new_race", new_race)

@@ -9,7 +9,7 @@ import torch
 from specdemo.models.loading import ModelLoadError
 from specdemo.services.pipeline import DecodeSettings, Pipeline
 from specdemo.services.race import (DONE, ERROR, PLAIN, REPLAYING, RUNNING, SKIPPED, SPECULATIVE, STOPPED,
-                           Lane, PipelineCache, Race, Step, TokenPieces, race_lanes)
+                           Lane, PipelineCache, Race, Step, race_lanes)
 from specdemo.core.stats import DecodeStats
 from tiny import CharTokenizer, tiny_llama
 
@@ -279,10 +279,39 @@ class ByteTokenizer:
 
 
 def test_token_pieces_keep_multibyte_characters_whole():
-    pieces = TokenPieces(ByteTokenizer())
-    pieces.extend(list("aé".encode()))
-    pieces.extend(list("€b".encode()))
-    assert pieces.pieces == ["a", "", "é", "", "", "€", "b"]
+    """The engine's tracker gives each token's text (a round at a time, as the race records it)."""
+    from specdemo.core.engine import TextTracker
+    tracker, pieces = TextTracker(ByteTokenizer()), []
+    for round_ in ("aé", "€b"):
+        for byte in round_.encode():
+            tracker.add(byte)
+        pieces += tracker.pieces()
+    assert pieces == ["a", "", "é", "", "", "€", "b"]
+
+
+def test_the_pane_shows_the_pieces_the_engine_decoded(loaded):
+    """The race keeps each event's pieces (no second decode): a pane's tokens are the engine's
+    pieces, joined they are the pane's text."""
+    race = Race(lanes(loaded, draft="ngram"), SETTINGS)
+    final = list(race.run(min_interval_s=0.0))[-1]
+    for name, pane in final.panes.items():
+        steps = race.records[name].steps
+        assert all(s.pieces is not None and len(s.pieces) == len(s.token_ids) for s in steps)
+        assert [p for p, _ in pane.tokens] == [p for s in steps for p in s.pieces]
+        assert "".join(p for p, _ in pane.tokens) == pane.text and len(pane.tokens) == 30
+    assert any(len(s.token_ids) > 1 for s in race.records[SPECULATIVE].steps)
+
+
+def test_a_step_without_pieces_shows_its_text_once():
+    """A server's chunk with several token ids and no pieces: its text goes with its first
+    token, not once per token."""
+    step = Step(0.1, (5, 6, 7), (False, False, False), "abc", DecodeStats(new_tokens=3))
+    assert step.token_pieces() == ("abc", "", "")
+    race = Race(lanes(None), SETTINGS)
+    race.records[PLAIN].steps.append(step)
+    race.records[PLAIN].status = DONE
+    view = race.snapshot().panes[PLAIN]
+    assert view.tokens == (("abc", False), ("", False), ("", False)) and view.text == "abc"
 
 
 def test_pipeline_cache_loads_once_and_refuses_incompatible_drafts():

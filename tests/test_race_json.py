@@ -27,7 +27,7 @@ def test_race_api_names_the_backend_and_says_auto_for_the_speculative_draft_leng
     ``backend`` names the backend the lanes ran on, top level and per lane."""
     from specdemo.interfaces import ui_race
     monkeypatch.setattr(ui_race, "_new_race", lambda prompt, system, preset, draft, settings,
-                        conv, request, backend=None: Race(lanes(loaded), settings))
+                        conv, request, backend=None, endpoints=None: Race(lanes(loaded), settings))
     result = ui_race.race_api(PROMPT, max_new_tokens=10, draft_length="auto")
     plain, spec = result[PLAIN], result[SPECULATIVE]
     assert result["draft_length_setting"] == "auto" and spec["draft_length"] == "auto"
@@ -102,7 +102,7 @@ def test_every_lane_names_its_backend_and_auto_in_run_compare_and_race(loaded, m
     assert main(["run", *flags]) == 0
     ran = json.loads(capsys.readouterr().out)
     monkeypatch.setattr(ui_race, "_new_race", lambda prompt, system, preset, draft, settings,
-                        conv, request, backend=None: Race(lanes(loaded), settings))
+                        conv, request, backend=None, endpoints=None: Race(lanes(loaded), settings))
     raced = ui_race.race_api(PROMPT, max_new_tokens=8, draft_length="auto")
     for out in (compared, raced):
         assert out[PLAIN]["backend"] == out[SPECULATIVE]["backend"] == out["backend"]

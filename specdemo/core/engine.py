@@ -9,6 +9,7 @@ Structure after gpt-fast's ``speculative_decode`` (pytorch-labs/gpt-fast, genera
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class DecodeEvent:
             a stop string or an incomplete character).
         stats: a snapshot of the statistics so far (final on the last event).
         done: True on the last event.
+        pieces: per new token, the text it added (:meth:`TextTracker.pieces`), for
+            highlighting each token; None where the source does not say.
     """
 
     token_ids: list[int]
@@ -49,6 +52,7 @@ class DecodeEvent:
     text: str
     stats: DecodeStats
     done: bool = False
+    pieces: list[str] | None = None
 
 
 @dataclass
@@ -63,18 +67,42 @@ class DecodeResult:
 
 
 _REPLACEMENT = "\ufffd"  # what a decoder shows for bytes that are not (yet) a whole character
+_WINDOW = 6  # tokens before a round's new ones that spell its inner tokens' pieces (TextTracker)
+
+
+def _grow(shown: str, text: str) -> tuple[str, str]:
+    """(the piece, the text shown after it) when the decoded text is now ``text`` and
+    ``shown`` was handed out so far: what ``text`` adds. A decoder that takes characters back
+    (Gemma's byte fallback spells a finished character as U+FFFD again while the next one is
+    incomplete) adds nothing until it passes what was shown; one that changed earlier text (a
+    space clean-up) adds its part after the two's common prefix."""
+    if text.startswith(shown):
+        return text[len(shown):], text
+    if shown.startswith(text):
+        return "", shown
+    return text[len(os.path.commonprefix([text, shown])):], text
 
 
 class TextTracker:
-    """Incremental detokenisation with stop strings.
+    """Incremental detokenisation with stop strings, and the text of each token.
 
-    Decodes the generated ids as a whole each time (no drift between deltas and the final text),
-    holds back any tail that could begin a stop string and every trailing U+FFFD: a character
-    spelled by several tokens (byte-level BPE, SentencePiece byte fallback) decodes as one or more
-    U+FFFD until its last byte arrives. At the end of a run a trailing U+FFFD run is an
-    incomplete character (cut by max_new_tokens, EOS or Stop) and is dropped, so the joined
-    deltas equal the final text. Same rule as the tokenizers library's ``DecodeStream`` (which
-    vLLM streams with): text ending in U+FFFD is never emitted.
+    Decodes the generated ids as a whole (no drift between deltas and the final text), holds
+    back any tail that could begin a stop string and every trailing U+FFFD: a character spelled
+    by several tokens (byte-level BPE, SentencePiece byte fallback) decodes as one or more U+FFFD
+    until its last byte arrives. At the end of a run a trailing U+FFFD run is an incomplete
+    character (cut by max_new_tokens, EOS or Stop) and is dropped, so the joined deltas equal the
+    final text. Same rule as the tokenizers library's ``DecodeStream`` (which vLLM streams with):
+    text ending in U+FFFD is never emitted.
+
+    Each token's piece (:meth:`pieces`, for the page's per-token highlighting) comes from the
+    same decodes: ``pieces[i]`` is what token i added to the decoded text less a trailing U+FFFD
+    run (:func:`_grow`), so a token that ends inside a multi-byte character gets ``""`` and the
+    token completing it the whole character; the pieces join to that text, not cut at a stop
+    string.
+    The ids are decoded whole once per :meth:`delta` (after every token with stop strings);
+    the tokens of a round before its last are spelled from the ``_WINDOW`` tokens before the
+    round (a decode of a few ids, not of the whole answer), checked against the whole decode
+    and decoded whole where the two disagree.
 
     Args:
         tokenizer: a transformers tokenizer (``decode``).
@@ -88,24 +116,65 @@ class TextTracker:
         self.text = ""  # decoded text, cut at a stop string once one appeared
         self.sent = 0  # characters already streamed
         self.stopped = False
+        self._decoded, self._decoded_n = "", 0  # decode(ids[:_decoded_n])
+        self._shown = ""  # the pieces handed out so far, joined
+        self._pieced = 0  # tokens with a piece
+        self._pieces: list[str] = []  # pieces not handed out yet
 
     def add(self, token_id: int) -> None:
         """Append one token; sets ``stopped`` when the text now contains a stop string."""
         self.ids.append(token_id)
         if self.stop_strings:
-            self._refresh()
+            decoded = self._decode(len(self.ids))
+            self._take(decoded)  # decoded whole for the stop strings: the piece comes with it
+            cut = min((i for i in (decoded.find(s) for s in self.stop_strings) if i >= 0),
+                      default=-1)
+            self.text = decoded[:cut] if cut >= 0 else decoded
+            self.stopped = self.stopped or cut >= 0
 
-    def _refresh(self) -> None:
-        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        cut = min((i for i in (self.text.find(s) for s in self.stop_strings) if i >= 0), default=-1)
-        if cut >= 0:
-            self.text, self.stopped = self.text[:cut], True
+    def _decode(self, n: int, start: int = 0) -> str:
+        """The text of ``ids[start:n]``; the whole ids' is decoded once per length."""
+        if start:
+            return self.tokenizer.decode(self.ids[start:n], skip_special_tokens=True)
+        if n != self._decoded_n:
+            self._decoded = self.tokenizer.decode(self.ids[:n], skip_special_tokens=True)
+            self._decoded_n = n
+        return self._decoded
+
+    def _take(self, decoded: str) -> None:
+        """The next token's piece, from the text of the ids up to it."""
+        piece, self._shown = _grow(self._shown, decoded.rstrip(_REPLACEMENT))
+        self._pieces.append(piece)
+        self._pieced += 1
+
+    def pieces(self) -> list[str]:
+        """The pieces (see the class) of the tokens added since the last call, in order: one
+        per token."""
+        first, n = self._pieced, len(self.ids)
+        if n - first > 1:  # a round's tokens before its last: spelled from a short window
+            start = max(0, first - _WINDOW)
+            shown = self._decode(first, start).rstrip(_REPLACEMENT)
+            inner = []
+            for end in range(first + 1, n):
+                piece, shown = _grow(shown, self._decode(end, start).rstrip(_REPLACEMENT))
+                inner.append(piece)
+            spelled = self._shown + "".join(inner)
+            if self._decode(n).rstrip(_REPLACEMENT).startswith(spelled):
+                self._pieces += inner
+                self._shown, self._pieced = spelled, n - 1
+            else:  # the window reads otherwise than the whole text: each prefix decoded whole
+                for end in range(first + 1, n):
+                    self._take(self.tokenizer.decode(self.ids[:end], skip_special_tokens=True))
+        if self._pieced < n:
+            self._take(self._decode(n))
+        out, self._pieces = self._pieces, []
+        return out
 
     def delta(self, final: bool = False) -> str:
         """Text not yet streamed that can be streamed safely now (when ``final``: all of it but
         an incomplete trailing character)."""
         if not self.stop_strings:
-            self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            self.text = self._decode(len(self.ids))
         end = len(self.text.rstrip(_REPLACEMENT)) if not self.stopped else len(self.text)
         if not (final or self.stopped):
             for s in self.stop_strings:  # hold back a tail that may grow into a stop string
@@ -302,13 +371,14 @@ class _Decoding:
         done = stats.finish_reason is not None
         if done:
             stats.other_cpu_share = self.others.share_if_measurable()
+        pieces = self.text.pieces()  # one per kept token, from the same decodes as the text
         return DecodeEvent(tokens[:kept], flags[:kept], self.text.delta(final=done), stats.copy(),
-                           done)
+                           done, pieces)
 
     def cancelled(self) -> DecodeEvent:
         self.stats.finish_reason = "cancelled"
         self.stats.other_cpu_share = self.others.share_if_measurable()
-        return DecodeEvent([], [], self.text.delta(final=True), self.stats.copy(), True)
+        return DecodeEvent([], [], self.text.delta(final=True), self.stats.copy(), True, [])
 
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Reset the target and run it over the prompt: (1, V) last logits, features or None."""

@@ -380,19 +380,14 @@ def compare_lanes(args, endpoints: dict):
     """The race's two lanes: a server where an endpoint is given, else our engine (plain: the
     target alone; speculative: the target with ``--draft``, plain decoding when it is none)."""
     # lazy: imports torch; --help stays fast
-    from ..services.race import PLAIN, SPECULATIVE, Lane, endpoint_lane
+    from ..services.race import PLAIN, SPECULATIVE, Lane, with_endpoints
     messages = [{"role": "user", "content": args.prompt}]
     pipe = None
     if not (endpoints["plain"] and endpoints["speculative"]):
         pipe = pipeline_from_args(args)
-    lanes = []
-    for name in (PLAIN, SPECULATIVE):
-        if endpoints[name]:
-            lanes.append(endpoint_lane(name, endpoints[name], messages))
-        else:
-            speculative = name == SPECULATIVE and args.draft != "none"
-            lanes.append(Lane(name, speculative, lambda: pipe, messages))
-    return lanes
+    ours = [Lane(PLAIN, False, lambda: pipe, messages),
+            Lane(SPECULATIVE, args.draft != "none", lambda: pipe, messages)]
+    return with_endpoints(ours, endpoints)  # the page's Send adds its servers the same way
 
 
 def compare_endpoints(args, endpoints: dict) -> int:

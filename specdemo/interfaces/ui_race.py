@@ -9,6 +9,7 @@ values listed, as the command line does.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -181,13 +182,42 @@ def _check_prompt(prompt: str | None, system: str | None = None) -> str:
     return _valid(inputs.text, "prompt", prompt)
 
 
-def _new_race(prompt, system, preset_name, draft, settings, conv, request, backend) -> Race:
+def _new_race(prompt, system, preset_name, draft, settings, conv, request, backend,
+              endpoints: dict | None = None) -> Race:
+    """The race of one Send or ``/race`` call: a lane that ``endpoints`` names
+    (:func:`_lane_endpoints`) is that server, the others our engine (the preset's target on
+    ``backend``; the speculative lane with ``draft``, default the preset's). What our lanes
+    will load is checked first, as the command line checks it.
+
+    Raises:
+        gr.Error: a malformed or unknown draft, a draft that cannot serve the target, a target
+            that cannot be obtained (the command line's sentences).
+    """
+    endpoints = endpoints or {}
     pairing = _pairing(preset_name)
     draft = _valid(inputs.draft, "draft", draft or pairing.draft)
-    _valid(compat.before_load, pairing.target, draft)  # the CLI's check, before any load
-    lanes = racing.race_lanes(CACHE, pairing.target, draft, histories(conv),
-                              prompt, pairing.dtype, pairing.quantization, backend)
-    return Race(lanes, settings, system, cancel=_session_cancel(request), device_lock=LOAD_LOCK)
+    if endpoints.get(SPECULATIVE) is None:  # our engine drafts: the CLI's check, before any load
+        _valid(compat.before_load, pairing.target, draft)
+    elif endpoints.get(PLAIN) is None:  # our engine decodes plainly: only the target matters
+        _valid(inputs.obtainable, "target", pairing.target)
+    lanes = racing.race_lanes(CACHE, pairing.target, draft, histories(conv), prompt,
+                              pairing.dtype, pairing.quantization, backend)
+    return Race(racing.with_endpoints(lanes, endpoints), settings, system,
+                cancel=_session_cancel(request), device_lock=LOAD_LOCK)
+
+
+def _run_race(race: Race, request, min_interval_s: float):
+    """Run ``race`` and yield its snapshots (at most one per ``min_interval_s``, the last one
+    ``done``); a client gone away (:func:`client_gone`) stops it between two prefill chunks or
+    rounds, and the race's Stop event is forgotten at the end. Send and ``/race`` both run here."""
+    gone = client_gone(request)
+    try:
+        for snap in race.run(min_interval_s=min_interval_s):
+            if gone():  # the tab was closed or the caller gave up: nobody will see the rest
+                race.cancel.set()
+            yield snap
+    finally:
+        _forget_cancel(request, race.cancel)
 
 
 ENGINE_CHOICES = ("specdemo (this app)", "servers (OpenAI-compatible endpoints)")
@@ -219,28 +249,6 @@ def _lane_endpoints(engines, plain_endpoint, spec_endpoint, endpoint_model, key_
                 if url else None for name, url in urls.items()}
     except EndpointError as exc:
         raise refusal(str(exc)) from None
-
-
-def _endpoint_race(prompt, system, preset_name, draft, settings, conv, request, backend,
-                   endpoints: dict) -> Race:
-    """A race where a lane with an endpoint is that server and the other lanes are our engine
-    (the preset's target on ``backend``; the speculative lane with ``draft``)."""
-    pairing = _pairing(preset_name)
-    draft = _valid(inputs.draft, "draft", draft or pairing.draft)
-    if endpoints.get(SPECULATIVE) is None:  # our engine drafts: the CLI's check, before any load
-        _valid(compat.before_load, pairing.target, draft)
-    elif endpoints.get(PLAIN) is None:  # our engine decodes plainly: only the target matters
-        _valid(inputs.obtainable, "target", pairing.target)
-    ours = {lane.name: lane for lane in racing.race_lanes(
-        CACHE, pairing.target, draft, histories(conv), prompt, pairing.dtype,
-        pairing.quantization, backend)}
-    lanes = []
-    for name in PANES:
-        if endpoints.get(name) is not None:
-            lanes.append(racing.endpoint_lane(name, endpoints[name], ours[name].messages))
-        else:
-            lanes.append(ours[name])
-    return Race(lanes, settings, system, cancel=_session_cancel(request), device_lock=LOAD_LOCK)
 
 
 def _render(snap: RaceSnapshot, conv: dict, prompt: str, upto: int, highlight: bool,
@@ -300,23 +308,15 @@ def send(prompt, system, preset_name, draft, draft_length, temperature, top_p, m
                                 allow_remote, preset_name, lang)
     engine_imports()
     conv = conv or new_conversation()
-    if endpoints:
-        race = _endpoint_race(prompt, system, preset_name, draft, settings, conv, request,
-                              app.backend, endpoints)
-    else:
-        race = _new_race(prompt, system, preset_name, draft, settings, conv, request, app.backend)
+    race = _new_race(prompt, system, preset_name, draft, settings, conv, request, app.backend,
+                     endpoints)
     upto = len(conv[PLAIN])
     snap, box, shown = None, "", None  # empty the prompt box once, then leave it to the user
-    gone = client_gone(request)
-    try:
-        for snap in race.run(min_interval_s=live_interval_s()):
-            if gone():  # the tab was closed: stop the race, nobody will see it
-                race.cancel.set()
+    with contextlib.closing(_run_race(race, request, live_interval_s())) as snaps:
+        for snap in snaps:
             view = _render(snap, conv, prompt, upto, highlight, settings, lang)
             yield _only_changed(shown, view) + (gr.skip(), gr.skip(), box, gr.skip())
             shown, box = view, gr.skip()
-    finally:
-        _forget_cancel(request, race.cancel)
     conv = {name: conv[name] + [turn_of(prompt, snap.panes[name])] for name in PANES}
     replayable = {"race": race, "prompt": prompt, "upto": upto}
     yield _render(snap, conv, prompt, upto, highlight, settings, lang) + (
@@ -436,19 +436,11 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     endpoints = _lane_endpoints(None, plain_endpoint, spec_endpoint, endpoint_model,
                                 endpoint_key_env, allow_remote_endpoint, preset)
     engine_imports()
-    if endpoints:
-        race = _endpoint_race(prompt, None, preset, draft, settings, new_conversation(), request,
-                              app.backend, endpoints)
-    else:
-        race = _new_race(prompt, None, preset, draft, settings, new_conversation(), request,
-                         app.backend)
-    gone, snap = client_gone(request), None
-    try:
-        for snap in race.run(min_interval_s=1.0):
-            if gone():  # the caller gave up: stop the race (it ends between two chunks)
-                race.cancel.set()
-    finally:
-        _forget_cancel(request, race.cancel)
+    race = _new_race(prompt, None, preset, draft, settings, new_conversation(), request,
+                     app.backend, endpoints)
+    snap = None
+    for snap in _run_race(race, request, 1.0):
+        pass  # only the last snapshot is returned
     k = settings.draft_length
     return {PLAIN: _pane_dict(snap.panes[PLAIN], k),
             SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE], k),

@@ -823,10 +823,6 @@ def _vllm_metrics(client, endpoint: Endpoint) -> dict:
 
 # --- a lane in the race ---------------------------------------------------------------------
 
-class _NoModel:
-    tokenizer = None
-
-
 class EndpointPipeline:
     """What :class:`specdemo.services.race.Race` needs of a lane's pipeline, served by an endpoint.
 
@@ -836,7 +832,6 @@ class EndpointPipeline:
     """
 
     is_endpoint = True
-    target = _NoModel()
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint

@@ -19,7 +19,6 @@ No metric is computed here: stats come from the engine, speedup and first diverg
 from __future__ import annotations
 
 import gc
-import os
 import queue
 import threading
 import time
@@ -73,6 +72,9 @@ class Step:
     Attributes:
         t_s: the event's ``stats.elapsed_s``: seconds since that decode started.
         token_ids, from_draft, text, stats: as in :class:`specdemo.core.engine.DecodeEvent`.
+        pieces: the text of each token (``DecodeEvent.pieces``, decoded once by the engine's
+            ``TextTracker``); None where the event did not say: then the step's text goes
+            with its first token.
     """
 
     t_s: float
@@ -80,30 +82,13 @@ class Step:
     from_draft: tuple[bool, ...]
     text: str
     stats: DecodeStats
+    pieces: tuple[str, ...] | None = None
 
-
-class TokenPieces:
-    """The text of each generated token, for highlighting: ``pieces[i]`` is what token i added.
-
-    Decodes growing prefixes of the ids with the tokenizer (the same call the engine uses for the
-    text), so the pieces join to the decoded text; a token that ends inside a multi-byte character
-    gets ``""`` and the next one carries the character.
-    """
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.pieces: list[str] = []
-        self._text = ""
-
-    def extend(self, token_ids) -> None:
-        """Add the pieces of ``token_ids`` (appended after the ids seen so far)."""
-        for token in token_ids:
-            self.ids.append(token)
-            text = self.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd")
-            common = len(os.path.commonprefix([text, self._text]))
-            self.pieces.append(text[common:])
-            self._text = text
+    def token_pieces(self) -> tuple[str, ...]:
+        """One text piece per token id: :attr:`pieces`, else the text with the first token."""
+        if self.pieces is not None:
+            return self.pieces
+        return (self.text,) + ("",) * (len(self.token_ids) - 1) if self.token_ids else ()
 
 
 @dataclass
@@ -115,7 +100,6 @@ class LaneRecord:
             pressed before it started) or error.
         error: a readable sentence when status is error (or why it was skipped).
         steps: every engine event, in order.
-        tokenizer: the target's tokenizer, once the pipeline is loaded (for token pieces).
         speculative: whether the lane decodes speculatively.
         backend: the forward backend its target runs on once loaded (``transformers``, ``ggml``,
             ``native-w8a8``, ...: what ``auto`` chose), None for a server lane or before the load.
@@ -126,7 +110,6 @@ class LaneRecord:
     status: str = WAITING
     error: str | None = None
     steps: list[Step] = field(default_factory=list)
-    tokenizer: object = None
     prefill: PrefillProgress | None = None
     backend: str | None = None
 
@@ -353,7 +336,6 @@ class Race:
         self.device_lock = device_lock or threading.RLock()
         self.records = {lane.name: LaneRecord(lane.name, lane.speculative) for lane in lanes}
         self._changed = threading.Condition()
-        self._pieces: dict[str, TokenPieces] = {}
         self._future: Future | None = None
         self.lossless_expected: bool | None = None  # set once the models are loaded
         self.lossless_note: str | None = None
@@ -383,7 +365,6 @@ class Race:
                         other.status = SKIPPED
                         other.error = f"not run: the {lane.name} run cannot start ({record.error})"
                 return None
-            record.tokenizer = pipes[lane.name].target.tokenizer
             if not getattr(pipes[lane.name], "is_endpoint", False):  # what auto chose, if asked
                 record.backend = getattr(pipes[lane.name].target, "backend", "transformers")
             if lane.speculative and not getattr(pipes[lane.name], "is_endpoint", False):
@@ -449,8 +430,10 @@ class Race:
             with prefill_progress(progress):  # the generator runs on this thread
                 for event in events:  # nothing slow in this loop: the engine's clock is running
                     record.prefill = None
+                    pieces = None if event.pieces is None else tuple(event.pieces)
                     record.steps.append(Step(event.stats.elapsed_s, tuple(event.token_ids),
-                                             tuple(event.from_draft), event.text, event.stats))
+                                             tuple(event.from_draft), event.text, event.stats,
+                                             pieces))
                     self._notify()
             last = record.steps[-1].stats if record.steps else None
             record.status = STOPPED if last and last.finish_reason == "cancelled" else DONE
@@ -515,17 +498,10 @@ class Race:
         steps = record.steps[:upto] if upto is not None else list(record.steps)
         ids = tuple(t for s in steps for t in s.token_ids)
         flags = tuple(f for s in steps for f in s.from_draft)
-        pieces = self._pieces.get(record.name)
-        if pieces is None and record.tokenizer is not None:
-            pieces = self._pieces[record.name] = TokenPieces(record.tokenizer)
-        if pieces is not None and len(pieces.ids) < len(ids):
-            pieces.extend(ids[len(pieces.ids):])
-        if pieces is None and steps and not ids:  # a server lane without token ids: its chunks
+        if steps and not ids:  # a server lane without token ids: its chunks
             tokens = tuple((s.text, False) for s in steps if s.text)
         else:
-            texts = pieces.pieces[:len(ids)] if pieces is not None else [
-                s.text for s in steps for _ in s.token_ids]  # a server lane's chunk per token
-            tokens = tuple(zip(texts, flags))
+            tokens = tuple(zip((p for s in steps for p in s.token_pieces()), flags))
         return PaneView(record.name, status or record.status, record.error,
                         "".join(s.text for s in steps), ids, tokens,
                         steps[-1].stats if steps else None, len(steps),
@@ -785,6 +761,15 @@ def endpoint_lane(name: str, endpoint, messages: list[dict]) -> Lane:
     counts as speculative when the server drafts (that is the server's configuration)."""
     pipe = EndpointPipeline(endpoint)
     return Lane(name, name == SPECULATIVE, lambda: pipe, messages)
+
+
+def with_endpoints(lanes: list[Lane], endpoints: dict | None) -> list[Lane]:
+    """``lanes`` with each lane that ``endpoints`` names (``{lane name: Endpoint or None}``)
+    served by that server (:func:`endpoint_lane`, with the lane's messages); the others as they
+    are. Nothing is loaded: a lane's pipeline is built when the race runs."""
+    endpoints = endpoints or {}
+    return [endpoint_lane(lane.name, endpoints[lane.name], lane.messages)
+            if endpoints.get(lane.name) is not None else lane for lane in lanes]
 
 
 def pane_dict(view: PaneView, draft_length_setting: int | str | None = None) -> dict:
