@@ -431,3 +431,17 @@ def test_server_lane_stats_without_per_drafter_counts_get_no_low_acceptance_warn
     stats = DecodeStats(new_tokens=40, drafted=50, accepted=1)
     stats.drafted_by = stats.accepted_by = None  # what a server lane reports: totals only
     assert low_acceptance_warnings(stats) == []
+
+
+def test_with_endpoints_serves_only_the_lanes_named():
+    """The one helper that puts servers in lanes (the page's Send, /race and compare): a lane
+    with an endpoint becomes that server's lane with the same messages; the others stay ours."""
+    from specdemo.services.endpoints import Endpoint
+    from specdemo.services.race import with_endpoints
+    ours = lanes(None)
+    assert with_endpoints(ours, None) == ours and with_endpoints(ours, {PLAIN: None}) == ours
+    mixed = with_endpoints(ours, {SPECULATIVE: Endpoint("http://127.0.0.1:9")})
+    assert mixed[0] is ours[0] and mixed[1] is not ours[1]
+    assert mixed[1].name == SPECULATIVE and mixed[1].speculative
+    assert mixed[1].messages == ours[1].messages
+    assert getattr(mixed[1].pipeline(), "is_endpoint", False)  # nothing is contacted yet
