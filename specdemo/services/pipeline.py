@@ -244,7 +244,7 @@ class Pipeline:
             ``spec`` (and ``draft_spec``, the same value) and handed to ``make_drafter`` as
             such for every decode.
         draft: for model specs the loaded draft model (``models.LoadedModel``), for learned
-            drafters what ``drafters.learned.load_learned`` returned, else None.
+            drafters what ``models.learned.load_learned`` returned, else None.
     Raises:
         DraftSpecError: (a ValueError) a draft spec no form accepts.
     """

@@ -8,7 +8,8 @@
 * ``dflash``, ``dspark``, ``mtp`` - block-diffusion drafters (DSpark: with a sequential and a
   confidence head) and multi-token-prediction heads.
 * shared: ``base`` (the protocol), ``vocab`` (draft vocabulary maps), ``features`` (which target
-  hidden states a drafter reads), ``learned`` (loading a learned-drafter folder or hub id).
+  hidden states a drafter reads). Loading a learned-drafter folder or hub id is
+  ``models/learned.py``.
 """
 
 from __future__ import annotations

@@ -157,8 +157,9 @@ class LoadedDrafter(Protocol):
 
 
 def wants_features(drafter: object) -> tuple[int, ...]:
-    """The hidden-state indices ``drafter`` needs (empty for drafters that need none)."""
-    return tuple(getattr(drafter, "feature_layers", ()) or ())
+    """The hidden-state indices ``drafter`` needs: a ``FeatureDrafter``'s ``feature_layers``,
+    empty for any other drafter."""
+    return tuple(drafter.feature_layers) if isinstance(drafter, FeatureDrafter) else ()
 
 
 def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
