@@ -21,7 +21,7 @@ LIMITS = {
     "places cutting builtin: by hand": 2,
     "places calling DraftSpec.parse": 2,
     "files of specdemo/ naming the built-in model in code": 2,
-    "functions over 80 lines": 3,
+    "functions over 80 lines": 2,
     "settings set from app.py through module globals": 0,
     "module-level one-item list cells in specdemo/": 0,
 }

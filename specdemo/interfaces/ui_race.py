@@ -441,18 +441,22 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     snap = None
     for snap in _run_race(race, request, 1.0):
         pass  # only the last snapshot is returned
-    k = settings.draft_length
+    return _race_result(race, snap, settings.draft_length, preset, draft or pairing.draft)
+
+
+def _race_result(race, snap, k, preset: str, draft: str) -> dict:
+    """:func:`race_api`'s answer from the race's last snapshot (its Returns say the keys)."""
     return {PLAIN: _pane_dict(snap.panes[PLAIN], k),
             SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE], k),
-            "backend": racing.snapshot_dict(snap)["backend"], "speedup": snap.speedup, "speedup_note": _note(snap),
+            "backend": racing.snapshot_dict(snap)["backend"], "speedup": snap.speedup,
+            "speedup_note": _note(snap),
             "explanation": snap.explanation.as_dict() if snap.explanation else None,
             "why": explanation_text(snap.explanation) if snap.explanation else None,
             "identical": snap.identical,
             "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
             "warnings": list(snap.warnings),
             "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,
-            "preset": preset,
-            "draft": draft or pairing.draft, "draft_length_setting": settings.draft_length}
+            "preset": preset, "draft": draft, "draft_length_setting": k}
 
 
 def race_api_for(app: AppSettings):
