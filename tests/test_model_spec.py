@@ -105,3 +105,19 @@ def test_the_target_check_returns_a_model_spec(tmp_path):
 def test_the_helpers_agree_with_the_spec():
     assert builtin_spec("x") == "builtin:x" and ModelSpec(builtin_spec("x")).builtin == "x"
     assert looks_like_path("x.gguf") and looks_like_path("./x") and not looks_like_path("org/x")
+
+
+def test_presets_hold_model_specs(tmp_path):
+    """Every shipped preset's target is a ModelSpec, ``default_target`` gives one (the fallback
+    built-in too), and a copy of a preset made with text wraps it."""
+    import dataclasses
+
+    from specdemo.services import presets
+    shipped = presets.list_presets()
+    assert shipped and all(type(p.target) is ModelSpec for p in shipped)
+    assert all(p.target.kind in KINDS for p in shipped)
+    assert type(presets.default_target()) is ModelSpec
+    fallback = presets.default_target(tmp_path)  # no preset files there
+    assert type(fallback) is ModelSpec and fallback.kind == "builtin"
+    again = dataclasses.replace(shipped[0], target="builtin:smollm2-135m")
+    assert type(again.target) is ModelSpec and again.target.builtin == "smollm2-135m"
