@@ -86,6 +86,22 @@ def docstrings(tree: ast.AST) -> set[int]:
     return out
 
 
+def gguf_test(node: ast.AST) -> bool:
+    """True for ``x.endswith(".gguf")`` (or removesuffix, a tuple holding it, any case) and a
+    comparison with ``".gguf"`` (``path.suffix.lower() != ".gguf"``)."""
+    def says(n: ast.AST) -> bool:
+        return any(isinstance(c, ast.Constant) and isinstance(c.value, str)
+                   and c.value.lower().endswith(".gguf") and c.value.startswith(".")
+                   for c in ast.walk(n))
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr in ("endswith", "removesuffix"):
+        return any(says(a) for a in node.args)
+    if isinstance(node, ast.Compare):
+        return any(isinstance(c, ast.Constant) and isinstance(c.value, str)
+                   and c.value.lower() == ".gguf" for c in [node.left, *node.comparators])
+    return False
+
+
 def module_cells_set(tree: ast.Module) -> list[str]:
     """Targets of assignments in ``tree`` that set an attribute or an item (``a.b = x``,
     ``a.b[0] = x``, ``a[k] += x``): in app.py, a setting put into another module's object
@@ -146,6 +162,13 @@ def issue51_counts(trees: dict[str, ast.Module]) -> list[tuple[str, object, str]
     out.append(("places calling DraftSpec.parse", len(parses),
                 "calls of DraftSpec.parse(...) in specdemo/, by function (the draft spec travels "
                 "parsed; as_draft_spec parses what still comes as text): " + ", ".join(parses)))
+    ggufs = sorted({f"{path}:{f.name}" for path, tree in trees.items()
+                    if path != "specdemo/core/model_spec.py" for f in functions(tree)
+                    if any(gguf_test(n) for n in ast.walk(f))})
+    out.append(("places testing a spec for .gguf by hand", len(ggufs),
+                "functions of specdemo/ outside core/model_spec.py that call endswith/removesuffix "
+                "with \".gguf\" (any case) or compare a value with it (a ModelSpec says "
+                "`.gguf`/`.kind`): " + ", ".join(ggufs)))
     named = []
     for path, tree in trees.items():
         skip = docstrings(tree)

@@ -1,6 +1,7 @@
 """Every concern in its room (issue 51), held by the counts of ``scripts/repo_counts.py``: the
 command modules parse and print, ``builtin:`` is read in one place, a draft spec's text is
-parsed in two (it travels inwards as a ``DraftSpec``), the built-in model is named in the table
+parsed in two (it travels inwards as a ``DraftSpec``), a model spec is tested for ``.gguf`` in
+core/model_spec.py alone (it travels as a ``ModelSpec``), the built-in model is named in the table
 of built-ins alone, long functions stay few, and the app's settings travel as one object, not
 through module globals."""
 
@@ -20,6 +21,7 @@ LIMITS = {
     "modules importing argparse below interfaces/": 0,
     "places cutting builtin: by hand": 2,
     "places calling DraftSpec.parse": 2,
+    "places testing a spec for .gguf by hand": 0,
     "files of specdemo/ naming the built-in model in code": 2,
     "functions over 80 lines": 2,
     "settings set from app.py through module globals": 0,
@@ -39,18 +41,24 @@ def test_each_count_stays_within_its_limit(counts, name):
 
 
 def test_the_counts_see_what_they_count(tmp_path, monkeypatch):
-    """A module that cuts ``builtin:`` by hand, names the built-in model and imports argparse
-    below interfaces/ is counted (the counts can fail)."""
+    """A module that cuts ``builtin:`` by hand, tests a spec for ``.gguf`` by hand, names the
+    built-in model and imports argparse below interfaces/ is counted (the counts can fail)."""
     import ast
     source = ('import argparse\n\ndef f(spec):\n    if spec.startswith("builtin:"):\n'
               '        return spec.split(":", 1)[1] or "smollm2-135m"\n'
-              '    return DraftSpec.parse(spec).kind\n')
-    trees = {"specdemo/services/bad.py": ast.parse(source)}
+              '    return DraftSpec.parse(spec).kind\n\n'
+              'def g(spec):\n    return spec.lower().endswith(".GGUF")\n\n'
+              'def h(path):\n    return path.suffix != ".gguf"\n\n'
+              'def named(folder):\n    return folder / "model.gguf"\n')
+    trees = {"specdemo/services/bad.py": ast.parse(source),
+             "specdemo/core/model_spec.py": ast.parse('def is_gguf(s):\n'
+                                                      '    return s.endswith(".gguf")\n')}
     got = {name: value for name, value, _ in repo_counts.issue51_counts(trees)}
     assert got["modules importing argparse below interfaces/"] == 1
     assert got["places cutting builtin: by hand"] == 1
     assert got["files of specdemo/ naming the built-in model in code"] == 1
     assert got["places calling DraftSpec.parse"] == 1
+    assert got["places testing a spec for .gguf by hand"] == 2  # g and h; not model_spec.py
 
 
 def test_the_settings_counts_see_a_module_cell_set_from_the_app():

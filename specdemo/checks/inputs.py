@@ -14,8 +14,8 @@ import math
 import re
 from pathlib import Path
 
-from ..core.draft_spec import COMBINE, FORMS, DraftSpec, DraftSpecError, looks_like_path
-from ..core.model_spec import builtin_name
+from ..core.draft_spec import COMBINE, FORMS, DraftSpec, DraftSpecError
+from ..core.model_spec import ModelSpec, builtin_name, looks_like_path
 from ..models import loading as models
 from ..models.builtin import BUILTIN_DRAFTERS
 
@@ -125,7 +125,7 @@ def preset(name: str, names: list[str]) -> str:
     return name
 
 
-_looks_like_path = looks_like_path  # text only: core/draft_spec.py
+_looks_like_path = looks_like_path  # text only: core/model_spec.py
 
 
 def _is_hub_id(spec: str) -> bool:
@@ -187,21 +187,23 @@ def _unknown_name(field: str, spec: str, names: list[str], forms: str) -> None:
                      f"{forms}")
 
 
-def target(field: str, spec) -> str:
+def target(field: str, spec) -> ModelSpec:
     """A target model spec: ``builtin:<name>``, a local folder or ``.gguf`` file that exists, a
     hub id ``org/name`` (whether it can be obtained: :func:`obtainable`), or a bare hub name
-    already in the local Hugging Face cache. No network, no torch.
+    already in the local Hugging Face cache. No network, no torch. Returns it as a
+    :class:`ModelSpec` (a ``str`` of the stripped text that carries its ``kind`` and
+    ``builtin``), which the layers below read without looking at the text again.
 
     Raises:
         InputError: empty text, a path that does not exist, an unknown built-in name or an
             unknown word (the message lists the forms and the built-in names, and suggests a
             close one).
     """
-    spec = text(field, spec).strip()
+    spec = ModelSpec(text(field, spec).strip())
     forms = _model_forms()
     _missing_path(field, spec, forms)
     names = [f"builtin:{n}" for n in models.builtin_names()]
-    if builtin_name(spec) is not None and spec not in names:
+    if spec.builtin is not None and spec not in names:
         raise InputError(f"{field} {spec!r} is not a built-in model{_did_you_mean(spec, names)}; "
                          f"valid forms: {forms}")
     _unknown_name(field, spec, names, forms)

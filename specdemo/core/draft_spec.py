@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 
-from .model_spec import builtin_name
+from .model_spec import builtin_name, looks_like_path
 
 #: suffix that stacks prompt lookup over a learned drafter (``models.learned.COMBINE``)
 COMBINE = "+ngram"
@@ -48,12 +48,6 @@ class DraftSpecError(ValueError):
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
         self.kind = kind
-
-
-def looks_like_path(spec: str) -> bool:
-    """A local path rather than a hub id (``org/name``) or a named drafter (text only)."""
-    return (spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
-            or spec.lower().endswith(".gguf"))
 
 
 class DraftSpec(str):

@@ -37,7 +37,7 @@ import torch
 from ..core import family_backends
 from ..core.errors import ModelLoadError
 from ..core.kv import PREFILL_CHUNK, feed_in_chunks, unknown_hidden_states
-from ..core.model_spec import builtin_name
+from ..core.model_spec import as_model_spec
 from ..core.machine import default_threads
 from ..core.shape import ModelShape
 from . import builtin, llama_ctypes
@@ -330,10 +330,10 @@ def gguf_path(spec: str) -> Path | None:
     """The GGUF file of a target spec, or None when it has none: a ``.gguf`` path itself; a
     built-in's file from its wheel (a file in parts is assembled once into
     ``models.cache_dir()/ggml/``)."""
-    if spec.lower().endswith(".gguf"):
-        path = Path(spec).expanduser()
-        return path if path.is_file() else None
-    name = builtin_name(spec)
+    spec = as_model_spec(spec)
+    if spec.gguf:
+        return spec.path if spec.path.is_file() else None
+    name = spec.builtin
     if name is None:
         return None
     b = builtin._builtin(name)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from . import builtin
-from ..core.model_spec import builtin_name
+from ..core.model_spec import as_model_spec
 from .builtin import (  # noqa: F401  (re-exported: specdemo.models is where callers look)
     BUILTINS, CACHE_FORMAT, MANIFEST, WEIGHTS, Builtin, builtin_conversion_needed, builtin_names,
     builtin_source_bytes, builtin_tokenizer_conversion_needed, cache_dir, convert_builtin)
@@ -281,21 +281,19 @@ _OFFLINE_VALUES = {"1", "on", "yes", "true"}
 
 
 def _kind(spec: str) -> str:
-    """``builtin``, ``gguf``, ``dir`` or ``hub`` for a spec.
+    """``builtin``, ``gguf``, ``dir`` (an existing folder) or ``hub`` for a spec (its
+    ``ModelSpec.kind``, with a local path that is not a folder refused).
 
     Raises:
         ModelLoadError: a path that does not exist, or text that is none of the forms.
     """
-    if builtin_name(spec) is not None:
-        return "builtin"
-    path = Path(spec).expanduser()
-    if spec.lower().endswith(".gguf"):
-        return "gguf"
-    if path.is_dir():
+    spec = as_model_spec(spec)
+    kind = spec.kind
+    if kind in ("builtin", "gguf"):
+        return kind
+    if kind == "local" and spec.path.is_dir():
         return "dir"
-    looks_like_path = (spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
-                       or re.match(r"[A-Za-z]:", spec) is not None)
-    if path.exists() or looks_like_path:
+    if kind == "local":
         raise ModelLoadError(f"{spec} is neither a model folder nor a .gguf file; "
                              "check the path")
     if not _HUB_ID.fullmatch(spec):
@@ -442,7 +440,8 @@ def _load(spec: str, device: torch.device, dtype: torch.dtype, quantization: str
     check_local(spec)
     kind = _kind(spec)
     if kind == "builtin":
-        return _load_builtin(builtin._builtin(spec.split(":", 1)[1]), device, dtype, quantization)
+        return _load_builtin(builtin._builtin(as_model_spec(spec).builtin), device, dtype,
+                             quantization)
     if kind == "gguf":
         folder, name = _split_gguf(Path(spec).expanduser())
         tokenizer = _gguf_file_tokenizer(folder / name)
@@ -465,10 +464,12 @@ def _load(spec: str, device: torch.device, dtype: torch.dtype, quantization: str
 
 
 def _canonical(spec: str) -> str:
-    """The cache key of a spec: absolute paths for local files, the text otherwise."""
-    if builtin_name(spec) is not None or not (spec.lower().endswith(".gguf") or Path(spec).exists()):
-        return spec
-    return str(Path(spec).expanduser().resolve())
+    """The cache key of a spec: absolute paths for a ``.gguf`` file and an existing local file
+    or folder (``~`` expanded), the text otherwise."""
+    spec = as_model_spec(spec)
+    if not (spec.gguf or spec.exists()):
+        return spec.text
+    return str(spec.path.resolve())
 
 
 @dataclass
@@ -476,7 +477,7 @@ class LoadedModel:
     """A model ready for the engine.
 
     Attributes:
-        spec: the spec as given (e.g. ``builtin:smollm2-135m``).
+        spec: the spec as given (e.g. ``builtin:smollm2-135m``), a ``core.model_spec.ModelSpec``.
         model: a transformers causal LM in eval mode, on ``device``, in ``dtype``.
         tokenizer: its tokenizer (with a chat template when the model has one).
         device: where it runs (a CUDA model may have layers offloaded by accelerate).
@@ -566,6 +567,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", *,
     Raises:
         ModelLoadError: anything that prevents loading, with what to do.
     """
+    spec = as_model_spec(spec)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if dev.type == "mps" and str(dt) == "torch.bfloat16" and mps_bfloat16_problem():
@@ -632,7 +634,7 @@ def _load_tokenizer(spec: str, trust_remote_code: bool) -> PreTrainedTokenizerBa
     from transformers import AutoTokenizer
     kind = _kind(spec)
     if kind == "builtin":
-        return builtin.builtin_tokenizer(builtin._builtin(spec.split(":", 1)[1]), quick=True)
+        return builtin.builtin_tokenizer(builtin._builtin(as_model_spec(spec).builtin), quick=True)
     if kind == "gguf":
         return _gguf_file_tokenizer(Path(spec).expanduser(), quick=True)
     if kind == "dir":
@@ -663,7 +665,7 @@ def _layer_count(spec: str, trust_remote_code: bool) -> int:
     from transformers import AutoConfig
     kind = _kind(spec)
     if kind == "builtin":
-        return builtin.builtin_layer_count(builtin._builtin(spec.split(":", 1)[1]))
+        return builtin.builtin_layer_count(builtin._builtin(as_model_spec(spec).builtin))
     if kind == "gguf":
         folder, name = _split_gguf(Path(spec).expanduser())
         return block_count([folder / name])

@@ -38,7 +38,7 @@ from typing import Any
 
 from .. import PROJECT_DIR
 from ..core.draft_spec import DraftSpec, DraftSpecError, as_draft_spec
-from ..core.model_spec import builtin_name, builtin_spec
+from ..core.model_spec import ModelSpec, as_model_spec, builtin_spec
 from ..models import loading as models
 from ..models.hardware import format_bytes  # noqa: F401  (re-exported: callers look here)
 from .endpoints import EndpointError, base_url
@@ -74,6 +74,8 @@ class Preset:
     """One target/draft pairing, as read from ``presets/<name>.toml``.
 
     Attributes:
+        target: the target model spec (a ``core.model_spec.ModelSpec``: its text, with ``kind``
+            and ``builtin``); text given here is wrapped on construction.
         draft: the draft spec, parsed (a ``core.draft_spec.DraftSpec``: its text, with ``kind``,
             ``layers``, ``is_model`` ...); text given here is parsed once, on construction.
         memory_bytes: bytes the pairing needs on its device (weights + KV cache + margin).
@@ -87,7 +89,7 @@ class Preset:
     """
 
     name: str
-    target: str
+    target: ModelSpec
     draft: DraftSpec
     draft_length: int | str
     dtype: str
@@ -110,11 +112,13 @@ class Preset:
     note_zh_cn: str = ""
 
     def __post_init__(self) -> None:
-        """Parse ``draft`` when it came as text.
+        """Parse ``target`` and ``draft`` when they came as text.
 
         Raises:
             DraftSpecError: a draft spec no form accepts (the message names it).
+            TypeError: a target that is not text.
         """
+        object.__setattr__(self, "target", as_model_spec(self.target))
         object.__setattr__(self, "draft", as_draft_spec(self.draft))
 
     def note_in(self, locale: str | None) -> str:
@@ -356,21 +360,20 @@ def default_preset(directory: Path | None = None) -> Preset:
     return next((p for p in presets if p.default), presets[0])
 
 
-def default_target(directory: Path | None = None) -> str:
+def default_target(directory: Path | None = None) -> ModelSpec:
     """The target of :func:`default_preset` (model names live in ``presets/``): what the commands
     and the page use when none is given; the built-in table's fallback target
     (``models.builtin.FALLBACK_BUILTIN``) when no preset can be read."""
     try:
         return default_preset(directory).target
     except PresetError:
-        return builtin_spec(models.builtin.FALLBACK_BUILTIN)
+        return ModelSpec(builtin_spec(models.builtin.FALLBACK_BUILTIN))
 
 
 def _is_hub_id(spec: str) -> bool:
-    """True for ``owner/name`` hub ids (not builtin:, a drafter name, a .gguf or an existing path)."""
-    if builtin_name(spec) is not None or spec.endswith(".gguf") or Path(spec).expanduser().exists():
-        return False
-    return spec.count("/") == 1 and not spec.startswith(("/", ".", "~"))
+    """True for ``owner/name`` hub ids (not builtin:, a bare drafter or model name, a .gguf or
+    a local path: ``ModelSpec.kind``)."""
+    return as_model_spec(spec).kind == "hub" and spec.count("/") == 1
 
 
 def hub_models_to_fetch(preset: Preset) -> list[str]:

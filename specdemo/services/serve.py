@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from ..checks.inputs import closest_name
-from ..core.model_spec import builtin_name
+from ..core.model_spec import as_model_spec
 from ..models import builtin
 from ..models.loading import ModelLoadError
 
@@ -60,7 +60,8 @@ def gguf_path(spec: str) -> Path:
     Raises:
         ServeError: an unknown built-in, a missing file, or not a .gguf file.
     """
-    name = builtin_name(spec)
+    spec = as_model_spec(spec)
+    name = spec.builtin
     if name is not None:
         try:
             parts = builtin._locate_parts(builtin._builtin(name))
@@ -69,8 +70,8 @@ def gguf_path(spec: str) -> Path:
         if len(parts) != 1:
             raise ServeError(f"{spec} comes in {len(parts)} parts; give the assembled .gguf path")
         return parts[0]
-    path = Path(spec).expanduser()
-    if path.suffix.lower() != ".gguf" or not path.is_file():
+    path = spec.path
+    if not spec.gguf or not path.is_file():
         raise ServeError(f"{spec} is not a .gguf file on this machine (llama-server reads GGUF "
                          f"only; the built-in models are builtin:<name>)")
     return path
