@@ -13,6 +13,10 @@ races' own range (on this 2-core machine, quiet, one race's speedup of one promp
 (the app's own rule: such a speedup is not reliable). What is warmed before the clocks is tested
 in tests/test_warmup.py.
 
+The app's settings are built from these flags (an ``AppSettings``, ``--backend`` as app.py's,
+default ``auto``) and passed to the preload and the page as app.py passes them; the output says
+which backend the races ran on (``backend`` in ``--json``: the setting and what ``auto`` chose).
+
     python scripts/first_race.py [--max-new-tokens 64] [--races 4] [--prompt TEXT] [--backend auto] [--json]
 """
 
@@ -38,24 +42,50 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main() -> int:
+def settings_of(args: argparse.Namespace):
+    """The app's settings for this run (the default preset, ``--backend``), as app.py builds
+    them from its flags."""
+    from specdemo.interfaces.ui_state import AppSettings
+    return AppSettings(backend=args.backend)
+
+
+def summary(races: list[dict], setting: str) -> dict:
+    """What ``--json`` prints of ``/race`` answers (at least two): per race each lane's
+    tokens/s, TTFT (s) and other processes' CPU share, the speedup, identity and warnings; the
+    backend asked for (``setting``) and the one each race ran on; the first speedup over the
+    median of the later ones and the later ones' spread (max/min - 1)."""
+    seen = {"backend": {"setting": setting, "ran_on": sorted({str(r["backend"]) for r in races})},
+            "races": [{lane: {k: r[lane][k] for k in ("tokens_per_s", "ttft_s", "other_cpu_share")}
+                       for lane in ("plain", "speculative")}
+                      | {"backend": r["backend"], "speedup": r["speedup"],
+                         "identical": r["identical"], "warnings": r["warnings"]}
+                      for r in races]}
+    later = sorted(r["speedup"] for r in races[1:])
+    seen["first_over_later_median"] = races[0]["speedup"] / statistics.median(later)
+    seen["later_spread"] = later[-1] / later[0] - 1  # max/min - 1 among the later races
+    return seen
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specdemo.core import BACKENDS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--races", type=int, default=4, help="races of the prompt, first included (>= 2)")
     parser.add_argument("--prompt", default=PROMPT, help="the prompt every race sends (default: a sentence to repeat)")
-    parser.add_argument("--backend", default="auto", help="the targets' forward backend, as app.py's --backend (default auto)")
+    parser.add_argument("--backend", default="auto", choices=BACKENDS,
+                        help="the targets' forward backend, as app.py's --backend (default %(default)s)")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from gradio_client import Client
 
     from specdemo.interfaces import ui, ui_state
-    ui_state.CACHE.backend = args.backend  # what app.py sets from its --backend
+    app = settings_of(args)  # passed down as app.py passes its settings
     port = free_port()
-    demo = ui.build_ui()
+    demo = ui.build_ui(app)
     ui.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True)
     try:
-        preset = ui_state._default_preset_name(None)
-        if not ui_state.start_preload(preset).wait(1800) or ui_state._PRELOAD["error"]:
+        preset = ui_state._default_preset_name(None, app)
+        if not ui_state.start_preload(preset, app).wait(1800) or ui_state._PRELOAD["error"]:
             print(f"the preload did not finish: {ui_state._PRELOAD['error']}", file=sys.stderr)
             return 2
         threading.Thread(target=ui.check_drafts, args=(preset, None), daemon=True).start()
@@ -64,16 +94,11 @@ def main() -> int:
                  for _ in range(max(2, args.races))]
     finally:
         demo.close()
-    seen = {"races": [{lane: {k: r[lane][k] for k in ("tokens_per_s", "ttft_s", "other_cpu_share")}
-                       for lane in ("plain", "speculative")}
-                      | {"speedup": r["speedup"], "identical": r["identical"], "warnings": r["warnings"]}
-                      for r in races]}
+    seen = summary(races, args.backend)
     later = sorted(r["speedup"] for r in races[1:])
-    median = statistics.median(later)
-    ratio = races[0]["speedup"] / median
-    seen["first_over_later_median"] = ratio
-    seen["later_spread"] = later[-1] / later[0] - 1  # max/min - 1 among the later races
+    ratio = seen["first_over_later_median"]
     if not args.json:
+        print(f"backend {args.backend}: the races ran on {', '.join(seen['backend']['ran_on'])}")
         for i, r in enumerate(races):
             print(f"race {i + 1}: plain {r['plain']['tokens_per_s']:.2f} tok/s, speculative "
                   f"{r['speculative']['tokens_per_s']:.2f} tok/s, speedup {r['speedup']:.3f}, "

@@ -1,6 +1,8 @@
 """The page after a race at a fixed draft length and after one at ``auto``, as screenshots.
 
-Starts the app on the default preset (the ``auto`` backend), opens it in headless Chromium (Debian's
+Starts the app on the default preset with the app's settings built from these flags (an
+``AppSettings`` passed to the preload and the page as app.py passes it; ``--backend`` as app.py's,
+default ``auto``), opens it in headless Chromium (Debian's
 ``chromium`` and ``chromedriver``, as tests/test_browser.py), races one prompt at ``--fixed`` (k = 4
 by default: on a 2-core CPU a chat prompt then usually loses), clears the conversation, races it
 again at ``auto``, and saves the page after each, with the speedup and the line under it that
@@ -26,7 +28,28 @@ PROMPT = ("Write a short note to my neighbour asking them to water my plants whi
           "next week.")
 
 
-def main() -> int:
+def missing_tools() -> str | None:
+    """One sentence naming what this script needs and this machine lacks (Chromium,
+    chromedriver, the selenium package) and how to install it, or None when all are there."""
+    if not shutil.which("chromium") or not shutil.which("chromedriver"):
+        return "needs Chromium and chromedriver (apt-get install chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401  (only whether it is installed)
+    except ImportError:
+        return ("needs the selenium package, which only the test set-up installs: run "
+                "scripts/setup.sh test (or pip install selenium)")
+    return None
+
+
+def settings_of(args: argparse.Namespace):
+    """The app's settings for this run (the default preset, ``--backend``), as app.py builds
+    them from its flags."""
+    from specdemo.interfaces.ui_state import AppSettings
+    return AppSettings(backend=args.backend)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specdemo.core import BACKENDS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "results"), help="folder for the two PNGs")
     parser.add_argument("--fixed", default="4", help="the fixed draft length of the first race (default 4)")
@@ -34,12 +57,14 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--page", default=None, help="also save the whole page after the auto race "
                         "here (the README's picture is docs/race.png)")
-    parser.add_argument("--backend", default="auto", help="the targets' forward backend, as app.py's --backend (default auto)")
-    args = parser.parse_args()
-    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if not chromium or not driver_path:
-        print("needs Chromium and chromedriver (apt-get install chromium chromium-driver)", file=sys.stderr)
+    parser.add_argument("--backend", default="auto", choices=BACKENDS,
+                        help="the targets' forward backend, as app.py's --backend (default %(default)s)")
+    args = parser.parse_args(argv)
+    missing = missing_tools()
+    if missing:
+        print(missing, file=sys.stderr)
         return 2
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -48,15 +73,16 @@ def main() -> int:
 
     from specdemo.interfaces import ui, ui_state
 
-    ui_state.CACHE.backend = args.backend  # what app.py sets from its --backend
+    app = settings_of(args)  # passed down as app.py passes its settings
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    preset = ui_state._default_preset_name(None)
-    if not ui_state.start_preload(preset).wait(1800) or ui_state._PRELOAD["error"]:
+    preset = ui_state._default_preset_name(None, app)
+    if not ui_state.start_preload(preset, app).wait(1800) or ui_state._PRELOAD["error"]:
         print(f"the preload did not finish: {ui_state._PRELOAD['error']}", file=sys.stderr)
         return 2
+    print(f"backend {app.backend}: {ui_state.loaded_backend(preset)}")
     port = free_port()
-    demo = ui.build_ui()
+    demo = ui.build_ui(app)
     ui.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True)
     options = webdriver.ChromeOptions()
     options.binary_location = chromium

@@ -111,6 +111,33 @@ def module_cells_set(tree: ast.Module) -> list[str]:
             and not ast.unparse(t).startswith("os.environ[")]
 
 
+#: the page's modules, whose objects a script could set a setting into
+PAGE_MODULES = ("ui_state", "ui")
+
+
+def page_modules_set(tree: ast.Module) -> list[str]:
+    """Targets of assignments in ``tree`` (a script) that set an attribute or an item of the
+    page's module objects (``ui_state.CACHE.backend = x``, ``ui._X[0] = x``, also under an import
+    alias): a setting the app's one settings object should carry instead."""
+    names = set(PAGE_MODULES)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("interfaces"):
+            names |= {a.asname or a.name for a in node.names if a.name in PAGE_MODULES}
+        elif isinstance(node, ast.Import):
+            names |= {a.asname for a in node.names
+                      if a.asname and a.name.rsplit(".", 1)[-1] in PAGE_MODULES}
+    out = []
+    for t in module_targets(tree):
+        if not isinstance(t, (ast.Attribute, ast.Subscript)):
+            continue
+        base = t
+        while isinstance(base, (ast.Attribute, ast.Subscript)):
+            base = base.value
+        if isinstance(base, ast.Name) and base.id in names:
+            out.append(ast.unparse(t))
+    return out
+
+
 def one_item_cells(tree: ast.Module) -> list[str]:
     """Module-level names bound to a one-item list (``X = [None]``) that an assignment sets
     through ``X[0] = ...``: a mutable cell used as a setting."""
@@ -129,8 +156,22 @@ def module_targets(tree: ast.AST) -> list[ast.AST]:
         else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])]
 
 
-def issue51_counts(trees: dict[str, ast.Module]) -> list[tuple[str, object, str]]:
-    """What issue 51 fixed: every concern in its room."""
+def script_trees() -> dict[str, ast.Module]:
+    """The tracked scripts/*.py, parsed (one that does not parse is left out)."""
+    out = {}
+    for p in tracked():
+        if p.startswith("scripts/") and p.count("/") == 1 and p.endswith(".py"):
+            try:
+                out[p] = ast.parse((ROOT / p).read_text(), p)
+            except (SyntaxError, UnicodeDecodeError):
+                continue
+    return out
+
+
+def issue51_counts(trees: dict[str, ast.Module],
+                   scripts: dict[str, ast.Module] | None = None) -> list[tuple[str, object, str]]:
+    """What issue 51 fixed: every concern in its room. ``scripts``: scripts/*.py parsed
+    (default: the tracked ones, read from disk)."""
     out = []
     cli = ROOT / "specdemo" / "interfaces" / "train_cli.py"
     out.append(("interfaces/train_cli.py lines",
@@ -181,11 +222,15 @@ def issue51_counts(trees: dict[str, ast.Module]) -> list[tuple[str, object, str]
     app = trees.get("app.py")
     if app is None and (ROOT / "app.py").is_file():
         app = ast.parse((ROOT / "app.py").read_text())
-    out.append(("settings set from app.py through module globals",
-                len(module_cells_set(app)) if app is not None else None,
+    scripts = script_trees() if scripts is None else scripts
+    from_scripts = sorted(f"{p}:{cell}" for p, tree in scripts.items()
+                          for cell in page_modules_set(tree))
+    out.append(("settings set from app.py and scripts/ through module globals",
+                len(module_cells_set(app)) + len(from_scripts) if app is not None else None,
                 "assignments in app.py into an attribute or an item, os.environ aside "
-                "(ui_state.CACHE.backend = ..., ui_state.APP_PRESET[0] = ...): the app's settings "
-                "are one object passed down"))
+                "(ui_state.CACHE.backend = ..., ui_state.APP_PRESET[0] = ...), and in scripts/*.py "
+                "into an attribute or an item of the ui_state or ui module: the app's settings "
+                "are one object passed down: " + ", ".join(from_scripts)))
     cells = sorted(f"{p}:{name}" for p, tree in trees.items() for name in one_item_cells(tree))
     out.append(("module-level one-item list cells in specdemo/", len(cells),
                 "module-level names of specdemo/ bound to a one-item list and set through [0]: "
