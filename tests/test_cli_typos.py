@@ -75,3 +75,32 @@ def test_every_subcommands_help_answers_without_loading_torch():
     for name, (code, usage, torch_loaded) in json.loads(done.stdout).items():
         assert code == 0 and usage.startswith(f"usage: python -m specdemo {name}"), (name, usage)
         assert not torch_loaded, name
+
+
+def subcommands() -> dict:
+    """Every subcommand's parser, by name."""
+    return cli.build_parser()._subparsers._group_actions[0].choices
+
+
+def test_the_readme_lists_every_subcommand():
+    """The README's command list names every subcommand ``python -m specdemo --help`` lists."""
+    readme = (ROOT / "README.md").read_text()
+    listed = {line.split()[3] for line in readme.splitlines()
+              if line.startswith("python -m specdemo ")}
+    assert set(subcommands()) <= listed, sorted(set(subcommands()) - listed)
+
+
+@pytest.mark.parametrize("command, flags", [
+    ("run", ("--max-new-tokens", "--temperature", "--top-k", "--top-p", "--repetition-penalty",
+             "--seed")),
+    ("compare", ("--max-new-tokens", "--temperature", "--top-k", "--top-p",
+                 "--repetition-penalty", "--seed")),
+    ("bench", ("--max-new-tokens", "--repeats", "--temperature", "--seed")),
+])
+def test_the_sampling_flags_help_says_their_defaults(command, flags):
+    """Each flag's ``--help`` text says what it does and its default (argparse's value)."""
+    actions = {a.option_strings[0]: a for a in subcommands()[command]._actions if a.option_strings}
+    for flag in flags:
+        action = actions[flag]
+        assert action.help and "%(default)s" in action.help, (command, flag, action.help)
+        assert len(action.help.replace("(default %(default)s)", "").strip()) > 10, (command, flag)

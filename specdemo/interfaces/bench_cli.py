@@ -35,10 +35,17 @@ def register(sub) -> None:
     bench.add_argument("--draft-lengths", default="1,2,4,8,auto", help="(default %(default)s)")
     bench.add_argument("--draft-tree", type=draft_tree_arg, default=None, metavar="SHAPE",
                        help="as for run: default, off, or rank paths (default off)")
-    bench.add_argument("--max-new-tokens", type=int, default=128)
-    bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    bench.add_argument("--seed", type=int, default=None)
+    bench.add_argument("--max-new-tokens", type=int, default=128,
+                       help="most tokens per decode (default %(default)s)")
+    bench.add_argument("--repeats", type=int, default=3,
+                       help="passes over all the prompts, each decoding every prompt with "
+                            "every method; the report keeps each figure's median over them "
+                            "(default %(default)s)")
+    bench.add_argument("--temperature", type=float, default=0.0,
+                       help="sampling temperature, 0 = greedy (default %(default)s)")
+    bench.add_argument("--seed", type=int, default=None,
+                       help="seed of the sampling generators (default %(default)s: a fresh one "
+                            "each run; greedy needs none)")
     bench.add_argument("--prompts-per-task", type=int, default=None, help="default: all")
     bench.add_argument("--concurrency", default="", help="e.g. 1,2,4,8 (default: skip)")
     bench.add_argument("--reference", action="store_true",

@@ -53,16 +53,26 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
                              f"model like --target (default {draft_default})")
     parser.set_defaults(draft_default=draft_default)
     parser.add_argument("--max-new-tokens", default=128,
+                        help="most tokens to generate (default %(default)s)",
                         type=checked(inputs.number, "max new tokens", minimum=1, integer=True))
-    parser.add_argument("--temperature", default=0.0, help="0 = greedy",
+    parser.add_argument("--temperature", default=0.0,
+                        help="sampling temperature, 0 = greedy (default %(default)s)",
                         type=checked(inputs.number, "temperature", minimum=0))
     parser.add_argument("--top-k", default=0,
+                        help="sample among the k likeliest tokens, 0 = off (default %(default)s)",
                         type=checked(inputs.number, "top k", minimum=0, integer=True))
     parser.add_argument("--top-p", default=1.0,
+                        help="sample among the likeliest tokens reaching this probability, "
+                             "in (0, 1], 1 = off (default %(default)s)",
                         type=checked(inputs.number, "top p", above=0, maximum=1))
     parser.add_argument("--repetition-penalty", default=1.0,
+                        help="penalty on tokens already in prompt and output, 1 = off "
+                             "(default %(default)s)",
                         type=checked(inputs.number, "repetition penalty", above=0))
-    parser.add_argument("--seed", default=None, type=checked(inputs.number, "seed", integer=True))
+    parser.add_argument("--seed", default=None,
+                        help="seed of the sampling generators, for a repeatable sampled run "
+                             "(default %(default)s: a fresh one each run; greedy needs none)",
+                        type=checked(inputs.number, "seed", integer=True))
     parser.add_argument("--draft-length", type=draft_length_arg, default=None,
                         help="draft tokens per round, 1..64, or auto (default 4, or the "
                              "preset's; the app and the default preset use auto)")
