@@ -476,10 +476,10 @@ def test_an_identical_command_reads_the_choice_when_the_load_flips_openmp_waitin
     monkeypatch.setattr(gb, "_compile_native_once", lambda loaded, backend: None)
     _omp(monkeypatch, "spin", {})
     first = gb.use_backend(loaded, "auto", "ngram")[1]
-    assert not first.cached and first.why == "measured again: no choice stored for tiny and " \
+    assert not first.cached and first.why == "first choice here: none stored for tiny and " \
         "this race on this machine yet"
     assert startup.STEPS.recent(12)[0].name.endswith(
-        "; measured again: no choice stored for tiny and this race on this machine yet)")
+        "; first choice here: none stored for tiny and this race on this machine yet)")
     state["timed"].clear()
     _omp(monkeypatch, "passive", {"OMP_WAIT_POLICY": "PASSIVE"})
     second = gb.use_backend(loaded, "auto", "ngram")[1]
@@ -507,3 +507,15 @@ def test_a_waiting_the_user_set_is_a_reason_to_measure_again_and_is_said(chooser
             "now automatic")
     assert again.why == said
     assert [d.name for d in startup.STEPS.recent(12) if not d.note][-1].endswith(f"; {said})")
+
+
+def test_a_choice_stored_by_an_earlier_specdemo_is_said_when_the_first_one_is_measured(
+        chooser, tmp_path):
+    """Entries written before the key's parts were stored cannot say what differs; the first
+    choice measured says that they are keyed otherwise."""
+    loaded, _ = chooser
+    _put(tmp_path, {"0123": {"backend": "native", "machine": backend_store.machine_fingerprint()}})
+    assert gb.choose_backend(loaded).why == (
+        "first choice here: none stored for tiny and this race on this machine yet (choices "
+        "stored by an earlier specdemo are keyed otherwise)")
+    assert gb.lookup(loaded)[0].cached  # and now read back

@@ -146,7 +146,7 @@ def _stored(key: str, names: tuple[str, ...], parts: dict | None = None
             ) -> tuple[BackendChoice | None, list[str], str | None]:
     """(the choice stored under ``key`` once checked, or None: none, ignored, or recalibration
     asked for; the sentences saying what was ignored; when None, why it is measured again, in
-    one clause for the start-up step).
+    one clause for the start-up step, e.g. ``"measured again: ..."``).
 
     ``parts``: the key's named parts (``_key_parts``), with which a missing entry is explained
     (``backend_store.miss_reason``)."""
@@ -159,8 +159,7 @@ def _stored(key: str, names: tuple[str, ...], parts: dict | None = None
         notes.append(problem)
         return None, notes, "measured again: the stored choice was ignored (said below)"
     if entry is None:
-        return None, notes, "measured again: " + store.miss_reason(key, parts or {}) if parts \
-            else None
+        return None, notes, store.miss_reason(key, parts) if parts else None
     share = entry.get("other_cpu_share")
     when = (f"measured earlier on this machine while other processes used {share:.0%} of "
             f"the CPU ({RECALIBRATE}): " if share is not None and share > machine.BUSY_SHARE

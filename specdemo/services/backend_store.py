@@ -184,10 +184,11 @@ def _shown(value) -> str:
 
 def miss_reason(key: str, parts: dict) -> str:
     """Why no stored choice serves ``key`` (whose named parts are ``parts``: target, torch,
-    threads, candidates, drafter, OpenMP waiting, ...), in one clause: a recheck dropped it (its
-    sentence), or the entry stored for this target on this machine that differs in the fewest
-    parts, and how (``"the stored choice was for OpenMP waiting OMP_WAIT_POLICY=active, now
-    automatic"``), or none stored for this target yet."""
+    threads, candidates, drafter, OpenMP waiting, ...), in one clause for the start-up step:
+    ``"measured again: "`` and what a recheck said when it dropped it, or how the entry stored
+    for this target on this machine that differs in the fewest parts differs (``"measured
+    again: the stored choice was for OpenMP waiting OMP_WAIT_POLICY=active, now automatic"``);
+    ``"first choice here: ..."`` when none is stored for this target yet."""
     try:
         data = json.loads(choice_path().read_text())
     except (OSError, ValueError):
@@ -195,11 +196,14 @@ def miss_reason(key: str, parts: dict) -> str:
     data = data if isinstance(data, dict) else {}
     here = machine_fingerprint()
     if _is_dropped(data.get(key)):
-        return f"the stored choice was dropped: {data[key][DROPPED]}"
-    nearest = None
+        return f"measured again: the stored choice was dropped: {data[key][DROPPED]}"
+    nearest, unnamed = None, False
     for entry in data.values():
         if not (isinstance(entry, dict) and entry.get("machine") == here
-                and not _is_dropped(entry) and isinstance(entry.get("key_parts"), dict)):
+                and not _is_dropped(entry)):
+            continue
+        if not isinstance(entry.get("key_parts"), dict):
+            unnamed = True  # stored by an earlier specdemo, keyed otherwise
             continue
         theirs = entry["key_parts"]
         if theirs.get("target") != parts.get("target"):
@@ -209,10 +213,11 @@ def miss_reason(key: str, parts: dict) -> str:
         if differ and (nearest is None or len(differ) < len(nearest[0])):
             nearest = (differ, theirs)
     if nearest is None:
-        return (f"no choice stored for {parts.get('target', 'this target')} and this race on "
-                "this machine yet")
+        return (f"first choice here: none stored for {parts.get('target', 'this target')} and "
+                "this race on this machine yet" + (" (choices stored by an earlier specdemo "
+                                                   "are keyed otherwise)" if unnamed else ""))
     differ, theirs = nearest
-    return "the stored choice was for " + ", ".join(
+    return "measured again: the stored choice was for " + ", ".join(
         f"{name} {_shown(theirs.get(name))}, now {_shown(parts[name])}" for name in differ)
 
 
