@@ -395,10 +395,17 @@ def test_a_choice_made_under_a_transient_is_weighed_again_when_a_run_measures_fa
     assert said == ("the stored backend choice expected a one-token forward of 11.0 ms on "
                     "native, this run measured 5.6 ms (0.51x): the backends are weighed again "
                     "at the next start")
-    assert gb.stored_choice(loaded) is None and _store(tmp_path) == {}
+    assert gb.stored_choice(loaded) is None
+    assert [e.get("dropped_because") for e in _store(tmp_path).values()] == [
+        "a run measured a one-token forward of 5.6 ms on native, 0.51x the 11.0 ms it expected"]
     assert backend_store.recheck(chosen, measured, 0.0) is None  # said once
     again, second = gb.use_backend(loaded, "auto")  # the next start, quiet
     assert not second.cached and again.backend == "native-w8a8"
+    # ... whose step says why it measures again
+    steps = [d.name for d in startup.STEPS.recent(12) if not d.note]
+    assert steps[-1].endswith("; measured again: the stored choice was dropped: a run measured "
+                              "a one-token forward of 5.6 ms on native, 0.51x the 11.0 ms it "
+                              "expected)")
     assert second.forward_s["native-w8a8"][1] == pytest.approx(0.0048)
 
 
@@ -432,5 +439,83 @@ def test_costs_drops_a_stored_choice_another_backend_beats_widely_on_a_quiet_mac
     said = backend_store.recheck_against_others(choice, rates, 0.0)
     assert said == ("the stored backend choice is native-int8 (22.8 plain tokens/s now), but native-w8a8 "
                     "measured 78.4 (3.44x): the backends are weighed again at the next start")
-    assert "k" not in _store(tmp_path) and choice.key is None
+    assert _store(tmp_path)["k"] == {  # no choice left, only why it was dropped
+        "dropped_because": "costs measured native-w8a8 at 78.4 plain tokens/s, 3.44x the "
+                           "stored choice native-int8 (22.8)",
+        "machine": backend_store.machine_fingerprint(), "key_parts": None}
+    assert backend_store.read("k", ("native-int8", "native-w8a8")) == (None, None)
+    assert choice.key is None
     assert backend_store.recheck_against_others(choice, rates, 0.0) is None  # said once
+
+
+# --- an identical command reads the stored choice (a new user's report) ---------------------------
+
+def _omp(monkeypatch, policy: str, environ: dict) -> None:
+    """This process's OpenMP decision (specdemo/_omp.py) as ``policy`` with ``environ``'s
+    variables in effect."""
+    from specdemo import _omp
+    monkeypatch.setattr(_omp, "DECISION", {"policy": policy, "others_running": 0, "cores": 2,
+                                           "setting": dict(environ)})
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_an_identical_command_reads_the_choice_when_the_load_flips_openmp_waiting(
+        chooser, monkeypatch):
+    """A new user's report: the same compare three times; the second measured again (16.6 s)
+    with no reason given. specdemo sets OMP_WAIT_POLICY=PASSIVE when another runnable task is
+    seen at start (specdemo/_omp.py), and the key held it: on a busy 2-core machine it flips
+    between identical commands. Now specdemo's own setting is not keyed; the reason read back
+    says how the threads waited when it was measured."""
+    from specdemo.services import startup
+    loaded, state = chooser
+    loaded.model, loaded.vocab_size = None, 32
+    monkeypatch.setattr(startup, "STEPS", startup.Steps())
+    monkeypatch.setattr(gb, "_compile_native_once", lambda loaded, backend: None)
+    _omp(monkeypatch, "spin", {})
+    first = gb.use_backend(loaded, "auto", "ngram")[1]
+    assert not first.cached and first.why == "first choice here: none stored for tiny and " \
+        "this race on this machine yet"
+    assert startup.STEPS.recent(12)[0].name.endswith(
+        "; first choice here: none stored for tiny and this race on this machine yet)")
+    state["timed"].clear()
+    _omp(monkeypatch, "passive", {"OMP_WAIT_POLICY": "PASSIVE"})
+    second = gb.use_backend(loaded, "auto", "ngram")[1]
+    assert second.cached and not state["timed"] and second.backend == first.backend
+    assert second.reason.startswith("measured earlier on this machine (SPECDEMO_BACKEND="
+                                     "recalibrate measures again; OpenMP threads spun then, "
+                                     "waited passively now, as chosen from the load at start")
+    _omp(monkeypatch, "spin", {})
+    assert gb.use_backend(loaded, "auto", "ngram")[1].cached and not state["timed"]
+
+
+def test_a_waiting_the_user_set_is_a_reason_to_measure_again_and_is_said(chooser, monkeypatch):
+    from specdemo.services import startup
+    loaded, state = chooser
+    loaded.model, loaded.vocab_size = None, 32
+    monkeypatch.setattr(startup, "STEPS", startup.Steps())
+    monkeypatch.setattr(gb, "_compile_native_once", lambda loaded, backend: None)
+    _omp(monkeypatch, "user", {"OMP_WAIT_POLICY": "active"})
+    gb.use_backend(loaded, "auto", "ngram")
+    _omp(monkeypatch, "spin", {})
+    state["timed"].clear()
+    again = gb.use_backend(loaded, "auto", "ngram")[1]
+    assert not again.cached and state["timed"]
+    said = ("measured again: the stored choice was for OpenMP waiting OMP_WAIT_POLICY=active, "
+            "now automatic")
+    assert again.why == said
+    assert [d.name for d in startup.STEPS.recent(12) if not d.note][-1].endswith(f"; {said})")
+
+
+def test_a_choice_stored_by_an_earlier_specdemo_is_said_when_the_first_one_is_measured(
+        chooser, tmp_path):
+    """Entries written before the key's parts were stored cannot say what differs; the first
+    choice measured says that they are keyed otherwise."""
+    loaded, _ = chooser
+    _put(tmp_path, {"0123": {"backend": "native", "machine": backend_store.machine_fingerprint()}})
+    assert gb.choose_backend(loaded).why == (
+        "first choice here: none stored for tiny and this race on this machine yet (choices "
+        "stored by an earlier specdemo are keyed otherwise)")
+    assert gb.lookup(loaded)[0].cached  # and now read back

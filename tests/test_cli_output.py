@@ -229,3 +229,27 @@ def test_check_draws_no_loading_weights_bar(tmp_path, monkeypatch, capsys):
     for _ in hf_logging.tqdm(range(2), desc="another bar"):
         pass
     assert "another bar" in capsys.readouterr().err
+
+
+def test_offline_a_preset_that_does_not_fit_suggests_only_presets_usable_now(
+        empty_hub_cache, monkeypatch, capsys):
+    """A new user offline: ``presets`` suggested "would fit: a smaller preset:
+    smollm2-1.7b-360m ..., qwen2.5-1.5b-0.5b" for hub presets that do not fit, though those
+    need the hub too. Offline, the suggestions are presets whose models are here."""
+    import specdemo.models.loading as models
+    from specdemo.models import hardware
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout_s=5.0: False)
+    gib = 1024 ** 3  # a CPU with 6 GiB free: the built-in presets and the small hub ones fit
+    monkeypatch.setattr(hardware, "detect", lambda: hardware.HardwareInfo(
+        "cpu", "a test CPU", 8 * gib, 6 * gib, 2, 8 * gib, 6 * gib))
+    assert main(["presets", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    here = {p["name"] for p in out["presets"] if p["usable_now"]}
+    hub = [p for p in out["presets"] if not p["usable_now"]]
+    assert here and any(p["fits"] for p in hub)  # suggested before: fits, but needs the hub
+    assert any(not p["fits"] for p in hub)
+    for p in (p for p in hub if not p["fits"]):
+        suggested = p["reason"].split("a smaller preset: ", 1)[1].split("; or ")[0]
+        names = [s.split(" (")[0] for s in suggested.split("), ")]
+        assert names and set(names) <= here, (p["name"], p["reason"])
+        assert p["reason"].endswith(" (among the presets usable now: the hub is not)")

@@ -396,3 +396,18 @@ def test_a_choice_typo_gets_did_you_mean_like_the_other_flags(capsys, argv, mean
 def test_a_choice_far_from_every_name_gets_no_guess(capsys):
     err = cli_error(capsys, "run", "--prompt", "hi", "--backend", "zzz")
     assert "did you mean" not in err and "invalid choice: 'zzz'" in err
+
+
+def test_an_unknown_builtin_draft_lists_every_builtin_the_flag_accepts(capsys):
+    """A new user's ``run --draft builtin:nope`` ended with "built-in drafters:
+    builtin:smollm2-135m-eagle3" alone, though ``--draft`` also takes every built-in model as a
+    draft model (builtin:smollm2-135m, builtin:gemma3-270m, ...)."""
+    from specdemo.models import builtin
+    err = cli_error(capsys, "run", "--prompt", "hi", "--draft", "builtin:nope")
+    said = err.split("; built-in draft models: ", 1)[1].splitlines()[0]
+    models_, learned = said.split("; built-in learned drafters: ")
+    assert models_.split(", ") == [f"builtin:{n}" for n in builtin.builtin_names()]
+    assert {"builtin:smollm2-135m", "builtin:gemma3-270m"} <= set(models_.split(", "))
+    assert "builtin:smollm2-135m-eagle3" in learned.split(", ")
+    for name in models_.split(", ") + learned.split(", "):  # each one is accepted
+        assert inputs.draft("draft", name) == name

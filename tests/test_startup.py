@@ -231,7 +231,7 @@ def test_a_stored_backend_choice_is_a_note_not_a_step_and_scales_the_later_estim
     stored = gb.BackendChoice("native-w8a8", "measured earlier on this machine (...): ...",
                               {"native-w8a8": 0.02}, cached=True,
                               forward_s={"native-w8a8": forward})
-    monkeypatch.setattr(gb, "stored_choice", lambda loaded, lane=None: stored)
+    monkeypatch.setattr(gb, "lookup", lambda loaded, lane=None: (stored, None))
     monkeypatch.setattr(gb, "with_backend", lambda *a, **k: pytest.fail("measured again"))
     chosen, choice = gb.use_backend(_loaded_on_cpu(), "auto", "ngram")
     assert chosen.backend == "native-w8a8" and choice is stored
@@ -250,7 +250,8 @@ def test_a_backend_choice_to_measure_is_a_step_weighed_for_the_race(cache, monke
     steps = Steps()
     monkeypatch.setattr(startup, "STEPS", steps)
     monkeypatch.setattr(gb, "_compile_native_once", lambda loaded, backend: None)
-    monkeypatch.setattr(gb, "stored_choice", lambda loaded, lane=None: None)
+    monkeypatch.setattr(gb, "lookup", lambda loaded, lane=None: (
+        None, "measured again: the stored choice was for torch 2.4.0, now 2.5.1"))
     lanes = []
 
     def measure(loaded, backend, lane=None):
@@ -260,7 +261,8 @@ def test_a_backend_choice_to_measure_is_a_step_weighed_for_the_race(cache, monke
     gb.use_backend(_loaded_on_cpu(), "auto", "ngram")
     assert lanes[0].draft == "ngram" and lanes[0].layers == () and not lanes[0].measured
     assert [d.name for d in steps.recent()] == [
-        "choosing the forward backend for tiny-est (auto, weighed for draft ngram)",
+        "choosing the forward backend for tiny-est (auto, weighed for draft ngram; measured "
+        "again: the stored choice was for torch 2.4.0, now 2.5.1)",  # why it measures
         "forward backend of tiny-est: native (measured: ...)"]
 
 

@@ -210,6 +210,14 @@ def target(field: str, spec) -> ModelSpec:
     return spec
 
 
+def _builtins_accepted(shipped: list[str]) -> str:
+    """Every ``builtin:`` name ``--draft`` takes, in one clause: the built-in models (run as a
+    draft model) and the learned drafters shipped with specdemo."""
+    models_ = ", ".join(f"builtin:{n}" for n in models.builtin_names())
+    return (f"built-in draft models: {models_}; built-in learned drafters: "
+            + ", ".join(shipped))
+
+
 def draft(field: str, spec) -> DraftSpec:
     """A draft spec in one of the accepted forms (README, "Command line"), checked from its text
     and the local disk only: no network, no torch, so every flag is checked at once whatever
@@ -240,8 +248,8 @@ def draft(field: str, spec) -> DraftSpec:
     builtins = [f"builtin:{n}" for n in models.builtin_names()] + shipped
     if parsed.kind == "builtin" and spec not in builtins and parsed.base not in shipped:
         raise InputError(f"{field} {spec!r} is not a built-in model or drafter"
-                         f"{_did_you_mean(spec, builtins)}; valid forms: {forms}; built-in "
-                         "drafters: " + ", ".join(shipped))
+                         f"{_did_you_mean(spec, builtins)}; valid forms: {forms}; "
+                         + _builtins_accepted(shipped))
     names = ["none", "ngram", "self", "mtp", "mtp" + COMBINE, "early-exit:8"] + builtins
     _unknown_name(field, parsed.base, names, forms)
     return parsed

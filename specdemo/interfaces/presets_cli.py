@@ -31,6 +31,16 @@ def _print_preset(preset, verdict: tuple[bool, str], picked) -> None:
     print(f"       {reason}")
 
 
+def _verdict(preset, hw, presets, usable, offline: str | None) -> tuple[bool, str]:
+    """``hardware.fits`` of ``preset``, whose "would fit" suggests only presets usable now when
+    the hub is not (``offline``: why): a new user offline was offered hub presets that could
+    not run either."""
+    if not offline:
+        return hardware.fits(preset, hw, alternatives=presets)
+    ok, reason = hardware.fits(preset, hw, alternatives=usable)
+    return ok, reason if ok else reason + " (among the presets usable now: the hub is not)"
+
+
 def register(sub) -> None:
     """Add ``presets``: list presets and mark which fit this machine."""
     parser = sub.add_parser("presets", help="list presets and which fit this machine")
@@ -48,10 +58,10 @@ def cmd_presets(args: argparse.Namespace) -> int:
         print(f"error: {exc}")
         return 1
     hw = hardware.detect()
-    verdicts = {p.name: hardware.fits(p, hw, alternatives=presets) for p in presets}
     to_fetch = {p.name: service.hub_models_to_fetch(p) for p in presets}
     offline = service.hub_unavailable() if any(to_fetch.values()) else None
     usable = [p for p in presets if not (offline and to_fetch[p.name])]
+    verdicts = {p.name: _verdict(p, hw, presets, usable, offline) for p in presets}
     pick = hardware.recommend(usable, hw, allow_gated=args.all_gated)
     if offline:
         left_out = [p.name for p in presets if to_fetch[p.name]]

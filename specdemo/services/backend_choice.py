@@ -63,6 +63,9 @@ class BackendChoice:
         notes: what was ignored on the way (a stored entry that failed its checks, a
             ``SPECDEMO_BACKEND`` value that means nothing), one sentence each.
         key: the store's key of this choice (None: not stored, e.g. asked for by name).
+        why: for a choice measured under ``auto``, why it was measured rather than read back
+            (the first on this machine, what changed since the stored one, a recheck that
+            dropped it, ``SPECDEMO_BACKEND=recalibrate``); None when read back or not measured.
     """
 
     backend: str
@@ -77,48 +80,95 @@ class BackendChoice:
     acceptance: dict[str, float | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     key: str | None = None
+    why: str | None = None
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "reason": self.reason, "cost_s": self.cost_s,
                 "cached": self.cached, "other_cpu_share": self.other_cpu_share,
                 "forward_s": self.forward_s, "probe_s": self.probe_s, "dropped": self.dropped,
                 "draft_length": self.draft_length, "acceptance": self.acceptance,
-                "notes": self.notes}
+                "notes": self.notes, "why": self.why}
+
+
+def omp_waiting() -> str:
+    """How OpenMP threads wait, as the stored choice's key holds it: the value the user set
+    (``OMP_WAIT_POLICY=active``, ``GOMP_SPINCOUNT=...``), or ``automatic``. An automatic setting
+    is specdemo's own (specdemo/_omp.py: threads spin, or wait passively when another runnable
+    task was seen in the ~20 ms at start), which flips between two identical commands on a busy
+    machine: keyed by it, every other command measured again (a new user's report), so it is
+    not part of the key; the entry says what it was measured with (:func:`_omp_policy`)."""
+    from .. import _omp  # the decision made when specdemo was imported
+    decision = _omp.DECISION
+    if decision is not None and decision["policy"] != "user":
+        return "automatic"
+    setting = {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ}
+    return ", ".join(f"{k}={v}" for k, v in sorted(setting.items())) or "automatic"
+
+
+def _omp_policy() -> str | None:
+    """This process's OpenMP waiting: ``spin``, ``passive`` or ``user`` (None: not decided)."""
+    from .. import _omp
+    return _omp.DECISION["policy"] if _omp.DECISION is not None else None
+
+
+def _key_parts(loaded, candidates: tuple[str, ...], lane: bc.RaceLane) -> dict:
+    """What a stored choice is keyed by, by name (stored with the entry, so that a start that
+    finds none can say which of them changed: ``backend_store.miss_reason``)."""
+    gguf = gg.gguf_path(loaded.spec) if "ggml" in candidates else None
+    st = gguf.stat() if gguf is not None else None
+    return {"cpu": _cpu_name(), "torch": torch.__version__,
+            "torch threads": torch.get_num_threads(), "threads": machine.default_threads(),
+            "target": loaded.spec, "dtype": str(loaded.dtype),
+            "GGUF size": st.st_size if st else None,
+            "GGUF modified": int(st.st_mtime) if st else None,
+            "timed widths": list(bc.RACE_WIDTHS), "candidates": list(candidates),
+            # what the race was weighed for: the path its verification takes, and the drafter
+            # only where it was measured on each backend (a learned head); every other lane
+            # (prompt lookup, self, a draft model, a plain run: race_lane) is weighed alike, so
+            # run, compare, bench, costs and the app share one entry per target
+            "drafter": lane.draft if lane.measured else "prior",
+            "speculative": lane.speculative, "feature layers": list(lane.layers),
+            "measured per backend": lane.measured,
+            # a waiting the user set changes every backend's costs (2.5-3.3x for ggml:
+            # specdemo/_omp.py); specdemo's own load-driven one is not keyed (omp_waiting)
+            "OpenMP waiting": omp_waiting()}
 
 
 def _choice_key(loaded, candidates: tuple[str, ...], lane: bc.RaceLane) -> str:
-    gguf = gg.gguf_path(loaded.spec) if "ggml" in candidates else None
-    st = gguf.stat() if gguf is not None else None
-    parts = [_cpu_name(), torch.__version__, torch.get_num_threads(), machine.default_threads(),
-             loaded.spec, str(loaded.dtype), st.st_size if st else None,
-             int(st.st_mtime) if st else None, bc.RACE_WIDTHS, list(candidates),
-             # what the race was weighed for: the path its verification takes, and the drafter
-             # only where it was measured on each backend (a learned head); every other lane
-             # (prompt lookup, self, a draft model, a plain run: race_lane) is weighed alike, so
-             # run, compare, bench, costs and the app share one entry per target
-             lane.draft if lane.measured else "prior", lane.speculative,
-             list(lane.layers), lane.measured]
-    # how OpenMP threads wait changes every backend's costs (2.5-3.3x for ggml: specdemo/_omp.py)
-    parts.append([os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")])
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+    return _key_of(_key_parts(loaded, candidates, lane))
 
 
-def _stored(key: str, names: tuple[str, ...]) -> tuple[BackendChoice | None, list[str]]:
+def _key_of(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(list(parts.values()), default=str).encode()).hexdigest()[:20]
+
+
+def _stored(key: str, names: tuple[str, ...], parts: dict | None = None
+            ) -> tuple[BackendChoice | None, list[str], str | None]:
     """(the choice stored under ``key`` once checked, or None: none, ignored, or recalibration
-    asked for; the sentences saying what was ignored)."""
+    asked for; the sentences saying what was ignored; when None, why it is measured again, in
+    one clause for the start-up step, e.g. ``"measured again: ..."``).
+
+    ``parts``: the key's named parts (``_key_parts``), with which a missing entry is explained
+    (``backend_store.miss_reason``)."""
     again, env_note = store.env_request()
     notes = [env_note] if env_note else []
     if again:
-        return None, notes
+        return None, notes, f"measured again: {RECALIBRATE}"
     entry, problem = store.read(key, names)
     if problem:
         notes.append(problem)
+        return None, notes, "measured again: the stored choice was ignored (said below)"
     if entry is None:
-        return None, notes
+        return None, notes, store.miss_reason(key, parts) if parts else None
     share = entry.get("other_cpu_share")
     when = (f"measured earlier on this machine while other processes used {share:.0%} of "
             f"the CPU ({RECALIBRATE}): " if share is not None and share > machine.BUSY_SHARE
             else f"measured earlier on this machine ({RECALIBRATE}): ")
+    then, now = entry.get("omp_policy"), _omp_policy()
+    if then in ("spin", "passive") and now in ("spin", "passive") and then != now:
+        when = when.replace("): ", f"; OpenMP threads {_POLICY_WORDS[then]} then, "
+                            f"{_POLICY_WORDS[now]} now, as chosen from the load at start; a run "
+                            "far from its estimate drops it): ", 1)
     choice = BackendChoice(entry["backend"], entry["reason"].replace("measured: ", when, 1),
                            entry["cost_s"], cached=True, other_cpu_share=share, key=key,
                            notes=notes)
@@ -126,7 +176,10 @@ def _stored(key: str, names: tuple[str, ...]) -> tuple[BackendChoice | None, lis
         setattr(choice, name, entry.get(name) or {})
     # JSON keys are strings
     choice.forward_s = {b: {int(n): t for n, t in w.items()} for b, w in entry["forward_s"].items()}
-    return choice, notes
+    return choice, notes, None
+
+
+_POLICY_WORDS = {"spin": "spun", "passive": "waited passively"}
 
 
 def _short(why: str) -> str:
@@ -173,8 +226,20 @@ def stored_choice(loaded, lane: bc.RaceLane | None = None) -> BackendChoice | No
     """The choice :func:`choose_backend` would read back for ``loaded`` and ``lane`` without
     measuring anything (None: it would measure, or ``auto`` has one candidate only)."""
     lane = lane or bc.RaceLane("ngram")
+    return lookup(loaded, lane)[0]
+
+
+def lookup(loaded, lane: bc.RaceLane | None = None) -> tuple[BackendChoice | None, str | None]:
+    """(:func:`stored_choice`, and when it is None why :func:`choose_backend` would measure:
+    ``"measured again: the stored choice was for OpenMP waiting OMP_WAIT_POLICY=active, now
+    automatic"``, ``"first choice ..."``; None when ``auto`` has one candidate only)."""
+    lane = lane or bc.RaceLane("ngram")
     names, _ = mb.candidate_backends(loaded)
-    return None if len(names) == 1 else _stored(_choice_key(loaded, names, lane), names)[0]
+    if len(names) == 1:
+        return None, None
+    parts = _key_parts(loaded, names, lane)
+    choice, _, why = _stored(_key_of(parts), names, parts)
+    return choice, why
 
 
 Facts = Callable[[str], bc.LaneFacts]
@@ -205,8 +270,9 @@ def choose_backend(loaded, lane: bc.RaceLane | None = None, facts: Facts | None 
     names, why = mb.candidate_backends(loaded)
     if len(names) == 1:
         return BackendChoice("transformers", "; ".join(why))
-    key = _choice_key(loaded, names, lane)
-    cached, notes = _stored(key, names)
+    parts = _key_parts(loaded, names, lane)
+    key = _key_of(parts)
+    cached, notes, miss = _stored(key, names, parts)
     if cached is not None:
         return cached
     if facts is None and lane.measured and lane.speculative:
@@ -219,7 +285,7 @@ def choose_backend(loaded, lane: bc.RaceLane | None = None, facts: Facts | None 
             kvs[name] = mb.target_kv(mb.replace_backend(loaded, name))
         return kvs[name]
 
-    choice = BackendChoice("", "", notes=notes, key=key)
+    choice = BackendChoice("", "", notes=notes, key=key, why=miss)
     facts_of: dict[str, bc.LaneFacts | None] = {}
 
     def time_fully(name: str) -> float:
@@ -250,11 +316,12 @@ def choose_backend(loaded, lane: bc.RaceLane | None = None, facts: Facts | None 
     missing = [_short(w) for w in why if " not available: " in w]  # e.g. llama.cpp not built
     if missing:
         choice.reason += "; " + "; ".join(missing)
-    entry = {k: v for k, v in choice.as_dict().items() if k not in ("cached", "notes")}
+    entry = {k: v for k, v in choice.as_dict().items() if k not in ("cached", "notes", "why")}
     if share > machine.BUSY_SHARE:  # stored all the same, marked by its share (_stored says it)
         choice.reason += (f"; machine busy: others used {share:.0%} of the CPU ({RECALIBRATE} "
                           "on a quiet machine)")
-    store.write(key, {**entry, "measured_unix_s": time.time()})
+    store.write(key, {**entry, "measured_unix_s": time.time(), "key_parts": parts,
+                      "omp_policy": _omp_policy()})
     return choice
 
 
@@ -374,8 +441,8 @@ def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, dr
         return with_backend(loaded, "transformers")
     _compile_native_once(loaded, backend)
     lane = race_lane(loaded, draft_spec, draft) if backend == "auto" else None
-    stored = stored_choice(loaded, lane) if lane is not None and loaded.device.type == "cpu" \
-        else None
+    stored, why = lookup(loaded, lane) if lane is not None and loaded.device.type == "cpu" \
+        else (None, None)
     if stored is not None:  # read back in milliseconds: no step, only the note
         chosen, choice = mb.replace_backend(loaded, stored.backend), stored
     else:
@@ -384,7 +451,8 @@ def use_backend(loaded, backend: str = "auto", draft_spec: str | None = None, dr
             else ", weighed as a race's plain lane")
         with startup.STEPS.step(f"backend {backend} {loaded.spec}",
                                 f"choosing the forward backend for {loaded.spec} "
-                                f"({backend}{weighed})", startup.GUESS_S["backend"]):
+                                f"({backend}{weighed}" + (f"; {why}" if why else "") + ")",
+                                startup.GUESS_S["backend"]):
             chosen, choice = with_backend(loaded, backend, lane)
     chosen.backend_choice = choice
     if choice.forward_s.get(choice.backend):

@@ -13,7 +13,10 @@ was not yet quiet, was once stored with both leaders within 4% and kept for good
 the other ran 18% faster. So when a run measures the chosen backend's one-token forward (the
 forward-cost table of draft length ``auto``, on a quiet machine) at more than
 :data:`WIDE_MARGIN` times or under 1 / :data:`WIDE_MARGIN` of the stored estimate, the entry is
-dropped and the next start weighs the backends again.
+dropped and the next start weighs the backends again. What is left under its key says why
+(``dropped_because``), and that start's step says it (:func:`miss_reason`, which otherwise
+names what differs from the nearest entry stored for the target: each entry keeps its key's
+named parts).
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ def read(key: str, names: tuple[str, ...]) -> tuple[dict | None, str | None]:
         return None, f"the stored backend choices in {path} were ignored (unreadable: {exc})"
     if not isinstance(data, dict):
         return None, f"the stored backend choices in {path} were ignored (not a JSON object)"
-    if key not in data:
+    if key not in data or _is_dropped(data[key]):
         return None, None
     problem = entry_problem(data[key], names)
     if problem:
@@ -140,13 +143,30 @@ def write(key: str, entry: dict) -> None:
         log.warning("backend choice not stored in %s (%s)", choice_path(), exc)
 
 
-def forget(key: str) -> bool:
-    """Drop the entry under ``key`` (True when there was one and it is gone)."""
+def _is_dropped(entry) -> bool:
+    """Whether ``entry`` is what :func:`forget` leaves: no choice, only why it was dropped."""
+    return isinstance(entry, dict) and isinstance(entry.get(DROPPED), str)
+
+
+DROPPED = "dropped_because"  # the field of a dropped entry: the sentence the next start says
+
+
+def forget(key: str, because: str | None = None) -> bool:
+    """Drop the choice under ``key`` (True when there was one and it is gone). With
+    ``because``, what is left under ``key`` says so (its ``dropped_because``, with this
+    machine's fingerprint and the key's named parts), and the next start that measures again
+    says it (:func:`miss_reason`)."""
     path = choice_path()
     try:
         data = json.loads(path.read_text())
-        if not isinstance(data, dict) or data.pop(key, None) is None:
+        if not isinstance(data, dict) or _is_dropped(data.get(key)):
             return False
+        old = data.pop(key, None)
+        if old is None:
+            return False
+        if because:
+            data[key] = {DROPPED: because, "machine": machine_fingerprint(),
+                         "key_parts": old.get("key_parts") if isinstance(old, dict) else None}
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, path)
@@ -154,6 +174,51 @@ def forget(key: str) -> bool:
     except (OSError, ValueError) as exc:
         log.warning("stored backend choice not dropped from %s (%s)", path, exc)
         return False
+
+
+def _shown(value) -> str:
+    if isinstance(value, list):
+        return "/".join(str(v) for v in value) or "none"
+    return str(value)
+
+
+def miss_reason(key: str, parts: dict) -> str:
+    """Why no stored choice serves ``key`` (whose named parts are ``parts``: target, torch,
+    threads, candidates, drafter, OpenMP waiting, ...), in one clause for the start-up step:
+    ``"measured again: "`` and what a recheck said when it dropped it, or how the entry stored
+    for this target on this machine that differs in the fewest parts differs (``"measured
+    again: the stored choice was for OpenMP waiting OMP_WAIT_POLICY=active, now automatic"``);
+    ``"first choice here: ..."`` when none is stored for this target yet."""
+    try:
+        data = json.loads(choice_path().read_text())
+    except (OSError, ValueError):
+        data = {}
+    data = data if isinstance(data, dict) else {}
+    here = machine_fingerprint()
+    if _is_dropped(data.get(key)):
+        return f"measured again: the stored choice was dropped: {data[key][DROPPED]}"
+    nearest, unnamed = None, False
+    for entry in data.values():
+        if not (isinstance(entry, dict) and entry.get("machine") == here
+                and not _is_dropped(entry)):
+            continue
+        if not isinstance(entry.get("key_parts"), dict):
+            unnamed = True  # stored by an earlier specdemo, keyed otherwise
+            continue
+        theirs = entry["key_parts"]
+        if theirs.get("target") != parts.get("target"):
+            continue
+        differ = [name for name in parts if json.dumps(theirs.get(name), default=str)
+                  != json.dumps(parts[name], default=str)]
+        if differ and (nearest is None or len(differ) < len(nearest[0])):
+            nearest = (differ, theirs)
+    if nearest is None:
+        return (f"first choice here: none stored for {parts.get('target', 'this target')} and "
+                "this race on this machine yet" + (" (choices stored by an earlier specdemo "
+                                                   "are keyed otherwise)" if unnamed else ""))
+    differ, theirs = nearest
+    return "measured again: the stored choice was for " + ", ".join(
+        f"{name} {_shown(theirs.get(name))}, now {_shown(parts[name])}" for name in differ)
 
 
 def wide_miss(estimate_s: float, measured_s: float, margin: float = WIDE_MARGIN) -> bool:
@@ -183,7 +248,9 @@ def recheck_against_others(choice, plain_tokens_per_s: dict[str, float | None],
     if not ours or not rates:
         return None
     best = max(rates, key=rates.get)
-    if rates[best] <= ours * WIDE_MARGIN or not forget(choice.key):
+    if rates[best] <= ours * WIDE_MARGIN or not forget(
+            choice.key, f"costs measured {best} at {rates[best]:.1f} plain tokens/s, "
+            f"{rates[best] / ours:.2f}x the stored choice {choice.backend} ({ours:.1f})"):
         return None
     choice.key = None
     return (f"the stored backend choice is {choice.backend} ({ours:.1f} plain tokens/s now), but "
@@ -213,7 +280,9 @@ def recheck(loaded, forward_s: dict[int, float], other_cpu_share: float | None) 
         return None
     if other_cpu_share is not None and other_cpu_share > machine.BUSY_SHARE:
         return None
-    if not forget(choice.key):
+    if not forget(choice.key, f"a run measured a one-token forward of "
+                  f"{forward_s[1] * 1000:.1f} ms on {choice.backend}, "
+                  f"{forward_s[1] / estimate:.2f}x the {estimate * 1000:.1f} ms it expected"):
         return None
     choice.key = None  # once per choice
     return (f"the stored backend choice expected a one-token forward of "
