@@ -315,7 +315,8 @@ def test_the_why_line_puts_a_space_between_chinese_and_token():
 def test_no_chinese_template_glues_a_latin_placeholder_to_a_chinese_character():
     """Every zh text, its placeholders filled with a Latin word: no Chinese character touches it,
     except where the value is itself Chinese (a lane's word, a translated clause)."""
-    chinese_values = {"lane", "who", "parts", "first", "what", "drafts", "time", "estimate", "extra", "recal"}
+    chinese_values = {"lane", "who", "parts", "first", "what", "drafts", "time", "estimate", "extra", "recal",
+                      "then", "now"}
     for code in ("zh-TW", "zh-CN"):
         for key, text in TABLES[code].items():
             filled = text.format(**{n: ("一般" if n in chinese_values else "Latin")
@@ -343,3 +344,38 @@ def test_a_refused_drafts_tokenizer_reason_is_in_the_pages_language():
         "分詞器不同：目標模型用 'builtin:smollm2-135m' 的 BPE 分詞器（3 個 Token），"
         "草稿模型用 'builtin:gemma3-270m' 的 BPE 分詞器（4 個 Token）")
     assert not _english_left(sentence(problems[0], "zh-CN"))
+
+
+def test_why_the_backend_is_measured_again_is_in_the_pages_language(monkeypatch, tmp_path):
+    """The start-up step says why ``auto`` measures (``backend_store.miss_reason``: a first
+    choice, a stored choice keyed otherwise, one a recheck dropped); each clause has its
+    template, so the Chinese pages show no English run of words."""
+    import json
+    from specdemo.services import backend_choice as gb
+    from specdemo.services import backend_store as store
+    path = tmp_path / "backend-choice.json"
+    monkeypatch.setattr(store, "choice_path", lambda: path)
+    here = store.machine_fingerprint()
+    parts = {"target": "builtin:smollm2-135m", "omp": "automatic"}
+    clauses = [store.miss_reason("k", parts)]  # nothing stored yet
+    path.write_text(json.dumps({"old": {"machine": here, "backend": "native",
+                                        "key_parts": dict(parts, omp="OMP_WAIT_POLICY=active")}}))
+    clauses.append(store.miss_reason("k", parts))
+    path.write_text(json.dumps({"k": {"machine": here, store.DROPPED:
+                                      "a run measured a one-token forward of 5.6 ms on native, "
+                                      "0.51x the 11.0 ms it expected"}}))
+    clauses.append(store.miss_reason("k", parts))
+    assert [c.split(":")[0] for c in clauses] == ["first choice here", "measured again",
+                                                   "measured again"]
+    policy = gb._POLICY_WORDS
+    clauses.append(f"forward backend of t: native (measured earlier on this machine "
+                   f"({gb.RECALIBRATE}; OpenMP threads {policy['spin']} then, {policy['passive']} "
+                   "now, as chosen from the load at start; a run far from its estimate drops "
+                   "it): weighed for a plain decode)")
+    for clause in clauses:
+        note = ("choosing the forward backend for builtin:smollm2-135m (auto, weighed as a "
+                f"race's plain lane; {clause})")
+        for code in ("zh-TW", "zh-CN"):
+            shown = sentence(note, code)
+            left = [w for w in _english_left(shown) if "OMP_WAIT_POLICY" not in w]
+            assert not left and not GLUED.search(shown), (code, note, shown)
