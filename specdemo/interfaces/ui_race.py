@@ -378,6 +378,11 @@ def _note(snap: RaceSnapshot) -> str | None:
     return f"not compared: {reason}" if reason else None
 
 
+#: the ``/race`` keyword names its refusals use (the page's labels differ)
+API_FIELDS = {name: name for name in ("max_new_tokens", "draft_length", "draft_tree", "top_p",
+                                      "top_k", "repetition_penalty")}
+
+
 def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
              max_new_tokens: int = 128, temperature: float = 0.0,
              draft_length: str | int | None = None, plain_endpoint: str | None = None,
@@ -447,10 +452,7 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     preset = _default_preset_name(preset or None, app)
     pairing = _pairing(preset)
     k = draft_length if draft_length not in (None, "") else pairing.draft_length
-    settings = _settings(temperature, top_p, max_new_tokens, seed, k,
-                         names={"max_new_tokens": "max_new_tokens", "draft_length": "draft_length",
-                                "draft_tree": "draft_tree", "top_p": "top_p", "top_k": "top_k",
-                                "repetition_penalty": "repetition_penalty"},
+    settings = _settings(temperature, top_p, max_new_tokens, seed, k, names=API_FIELDS,
                          draft_tree=draft_tree, top_k=top_k, repetition_penalty=repetition_penalty)
     if draft not in (None, ""):  # text checks first, as the command line's flags
         _valid(inputs.draft, "draft", draft)
@@ -459,9 +461,7 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     engine_imports()
     race = _new_race(prompt, system or None, preset, draft, settings, new_conversation(), request,
                      app.backend, endpoints)
-    snap = None
-    for snap in _run_race(race, request, 1.0):
-        pass  # only the last snapshot is returned
+    *_, snap = _run_race(race, request, 1.0)  # only the last snapshot is returned
     return _race_result(race, snap, settings.draft_length, preset, draft or pairing.draft)
 
 
