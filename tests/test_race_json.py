@@ -216,14 +216,31 @@ def test_a_sampled_race_gives_no_token_verdict_and_says_why(loaded, monkeypatch,
 
 
 def test_a_race_whose_runs_never_started_says_so_and_why(loaded, monkeypatch):
-    """``max_new_tokens`` beyond the context: both panes carry the refusal, and the note said
-    "the plain run did not finish; the speculative run did not finish" though neither ran."""
+    """A prompt + ``max_new_tokens`` beyond the context: both panes carry the refusal, and the
+    note said "the plain run did not finish; the speculative run did not finish" though
+    neither ran. (The tiny model's config is not read up front: this is the later refusal.)"""
+    from specdemo.checks import inputs
+    monkeypatch.setattr(inputs, "fits_context", lambda field, n, target, **kw: n)
     ui_race = _capture_race(monkeypatch, loaded, {})
     result = ui_race.race_api(PROMPT, max_new_tokens=100000000)
     error = result[PLAIN]["error"]
     assert "exceeds the model's context" in error and result[SPECULATIVE]["error"] == error
     assert result["speedup_note"] == f"not compared: neither run started: {error}"
     assert "did not finish" not in result["speedup_note"]
+
+
+def test_race_api_refuses_a_max_new_tokens_beyond_the_configs_context_up_front(loaded,
+                                                                               monkeypatch):
+    """The preset's target's context is read from its config without loading it: 100000000
+    new tokens is refused as one sentence, as the other bad values, before any race."""
+    import gradio as gr
+    seen: dict = {}
+    ui_race = _capture_race(monkeypatch, loaded, seen)
+    with pytest.raises(gr.Error) as caught:
+        ui_race.race_api("hi", max_new_tokens=100000000, preset="smollm2-135m-ngram")
+    assert ("max_new_tokens must be a whole number from 1 to 8191 (builtin:smollm2-135m's "
+            "context is 8192 tokens, the prompt included), got 100000000") in str(caught.value)
+    assert not seen
 
 
 def test_compare_refuses_a_max_new_tokens_beyond_the_context_as_a_flag(loaded, monkeypatch,
@@ -240,3 +257,20 @@ def test_compare_refuses_a_max_new_tokens_beyond_the_context_as_a_flag(loaded, m
     err = capsys.readouterr().err
     assert "exceeds the model's context" in err
     assert err.rstrip().endswith("(python -m specdemo compare --help)"), err
+
+
+def test_compare_refuses_a_max_new_tokens_beyond_the_configs_context_before_loading(
+        monkeypatch, capsys):
+    """``compare --prompt hi --max-new-tokens 100000000`` loaded for 8 s, then refused without
+    the ``--help`` line; the target's config says its context, so it is refused at once."""
+    def load(*args, **kwargs):
+        raise AssertionError("loaded a model for a value the config refuses")
+    monkeypatch.setattr(startup, "load_model", load)
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--prompt", "hi", "--target", "builtin:smollm2-135m",
+              "--max-new-tokens", "100000000"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: max new tokens must be a whole number from 1 to 8191 (builtin:smollm2-135m's "
+        "context is 8192 tokens, the prompt included), got 100000000\n"
+        "(python -m specdemo compare --help)\n")

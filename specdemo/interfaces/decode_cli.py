@@ -186,6 +186,8 @@ def pipeline_from_args(args):
     """
     try:  # after every flag's own check, before anything loads (the /race API runs it too)
         compat.before_load(args.target, args.draft, trust_remote_code=args.trust_remote_code)
+        if getattr(args, "max_new_tokens", None):  # beyond the context: refused before loading
+            inputs.fits_context("max new tokens", args.max_new_tokens, args.target)
     except inputs.InputError as exc:  # refused like a flag: the sentence and where --help is
         refuse(str(exc), f"python -m specdemo {getattr(args, 'command', None) or 'run'}")
     with startup.printed():

@@ -410,13 +410,10 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
             drafter's rounds verify a tree of its guesses (greedy only); the pane's
             ``tree`` and ``tree_rounds`` say whether it was used.
         system: a system prompt (the page's System prompt box; default none).
-        top_p: nucleus sampling, above 0 and at most 1 (default 1.0: off); used when
-            temperature > 0, as on the page and ``compare --top-p``.
-        top_k: sample from the k likeliest tokens, a whole number >= 0 (default 0: off), as
-            ``compare --top-k``.
-        seed: a whole number for a repeatable sampled race; None or -1 (default) = random, as
-            the page's Seed and ``compare --seed``.
-        repetition_penalty: above 0 (default 1.0: off), as ``compare --repetition-penalty``.
+        top_p, top_k, seed, repetition_penalty: as the page's controls and ``compare``'s flags:
+            top-p in (0, 1] (default 1.0: off), top-k a whole number >= 0 (default 0: off), seed
+            a whole number for a repeatable sampled race (None or -1, the default: random),
+            repetition penalty above 0 (default 1.0: off).
         app: the app's settings (its preset and backend; the page binds them,
             :func:`race_api_for`).
     Returns:
@@ -441,7 +438,8 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     Raises:
         gr.Error: an empty or invalid prompt, an unknown preset, a malformed or unknown draft
             (a typo gets "did you mean ...?"), a hub id not cached while the hub is unreachable,
-            an early-exit layer count beyond the target's, or a value out of range; the message
+            an early-exit layer count beyond the target's, a value out of range (max_new_tokens
+            beyond the target's context, read from its config); the message
             names the field and the valid values, in the command line's words, before anything
             loads.
     """
@@ -458,6 +456,8 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         _valid(inputs.draft, "draft", draft)
     endpoints = _lane_endpoints(None, plain_endpoint, spec_endpoint, endpoint_model,
                                 endpoint_key_env, allow_remote_endpoint, preset)
+    if endpoints is None or None in endpoints.values():  # our engine: its context, before loading
+        _valid(inputs.fits_context, "max_new_tokens", settings.max_new_tokens, pairing.target)
     engine_imports()
     race = _new_race(prompt, system or None, preset, draft, settings, new_conversation(), request,
                      app.backend, endpoints)
