@@ -469,18 +469,18 @@ def _race_result(race, snap, k, preset: str, draft: str) -> dict:
     """:func:`race_api`'s answer from the race's last snapshot (its Returns say the keys); a
     sampled race has no token-for-token verdict (``decode_cli.sampled_verdict``, as the page's
     badge and ``compare --json``)."""
-    return sampled_verdict({PLAIN: _pane_dict(snap.panes[PLAIN], k),
-            SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE], k),
-            "backend": racing.snapshot_dict(snap)["backend"], "speedup": snap.speedup,
-            "speedup_note": _note(snap),
-            "explanation": snap.explanation.as_dict() if snap.explanation else None,
-            "why": explanation_text(snap.explanation) if snap.explanation else None,
-            "identical": snap.identical,
-            "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
-            "warnings": list(snap.warnings),
-            "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,
-            "preset": preset, "draft": draft, "draft_length_setting": k},
-                           race.settings.temperature)
+    out = {PLAIN: _pane_dict(snap.panes[PLAIN], k),
+           SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE], k),
+           "backend": racing.snapshot_dict(snap)["backend"], "speedup": snap.speedup,
+           "speedup_note": _note(snap),
+           "explanation": snap.explanation.as_dict() if snap.explanation else None,
+           "why": explanation_text(snap.explanation) if snap.explanation else None,
+           "identical": snap.identical,
+           "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
+           "warnings": list(snap.warnings),
+           "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,
+           "preset": preset, "draft": draft, "draft_length_setting": k}
+    return sampled_verdict(out, race.settings.temperature)
 
 
 def race_api_for(app: AppSettings):
