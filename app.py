@@ -34,8 +34,17 @@ def preset_arg(name: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The app's flags. A refusal is the command line's (``interfaces.cli.Parser``): one line,
+    ``error: <why>`` (a mistyped flag with the one it looks like: ``--prot`` ... did you mean
+    --port?), then ``(python app.py --help)``; exit status 2, no usage block.
+
+    Raises:
+        SystemExit: 2 for a refused flag or value, 0 after ``--help``.
+    """
     from specdemo.core import BACKENDS
-    parser = argparse.ArgumentParser(description="Race plain and speculative decoding side by side.")
+    from specdemo.interfaces.cli import Parser  # no torch: argparse and the input checks
+    parser = Parser(prog="python app.py",
+                    description="Race plain and speculative decoding side by side.")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default %(default)s: this machine only)")
     parser.add_argument("--port", type=int, default=None, help="port (default: gradio's, 7860 or next free)")

@@ -104,3 +104,26 @@ def test_the_sampling_flags_help_says_their_defaults(command, flags):
         action = actions[flag]
         assert action.help and "%(default)s" in action.help, (command, flag, action.help)
         assert len(action.help.replace("(default %(default)s)", "").strip()) > 10, (command, flag)
+
+
+@pytest.mark.parametrize("argv, meant", [
+    (["--prot", "1"], "error: unrecognized argument: --prot (did you mean --port?)"),
+    (["--no-brwser"], "error: unrecognized argument: --no-brwser (did you mean --no-browser?)"),
+    (["--backend", "nativ"], "(did you mean native?)"),
+])
+def test_app_refuses_a_typo_as_the_command_line_does(argv, meant, capsys):
+    """``python app.py --prot 1`` printed argparse's whole usage block, then "unrecognized
+    arguments" without the flag it looks like; it now refuses as ``python -m specdemo`` does:
+    one line with the guess and the help pointer, exit status 2."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import app
+    finally:
+        sys.path.remove(str(ROOT))
+    with pytest.raises(SystemExit) as exc:
+        app.parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert meant in err and "usage:" not in err, err
+    assert err.endswith("(python app.py --help)\n") and err.count("\n") == 2, err
+    assert app.parse_args(["--port", "7861", "--no-browser"]).port == 7861  # good flags pass

@@ -2,6 +2,7 @@
 way in the command line and the /race API (tests/test_ui.py drives the API)."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -411,3 +412,38 @@ def test_an_unknown_builtin_draft_lists_every_builtin_the_flag_accepts(capsys):
     assert "builtin:smollm2-135m-eagle3" in learned.split(", ")
     for name in models_.split(", ") + learned.split(", "):  # each one is accepted
         assert inputs.draft("draft", name) == name
+
+
+@pytest.mark.parametrize("config, limit", [
+    ({"max_position_embeddings": 512}, 512),
+    ({"text_config": {"max_position_embeddings": 256}, "max_position_embeddings": 999}, 256),
+    ({}, None),
+])
+def test_fits_context_reads_the_targets_config_without_loading(tmp_path, config, limit):
+    """``max_new_tokens`` that cannot fit the context even after a one-token prompt is refused
+    from ``config.json`` alone; a config without a context, or none at all, refuses nothing."""
+    import json as _json
+    (tmp_path / "config.json").write_text(_json.dumps(config), encoding="utf-8")
+    assert inputs.fits_context("max new tokens", 10_000, str(tmp_path / "missing")) == 10_000
+    if limit is None:
+        assert inputs.fits_context("max new tokens", 10**8, str(tmp_path)) == 10**8
+        return
+    assert inputs.fits_context("max new tokens", limit - 1, str(tmp_path)) == limit - 1
+    with pytest.raises(inputs.InputError) as caught:
+        inputs.fits_context("max new tokens", limit, str(tmp_path))
+    assert str(caught.value) == (f"max new tokens must be a whole number from 1 to {limit - 1} "
+                                 f"({tmp_path}'s context is {limit} tokens, the prompt included), "
+                                 f"got {limit}")
+
+
+def test_fits_context_reads_a_builtins_context_without_transformers():
+    import subprocess
+    import sys
+    code = ("import sys; from specdemo.checks import inputs\n"
+            "try:\n    inputs.fits_context('n', 8192, 'builtin:smollm2-135m')\n"
+            "except inputs.InputError as e:\n    print(e)\n"
+            "print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent).stdout.splitlines()
+    assert out == ["n must be a whole number from 1 to 8191 (builtin:smollm2-135m's context is "
+                   "8192 tokens, the prompt included), got 8192", "False"]

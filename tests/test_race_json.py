@@ -117,3 +117,160 @@ def test_every_lane_names_its_backend_and_auto_in_run_compare_and_race(loaded, m
     assert spec["rounds"] > 0 and spec["mean_draft_length"] == pytest.approx(
         spec["draft_length_sum"] / spec["rounds"])
     assert 0 <= spec["draft_length_min"] <= spec["draft_length_max"]
+
+
+# --- a new user's report: /race could not do what the page's controls do ---------------------
+
+def _capture_race(monkeypatch, loaded, seen: dict):
+    from specdemo.interfaces import ui_race
+
+    def new_race(prompt, system, preset, draft, settings, conv, request, backend=None,
+                 endpoints=None):
+        seen.update(system=system, settings=settings)
+        return Race(lanes(loaded), settings, system)
+    monkeypatch.setattr(ui_race, "_new_race", new_race)
+    return ui_race
+
+
+def test_race_api_takes_the_pages_and_command_lines_sampling_controls(loaded, monkeypatch):
+    """``system``, ``top_p``, ``top_k``, ``seed`` and ``repetition_penalty`` reach the race as
+    the page's controls and ``compare``'s flags do, so a script can repeat a sampled race."""
+    seen: dict = {}
+    ui_race = _capture_race(monkeypatch, loaded, seen)
+    kwargs = dict(max_new_tokens=12, temperature=1.2, draft_length="2", system="be brief",
+                  top_p=0.9, top_k=5, seed=7, repetition_penalty=1.1)
+    first = ui_race.race_api(PROMPT, **kwargs)
+    s = seen["settings"]
+    assert seen["system"] == "be brief"
+    assert (s.top_p, s.top_k, s.seed, s.repetition_penalty) == (0.9, 5, 7, 1.1)
+    again = ui_race.race_api(PROMPT, **kwargs)  # the same seed: the same sampled race
+    for name in (PLAIN, SPECULATIVE):
+        assert again[name]["token_ids"] == first[name]["token_ids"], name
+    ui_race.race_api(PROMPT, max_new_tokens=4)  # the defaults: the page's and the CLI's
+    s = seen["settings"]
+    assert (s.top_p, s.top_k, s.seed, s.repetition_penalty) == (1.0, 0, None, 1.0)
+    assert seen["system"] is None
+    ui_race.race_api(PROMPT, max_new_tokens=4, seed=-1)  # the page's "random"
+    assert seen["settings"].seed is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"top_p": 0}, "top_p must be a number above 0 and at most 1, got 0"),
+    ({"top_p": 1.5}, "top_p must be a number above 0 and at most 1, got 1.5"),
+    ({"top_k": -1}, "top_k must be a whole number of at least 0, got -1"),
+    ({"top_k": 2.5}, "top_k must be a whole number of at least 0, got 2.5"),
+    ({"seed": "x"}, "seed must be a whole number, got 'x'"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be a number above 0, got 0"),
+    ({"system": "a \ud800"}, "system has a character that is not valid text at position 2"),
+])
+def test_race_api_refuses_bad_sampling_values_as_the_command_line(kwargs, message, loaded,
+                                                                  monkeypatch):
+    import gradio as gr
+    seen: dict = {}
+    ui_race = _capture_race(monkeypatch, loaded, seen)
+    with pytest.raises(gr.Error) as caught:
+        ui_race.race_api(PROMPT, max_new_tokens=4, **kwargs)
+    assert message in str(caught.value)
+    assert not seen  # refused before any race
+
+
+def test_race_api_for_shows_the_new_parameters_to_gradio():
+    """``gr.api`` reads the bound function's signature: the new keywords are there, ``app``
+    is not, and gradio's API description lists them."""
+    import inspect
+    import gradio as gr
+    from specdemo.interfaces.ui_race import race_api_for
+    from specdemo.interfaces.ui_state import AppSettings
+    bound = race_api_for(AppSettings())
+    params = inspect.signature(bound).parameters
+    assert {"system", "top_p", "top_k", "seed", "repetition_penalty"} <= set(params)
+    assert "app" not in params and params["top_p"].default == 1.0 and params["seed"].default is None
+    with gr.Blocks() as demo:
+        gr.api(bound, api_name="race")
+    info = demo.get_api_info()
+    names = {p["parameter_name"] for p in info["named_endpoints"]["/race"]["parameters"]}
+    assert {"system", "top_p", "top_k", "seed", "repetition_penalty", "prompt"} <= names
+
+
+def test_a_sampled_race_gives_no_token_verdict_and_says_why(loaded, monkeypatch, capsys,
+                                                           tmp_path):
+    """``"identical": false, "first_divergence": 0`` beside ``"lossless_expected": true`` read as
+    a contradiction: under sampling ``/race`` and ``compare --json`` give no token-for-token
+    verdict (None, as the page's badge gives none) and ``lossless_note`` says why."""
+    from specdemo.interfaces.decode_cli import SAMPLED_NOTE
+    ui_race = _capture_race(monkeypatch, loaded, {})
+    raced = ui_race.race_api(PROMPT, max_new_tokens=12, temperature=1.5, seed=3,
+                             draft_length="2")
+    monkeypatch.setattr(startup, "load_model", lambda spec, *a, **k: loaded)
+    monkeypatch.setattr(startup, "prepare_timed", lambda *args, **kwargs: None)
+    assert main(["compare", "--target", str(tmp_path), "--draft", "self", "--prompt", PROMPT,
+                 "--max-new-tokens", "12", "--draft-length", "2", "--backend", "transformers",
+                 "--temperature", "1.5", "--seed", "3", "--json"]) == 0
+    compared = json.loads(capsys.readouterr().out)
+    for out in (raced, compared):
+        assert out["identical"] is None and out["first_divergence"] is None
+        assert out["lossless_note"] == SAMPLED_NOTE
+        assert "equal in distribution, not token for token" in out["lossless_note"]
+    greedy = ui_race.race_api(PROMPT, max_new_tokens=12, draft_length="2")
+    assert greedy["identical"] is True and greedy["lossless_note"] != SAMPLED_NOTE
+
+
+def test_a_race_whose_runs_never_started_says_so_and_why(loaded, monkeypatch):
+    """A prompt + ``max_new_tokens`` beyond the context: both panes carry the refusal, and the
+    note said "the plain run did not finish; the speculative run did not finish" though
+    neither ran. (The tiny model's config is not read up front: this is the later refusal.)"""
+    from specdemo.checks import inputs
+    monkeypatch.setattr(inputs, "fits_context", lambda field, n, target, **kw: n)
+    ui_race = _capture_race(monkeypatch, loaded, {})
+    result = ui_race.race_api(PROMPT, max_new_tokens=100000000)
+    error = result[PLAIN]["error"]
+    assert "exceeds the model's context" in error and result[SPECULATIVE]["error"] == error
+    assert result["speedup_note"] == f"not compared: neither run started: {error}"
+    assert "did not finish" not in result["speedup_note"]
+
+
+def test_race_api_refuses_a_max_new_tokens_beyond_the_configs_context_up_front(loaded,
+                                                                               monkeypatch):
+    """The preset's target's context is read from its config without loading it: 100000000
+    new tokens is refused as one sentence, as the other bad values, before any race."""
+    import gradio as gr
+    seen: dict = {}
+    ui_race = _capture_race(monkeypatch, loaded, seen)
+    with pytest.raises(gr.Error) as caught:
+        ui_race.race_api("hi", max_new_tokens=100000000, preset="smollm2-135m-ngram")
+    assert ("max_new_tokens must be a whole number from 1 to 8191 (builtin:smollm2-135m's "
+            "context is 8192 tokens, the prompt included), got 100000000") in str(caught.value)
+    assert not seen
+
+
+def test_compare_refuses_a_max_new_tokens_beyond_the_context_as_a_flag(loaded, monkeypatch,
+                                                                       capsys, tmp_path):
+    """The refusal is the flags' one: the sentence, then where ``--help`` is; exit status 2;
+    and nothing is warmed up first."""
+    monkeypatch.setattr(startup, "load_model", lambda spec, *a, **k: loaded)
+    warmed = []
+    monkeypatch.setattr(startup, "prepare_timed", lambda *args, **kwargs: warmed.append(1))
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--target", str(tmp_path), "--draft", "ngram", "--prompt", "hi",
+              "--max-new-tokens", "100000000", "--backend", "transformers"])
+    assert exc.value.code == 2 and not warmed
+    err = capsys.readouterr().err
+    assert "exceeds the model's context" in err
+    assert err.rstrip().endswith("(python -m specdemo compare --help)"), err
+
+
+def test_compare_refuses_a_max_new_tokens_beyond_the_configs_context_before_loading(
+        monkeypatch, capsys):
+    """``compare --prompt hi --max-new-tokens 100000000`` loaded for 8 s, then refused without
+    the ``--help`` line; the target's config says its context, so it is refused at once."""
+    def load(*args, **kwargs):
+        raise AssertionError("loaded a model for a value the config refuses")
+    monkeypatch.setattr(startup, "load_model", load)
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--prompt", "hi", "--target", "builtin:smollm2-135m",
+              "--max-new-tokens", "100000000"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: max new tokens must be a whole number from 1 to 8191 (builtin:smollm2-135m's "
+        "context is 8192 tokens, the prompt included), got 100000000\n"
+        "(python -m specdemo compare --help)\n")

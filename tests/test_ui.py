@@ -131,10 +131,14 @@ def test_stop_keeps_what_was_produced(client):
 def test_bad_inputs_give_readable_messages(client):
     with pytest.raises(AppError, match="prompt is empty"):
         race(client, prompt="   ")
-    result = race(client, prompt="hi", max_new_tokens=9000)
+    with pytest.raises(AppError, match="max_new_tokens must be a whole number from 1 to 8191"):
+        race(client, prompt="hi", max_new_tokens=9000)  # beyond the config's context: up front
+    result = race(client, prompt="hi", max_new_tokens=8190)  # the prompt's tokens tip it over
     for name in ("plain", "speculative"):
         assert result[name]["status"] == "error"
         assert "exceeds the model's context of 8192" in result[name]["error"]
+    assert result["speedup_note"] == ("not compared: neither run started: "
+                                      + result["plain"]["error"])
 
 
 @pytest.mark.slow

@@ -272,3 +272,25 @@ def obtainable(field: str, spec: str) -> str:
                          "hub is not reachable (or HF_HUB_OFFLINE=1): download it on a connected "
                          "machine, or give a local folder or file")
     return spec
+
+
+def fits_context(field: str, max_new_tokens: int, target_spec: str, *,
+                 trust_remote_code: bool = False) -> int:
+    """``max_new_tokens`` unless it cannot fit the target's context even after a one-token
+    prompt: the context read from the target's config or GGUF metadata without its weights
+    (``models.context_limit``), so that such a value is refused before anything loads. A config
+    that cannot be read says nothing here (the load reports it); a prompt + ``max_new_tokens``
+    just over the context is refused once the prompt's tokens are known
+    (``Pipeline.check_length``).
+
+    Raises:
+        InputError: ``max_new_tokens`` >= the context (the message gives the valid range).
+    """
+    try:
+        limit = models.context_limit(target_spec, trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - unknown here; the load says what is wrong
+        return max_new_tokens
+    if limit and max_new_tokens >= limit:
+        raise InputError(f"{field} must be a whole number from 1 to {limit - 1} ({target_spec}'s "
+                         f"context is {limit} tokens, the prompt included), got {max_new_tokens!r}")
+    return max_new_tokens

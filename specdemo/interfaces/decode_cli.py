@@ -196,6 +196,8 @@ def pipeline_from_args(args):
     """
     try:  # after every flag's own check, before anything loads (the /race API runs it too)
         compat.before_load(args.target, args.draft, trust_remote_code=args.trust_remote_code)
+        if getattr(args, "max_new_tokens", None):  # beyond the context: refused before loading
+            inputs.fits_context("max new tokens", args.max_new_tokens, args.target)
     except inputs.InputError as exc:  # refused like a flag: the sentence and where --help is
         refuse(str(exc), f"python -m specdemo {getattr(args, 'command', None) or 'run'}")
     with startup.printed():
@@ -254,6 +256,15 @@ def offloaded(pipe) -> dict[str, str]:
               "every forward streams their weights, and the speedup is not the GPU's",
               file=sys.stderr)
     return dict(layers)
+
+
+def refuse_too_long(pipe, ids: list[int], settings, args) -> None:
+    """Refuse a prompt + ``--max-new-tokens`` beyond the target's context as the flags are
+    refused (the sentence, then where ``--help`` is; exit status 2), before any warm-up."""
+    try:
+        pipe.check_length(ids, settings.max_new_tokens)
+    except ValueError as exc:
+        refuse(str(exc), f"python -m specdemo {getattr(args, 'command', None) or 'run'}")
 
 
 def fail(message: str) -> None:
@@ -321,6 +332,7 @@ def cmd_run(args) -> int:
     settings = settings_from_args(args)
     try:
         ids = pipe.prompt_ids(args.prompt, args.system)
+        refuse_too_long(pipe, ids, settings, args)
         prepare_untimed(pipe, settings, ids, [args.draft != "none"])
         result = pipe.run(ids, settings, speculative=args.draft != "none") if args.json else None
         if result is None:
@@ -410,7 +422,8 @@ def compare_endpoints(args, endpoints: dict) -> int:
     snap = race.snapshot()
     errors = [(name, v.error) for name, v in snap.panes.items() if v.status in ("error", "skipped")]
     if args.json:
-        print(json.dumps(snapshot_dict(snap, race.settings.draft_length)))
+        print(json.dumps(sampled_verdict(snapshot_dict(snap, race.settings.draft_length),
+                                         args.temperature)))
     else:
         _print_race(args, snap, endpoints)
     for name, error in errors:
@@ -473,6 +486,7 @@ def cmd_compare(args) -> int:
     try:
         ids = pipe.prompt_ids(args.prompt, args.system)
         settings = settings_from_args(args)
+        refuse_too_long(pipe, ids, settings, args)
         prepare_untimed(pipe, settings, ids, [False, True])
         comparison = pipe.compare(ids, settings)
     except ValueError as exc:
@@ -482,6 +496,7 @@ def cmd_compare(args) -> int:
         out, backend = comparison.as_dict(), _backend(pipe)
         for name in ("plain", "speculative"):  # both lanes ran on pipe's backend
             out[name] = lane_json(out[name], backend, name == "speculative", args.draft_length)
+        out = sampled_verdict(out, args.temperature)
         print(json.dumps({**out, "backend": backend, "offloaded_layers": layers}))
         return 0
     print("plain:\n" + comparison.plain.text + "\n")
@@ -508,6 +523,21 @@ def cmd_compare(args) -> int:
 #: after "identical: no, ..." when sampling: not a fault
 SAMPLED = (" (expected when sampling: speculative sampling keeps the target's distribution, "
            "not the plain run's tokens; temperature 0 compares tokens)")
+
+
+#: ``lossless_note`` of a sampled race (``/race``, ``compare --json``): why it has no verdict
+SAMPLED_NOTE = ("sampled (temperature > 0): speculative sampling keeps the target's "
+                "distribution, so the outputs are equal in distribution, not token for token; "
+                "identical text is not expected and not compared (temperature 0 compares tokens)")
+
+
+def sampled_verdict(out: dict, temperature: float) -> dict:
+    """``out`` (a ``/race`` or ``compare --json`` answer) as it reads under sampling: no
+    token-for-token verdict (``identical`` and ``first_divergence`` None) and ``lossless_note``
+    saying why (:data:`SAMPLED_NOTE`), as the page's badge says; unchanged at temperature 0."""
+    if temperature > 0:
+        out.update(identical=None, first_divergence=None, lossless_note=SAMPLED_NOTE)
+    return out
 
 
 def identical_words(identical: bool, divergence: str, temperature: float) -> str:

@@ -23,6 +23,7 @@ from ..services.race import DONE, PLAIN, SPECULATIVE, STOPPED, PaneView, Race, R
 from ..services.startup import STEPS
 from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, explanation_text, not_compared,
                         race_chart, verdict_html)
+from .decode_cli import sampled_verdict
 from .ui_i18n import DEFAULT, t
 from .ui_state import (CACHE, LOAD_LOCK, AppSettings, _default_preset_name, _pairing, _presets,
                        engine_imports, model_status)
@@ -149,9 +150,10 @@ def _valid(check, *args, **kwargs):
 
 
 def _settings(temperature, top_p, max_new_tokens, seed, draft_length, names: dict | None = None,
-              draft_tree: str | None = None):
+              draft_tree: str | None = None, top_k=0, repetition_penalty=1.0):
     """DecodeSettings from the controls' (or the API's) values, each checked with its field
-    named in the message (seed -1 = random, draft length "auto" or 1..64).
+    named in the message and the command line's bounds (seed -1 or None = random, draft length
+    "auto" or 1..64, top-p in (0, 1], top-k >= 0 with 0 = off, repetition penalty > 0).
 
     Args:
         names: field names to use in messages, by parameter (the API's keyword names differ
@@ -160,7 +162,8 @@ def _settings(temperature, top_p, max_new_tokens, seed, draft_length, names: dic
         gr.Error: a value out of range or not a number.
     """
     names = {"temperature": "temperature", "top_p": "top-p", "max_new_tokens": "max new tokens",
-             "seed": "seed", "draft_length": "draft length", **(names or {})}
+             "seed": "seed", "draft_length": "draft length", "top_k": "top-k",
+             "repetition_penalty": "repetition penalty", **(names or {})}
     seed = _valid(inputs.number, names["seed"], -1 if seed in (None, "") else seed, integer=True)
     try:
         tree = named_shape(None if draft_tree == "" else draft_tree)  # "": not given (the API's rule)
@@ -172,13 +175,17 @@ def _settings(temperature, top_p, max_new_tokens, seed, draft_length, names: dic
                               integer=True),
         temperature=_valid(inputs.number, names["temperature"], temperature, minimum=0),
         top_p=_valid(inputs.number, names["top_p"], top_p, above=0, maximum=1),
+        top_k=_valid(inputs.number, names["top_k"], top_k, minimum=0, integer=True),
+        repetition_penalty=_valid(inputs.number, names["repetition_penalty"], repetition_penalty,
+                                  above=0),
         seed=None if seed < 0 else seed,
         draft_length=_valid(inputs.draft_length, names["draft_length"],
                             "auto" if draft_length in (None, "") else draft_length))
 
 
-def _check_prompt(prompt: str | None, system: str | None = None) -> str:
-    _valid(inputs.text, "system prompt", system, required=False)
+def _check_prompt(prompt: str | None, system: str | None = None,
+                  system_field: str = "system prompt") -> str:
+    _valid(inputs.text, system_field, system, required=False)
     return _valid(inputs.text, "prompt", prompt)
 
 
@@ -371,13 +378,19 @@ def _note(snap: RaceSnapshot) -> str | None:
     return f"not compared: {reason}" if reason else None
 
 
+#: the ``/race`` keyword names its refusals use (the page's labels differ)
+API_FIELDS = {name: name for name in ("max_new_tokens", "draft_length", "draft_tree", "top_p",
+                                      "top_k", "repetition_penalty")}
+
+
 def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
              max_new_tokens: int = 128, temperature: float = 0.0,
              draft_length: str | int | None = None, plain_endpoint: str | None = None,
              spec_endpoint: str | None = None, endpoint_model: str | None = None,
              endpoint_key_env: str | None = None, allow_remote_endpoint: bool = False,
-             draft_tree: str | None = None, request: gr.Request = None,
-             app: AppSettings = AppSettings()) -> dict:
+             draft_tree: str | None = None, system: str | None = None, top_p: float = 1.0,
+             top_k: int = 0, seed: int | None = None, repetition_penalty: float = 1.0,
+             request: gr.Request = None, app: AppSettings = AppSettings()) -> dict:
     """Race one prompt: plain, then speculative, each alone; returns both results. A call whose
     client goes away is stopped between two prefill chunks or rounds (:func:`client_gone`).
 
@@ -396,6 +409,11 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         draft_tree: "off" (default), "default" or rank paths (``core.tree``): the EAGLE-3
             drafter's rounds verify a tree of its guesses (greedy only); the pane's
             ``tree`` and ``tree_rounds`` say whether it was used.
+        system: a system prompt (the page's System prompt box; default none).
+        top_p, top_k, seed, repetition_penalty: as the page's controls and ``compare``'s flags:
+            top-p in (0, 1] (default 1.0: off), top-k a whole number >= 0 (default 0: off), seed
+            a whole number for a repeatable sampled race (None or -1, the default: random),
+            repetition penalty above 0 (default 1.0: off).
         app: the app's settings (its preset and backend; the page binds them,
             :func:`race_api_for`).
     Returns:
@@ -404,6 +422,9 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         when a run did not finish), "why": the page's sentence from those figures (None
         likewise), "identical": bool, "first_divergence": i, "warnings": [...], "lossless_expected": bool or
         None, "lossless_note": why greedy outputs may differ in the target's precision or None,
+        (under sampling, temperature > 0: ``identical`` and ``first_divergence`` None and
+        ``lossless_note`` says identical text is not expected, the outputs being equal in
+        distribution, not token for token),
         "draft_length_setting": "auto" or k (the policy; the speculative pane's ``draft_length``
         is "auto" under auto, else the k of its last round; ``mean_draft_length`` and
         ``draft_length_min``/``_max`` cover every round), "backend": the forward backend both
@@ -417,46 +438,49 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
     Raises:
         gr.Error: an empty or invalid prompt, an unknown preset, a malformed or unknown draft
             (a typo gets "did you mean ...?"), a hub id not cached while the hub is unreachable,
-            an early-exit layer count beyond the target's, or a value out of range; the message
+            an early-exit layer count beyond the target's, a value out of range (max_new_tokens
+            beyond the target's context, read from its config); the message
             names the field and the valid values, in the command line's words, before anything
             loads.
     """
-    _check_prompt(prompt)
+    _check_prompt(prompt, system, "system")
     presets, _ = _presets()
     if preset not in (None, ""):
         _valid(inputs.preset, preset, [p.name for p in presets])
     preset = _default_preset_name(preset or None, app)
     pairing = _pairing(preset)
     k = draft_length if draft_length not in (None, "") else pairing.draft_length
-    settings = _settings(temperature, 1.0, max_new_tokens, -1, k,
-                         names={"max_new_tokens": "max_new_tokens", "draft_length": "draft_length",
-                                "draft_tree": "draft_tree"}, draft_tree=draft_tree)
+    settings = _settings(temperature, top_p, max_new_tokens, seed, k, names=API_FIELDS,
+                         draft_tree=draft_tree, top_k=top_k, repetition_penalty=repetition_penalty)
     if draft not in (None, ""):  # text checks first, as the command line's flags
         _valid(inputs.draft, "draft", draft)
     endpoints = _lane_endpoints(None, plain_endpoint, spec_endpoint, endpoint_model,
                                 endpoint_key_env, allow_remote_endpoint, preset)
+    if endpoints is None or None in endpoints.values():  # our engine: its context, before loading
+        _valid(inputs.fits_context, "max_new_tokens", settings.max_new_tokens, pairing.target)
     engine_imports()
-    race = _new_race(prompt, None, preset, draft, settings, new_conversation(), request,
+    race = _new_race(prompt, system or None, preset, draft, settings, new_conversation(), request,
                      app.backend, endpoints)
-    snap = None
-    for snap in _run_race(race, request, 1.0):
-        pass  # only the last snapshot is returned
+    *_, snap = _run_race(race, request, 1.0)  # only the last snapshot is returned
     return _race_result(race, snap, settings.draft_length, preset, draft or pairing.draft)
 
 
 def _race_result(race, snap, k, preset: str, draft: str) -> dict:
-    """:func:`race_api`'s answer from the race's last snapshot (its Returns say the keys)."""
-    return {PLAIN: _pane_dict(snap.panes[PLAIN], k),
-            SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE], k),
-            "backend": racing.snapshot_dict(snap)["backend"], "speedup": snap.speedup,
-            "speedup_note": _note(snap),
-            "explanation": snap.explanation.as_dict() if snap.explanation else None,
-            "why": explanation_text(snap.explanation) if snap.explanation else None,
-            "identical": snap.identical,
-            "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
-            "warnings": list(snap.warnings),
-            "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,
-            "preset": preset, "draft": draft, "draft_length_setting": k}
+    """:func:`race_api`'s answer from the race's last snapshot (its Returns say the keys); a
+    sampled race has no token-for-token verdict (``decode_cli.sampled_verdict``, as the page's
+    badge and ``compare --json``)."""
+    out = {PLAIN: _pane_dict(snap.panes[PLAIN], k),
+           SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE], k),
+           "backend": racing.snapshot_dict(snap)["backend"], "speedup": snap.speedup,
+           "speedup_note": _note(snap),
+           "explanation": snap.explanation.as_dict() if snap.explanation else None,
+           "why": explanation_text(snap.explanation) if snap.explanation else None,
+           "identical": snap.identical,
+           "first_divergence": snap.first_divergence, "divergence_unit": snap.divergence_unit,
+           "warnings": list(snap.warnings),
+           "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,
+           "preset": preset, "draft": draft, "draft_length_setting": k}
+    return sampled_verdict(out, race.settings.temperature)
 
 
 def race_api_for(app: AppSettings):

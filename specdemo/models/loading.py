@@ -39,7 +39,8 @@ from .hardware import mps_bfloat16_problem  # noqa: F401  (also re-exported here
 from ..core.errors import ModelLoadError
 from ..core.errors import reason as _reason
 from . import quantize
-from .ggufread import GGUFDamaged, block_count, check_whole
+from .ggufread import GGUFDamaged, block_count, check_whole, context_length
+from .builtin import config_context
 
 if TYPE_CHECKING:
     import torch
@@ -659,6 +660,40 @@ def layer_count(spec: str, *, trust_remote_code: bool = False) -> int:
         return int(loaded.model.config.get_text_config().num_hidden_layers)
     return _explained(lambda: _layer_count(spec, trust_remote_code), spec,
                       "could not read the config of")
+
+
+def context_limit(spec: str, *, trust_remote_code: bool = False) -> int | None:
+    """The context of ``spec``'s model in tokens (its config's ``max_position_embeddings``, a
+    GGUF file's context length), read without loading weights as :func:`layer_count` reads
+    its layers; None when the config does not say. An upper bound: a backend may hold less
+    (``Pipeline.context_length``).
+
+    Raises:
+        ModelLoadError: the config cannot be read, with what to do.
+    """
+    loaded = _already_loaded(spec)
+    if loaded is not None:
+        return getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None)
+    del trust_remote_code  # the JSON is read as data: no code of the repository runs
+    return _explained(lambda: _context_limit(spec, False), spec,
+                      "could not read the config of")
+
+
+def _context_limit(spec: str, trust_remote_code: bool) -> int | None:
+    """:func:`context_limit` from the files: ``config.json`` read as JSON (no transformers
+    import: milliseconds), a GGUF's metadata; None for a hub id not in the local cache (no
+    download for a check)."""
+    kind = _kind(spec)
+    if kind == "builtin":
+        return builtin.builtin_context_length(builtin._builtin(as_model_spec(spec).builtin))
+    if kind == "gguf":
+        folder, name = _split_gguf(Path(spec).expanduser())
+        return context_length([folder / name])
+    if kind == "dir":
+        return config_context(Path(spec).expanduser() / "config.json")
+    from huggingface_hub import try_to_load_from_cache
+    cached = try_to_load_from_cache(spec, "config.json")
+    return config_context(Path(cached)) if isinstance(cached, str) else None
 
 
 def _layer_count(spec: str, trust_remote_code: bool) -> int:

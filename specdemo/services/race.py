@@ -165,6 +165,30 @@ class PaneView:
         return self.status in FINISHED
 
 
+def unfinished_reasons(views: list[PaneView]) -> list[str]:
+    """Why each lane in ``views`` that did not end DONE has no verdict: ``the plain run was
+    stopped``, ``the speculative run did not finish`` (it produced something, then failed or
+    was cut), or ``the plain run did not start: <its error>`` for a lane refused before its
+    first token (a prompt too long for the context, a draft that cannot be loaded); two lanes
+    refused with the same sentence read ``neither run started: <it>``."""
+    unstarted = [v for v in views if v.status != DONE and v.status != STOPPED
+                 and v.steps_shown == 0 and v.error]
+    errors = {v.error for v in unstarted}
+    if len(unstarted) == len(views) > 1 and len(errors) == 1:
+        return [f"neither run started: {errors.pop()}"]
+    reasons = []
+    for v in views:
+        if v.status == DONE:
+            continue
+        if v.status == STOPPED:
+            reasons.append(f"the {v.name} run was stopped")
+        elif v.name in {u.name for u in unstarted}:
+            reasons.append(f"the {v.name} run did not start: {v.error}")
+        else:
+            reasons.append(f"the {v.name} run did not finish")
+    return reasons
+
+
 @dataclass(frozen=True)
 class RaceSnapshot:
     """Both panes at one moment, and how they compare.
@@ -183,7 +207,8 @@ class RaceSnapshot:
             run that failed or was stopped is cut, and a cut output says nothing about
             losslessness; None too for lanes on different models.
         not_compared: once both lanes ended, why there is no speedup or identity verdict (``the
-            speculative run did not finish``, ``was stopped``, ``the lanes ran different
+            speculative run did not finish``, ``was stopped``, ``did not start: <why>``
+            (:func:`unfinished_reasons`), ``the lanes ran different
             models: ...``; ``; ``-joined), else None.
         warnings: sentences on why the speedup may not hold (``pipeline.race_warnings``: other
             processes used much of the CPU during a finished lane), else empty; a replay
@@ -526,9 +551,7 @@ class Race:
                 identical = divergence is None
         reasons = []
         if plain and spec and plain.finished and spec.finished:
-            reasons = [f"the {v.name} run " + ("was stopped" if v.status == STOPPED
-                                               else "did not finish")
-                       for v in views.values() if v.status != DONE]
+            reasons = unfinished_reasons(list(views.values()))
             reasons += [models] if models else []
         if phase == "replay":  # the recorded race's warnings, not those of the steps shown so far
             warnings = race_warnings(last.get(PLAIN), last.get(SPECULATIVE))
