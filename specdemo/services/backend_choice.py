@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from .. import _omp
 from ..core import BACKENDS, backend_family
 from ..core import machine
 from ..core.drafters.base import LoadedDrafter
@@ -107,7 +108,6 @@ def omp_waiting() -> str:
 
 def _omp_policy() -> str | None:
     """This process's OpenMP waiting: ``spin``, ``passive`` or ``user`` (None: not decided)."""
-    from .. import _omp
     return _omp.DECISION["policy"] if _omp.DECISION is not None else None
 
 
