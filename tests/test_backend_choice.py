@@ -519,3 +519,20 @@ def test_a_choice_stored_by_an_earlier_specdemo_is_said_when_the_first_one_is_me
         "first choice here: none stored for tiny and this race on this machine yet (choices "
         "stored by an earlier specdemo are keyed otherwise)")
     assert gb.lookup(loaded)[0].cached  # and now read back
+
+
+def test_a_part_not_read_now_is_not_named_as_what_changed(tmp_path, monkeypatch):
+    """A new user's step read "the stored choice was for GGUF size 98362432, now None, ...,
+    candidates transformers/ggml/..., now transformers/native/...": the GGUF is read only when
+    ggml is a candidate, so its parts follow from the candidates and are not named."""
+    import json
+    from specdemo.services import backend_store as store
+    path = tmp_path / "backend-choice.json"
+    monkeypatch.setattr(store, "choice_path", lambda: path)
+    theirs = {"target": "t", "GGUF size": 98362432, "candidates": ["transformers", "ggml"]}
+    path.write_text(json.dumps({"old": {"machine": store.machine_fingerprint(),
+                                        "backend": "ggml", "key_parts": theirs}}))
+    said = store.miss_reason("k", {"target": "t", "GGUF size": None,
+                                   "candidates": ["transformers", "native"]})
+    assert said == ("measured again: the stored choice was for candidates transformers/ggml, "
+                    "now transformers/native")

@@ -70,8 +70,10 @@ def add_decode_flags(parser: argparse.ArgumentParser, draft_default: str) -> Non
                              "(default %(default)s)",
                         type=checked(inputs.number, "repetition penalty", above=0))
     parser.add_argument("--seed", default=None,
-                        help="seed of the sampling generators, for a repeatable sampled run "
-                             "(default %(default)s: a fresh one each run; greedy needs none)",
+                        help="seed of the sampling generators, for a repeatable sampled run (the "
+                             "speculative one only with a fixed --draft-length: auto's lengths "
+                             "follow measured timings) (default %(default)s: a fresh one each "
+                             "run; greedy needs none)",
                         type=checked(inputs.number, "seed", integer=True))
     parser.add_argument("--draft-length", type=draft_length_arg, default=None,
                         help="draft tokens per round, 1..64, or auto (default 4, or the "

@@ -412,7 +412,9 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         system: a system prompt (the page's System prompt box; default none).
         top_p, top_k, seed, repetition_penalty: as the page's controls and ``compare``'s flags:
             top-p in (0, 1] (default 1.0: off), top-k a whole number >= 0 (default 0: off), seed
-            a whole number for a repeatable sampled race (None or -1, the default: random),
+            a whole number for a repeatable sampled race (None or -1, the default: random;
+            the speculative lane repeats only with a fixed ``draft_length``, as ``auto``'s
+            lengths follow measured timings),
             repetition penalty above 0 (default 1.0: off).
         app: the app's settings (its preset and backend; the page binds them,
             :func:`race_api_for`).

@@ -217,6 +217,9 @@ def miss_reason(key: str, parts: dict) -> str:
                 "this race on this machine yet" + (" (choices stored by an earlier specdemo "
                                                    "are keyed otherwise)" if unnamed else ""))
     differ, theirs = nearest
+    # a part not read now (the GGUF's size when ggml is no candidate) follows from another
+    # that differs: name only what this start read
+    differ = [name for name in differ if parts[name] is not None] or differ
     return "measured again: the stored choice was for " + ", ".join(
         f"{name} {_shown(theirs.get(name))}, now {_shown(parts[name])}" for name in differ)
 
