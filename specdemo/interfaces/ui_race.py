@@ -398,13 +398,12 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         prompt: the user message (chat template applied).
         preset: a preset name (default: the one the app was started with, else the default preset).
         draft: none, ngram, self, early-exit:N or a model (default: the preset's draft).
-        max_new_tokens: tokens to generate at most.
-        temperature: 0 for greedy.
+        max_new_tokens, temperature: tokens to generate at most; 0 for greedy.
         draft_length: 1..64 or "auto" (default: the preset's).
         plain_endpoint, spec_endpoint: base URL of an OpenAI-compatible server for that lane
             (llama-server, vLLM, SGLang, LM Studio); a lane without one is our engine.
-        endpoint_model: the model to request (default: the server's first).
-        endpoint_key_env: name of the app's environment variable holding the API key.
+        endpoint_model, endpoint_key_env: the model to request (default: the server's first);
+            the name of the app's environment variable holding the API key.
         allow_remote_endpoint: allow an endpoint that is not on this machine.
         draft_tree: "off" (default), "default" or rank paths (``core.tree``): the EAGLE-3
             drafter's rounds verify a tree of its guesses (greedy only); the pane's
@@ -413,8 +412,7 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
         top_p, top_k, seed, repetition_penalty: as the page's controls and ``compare``'s flags:
             top-p in (0, 1] (default 1.0: off), top-k a whole number >= 0 (default 0: off), seed
             a whole number for a repeatable sampled race (None or -1, the default: random;
-            the speculative lane repeats only with a fixed ``draft_length``, as ``auto``'s
-            lengths follow measured timings),
+            the speculative lane repeats with a fixed ``draft_length`` only),
             repetition penalty above 0 (default 1.0: off).
         app: the app's settings (its preset and backend; the page binds them,
             :func:`race_api_for`).
