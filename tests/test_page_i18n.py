@@ -422,6 +422,24 @@ def test_why_a_backend_is_not_available_is_in_the_pages_language(monkeypatch):
                gg.unavailable_reason(SimpleNamespace(device=cpu, quantization="int4", spec="t")),
                cb.unavailable_reason(SimpleNamespace(quantization="int4", model=None)),
                gg._no_gguf("builtin:smollm2-135m")]
+    import torch
+    from specdemo.models import cuda_graph_backend as cg
+    from specdemo.models.native import attach
+
+    def model(dtype=torch.float32, device=cpu, **config):
+        weight = SimpleNamespace(dtype=dtype, device=device)
+        return SimpleNamespace(config=SimpleNamespace(**{"model_type": "llama", **config}),
+                               parameters=lambda: iter([weight]))
+    for name in ("int8", "native"):
+        reasons += [cb.llama_reason(model(model_type="gemma3"), name),
+                    cb.llama_reason(model(attention_bias=True), name),
+                    cb.llama_reason(model(hidden_act="gelu"), name),
+                    cb.llama_reason(model(sliding_window=512), name),
+                    cb.llama_reason(model(device=gpu), name)]
+    reasons += [cb.unsupported_reason(model(torch.bfloat16)),
+                attach.unavailable_reason(SimpleNamespace(quantization="int4")),
+                cg.unavailable_reason(SimpleNamespace(quantization="int4"))]
+    assert all(reasons), reasons
     for reason in reasons:
         for name in ("ggml", "int8"):
             for why in {f"{name} not available: {reason}", gb._short(f"{name} not available: {reason}")}:
