@@ -379,3 +379,120 @@ def test_why_the_backend_is_measured_again_is_in_the_pages_language(monkeypatch,
             shown = sentence(note, code)
             left = [w for w in _english_left(shown) if "OMP_WAIT_POLICY" not in w]
             assert not left and not GLUED.search(shown), (code, note, shown)
+
+
+def test_what_the_target_runs_on_is_in_the_pages_language():
+    """The zh model line read "執行於 native-w8a8: int8 weights and int8 activations in our C
+    forward, loaded from float32": each backend's words (``core.TARGET_BACKENDS``) and the
+    line's structure have templates."""
+    from types import SimpleNamespace
+    from specdemo.core import TARGET_BACKENDS
+    from specdemo.interfaces.ui_state import runs_on
+    targets = [SimpleNamespace(dtype="torch.float32", backend=name, quantization=None)
+               for name in TARGET_BACKENDS if name != "transformers"]
+    targets += [SimpleNamespace(dtype="torch.float32", backend="a-future-one", quantization=None),
+                SimpleNamespace(dtype="torch.float32", backend="transformers", quantization="int8")]
+    for target in targets:
+        written = runs_on(target)
+        for code in ("zh-TW", "zh-CN"):
+            shown = t("runs_on", code, runs=sentence(written, code))
+            assert shown != written and not _english_left(shown) and not GLUED.search(shown), (
+                code, written, shown)
+    w8a8 = runs_on(SimpleNamespace(dtype="torch.float32", backend="native-w8a8", quantization=None))
+    assert sentence(w8a8, "zh-TW") == "native-w8a8：本專案 C 前向計算中的 int8 權重和 int8 激活值，載入時為 float32"
+
+
+def test_why_a_backend_is_not_available_is_in_the_pages_language(monkeypatch):
+    """The zh backend step read "ggml 無法使用：llama.cpp's shared library was not found
+    (scripts/setup.sh engines builds it)": the reasons ``models`` writes have templates, in
+    their whole and short (``backend_choice._short``) forms."""
+    from types import SimpleNamespace
+    from specdemo.models import compiled_backend as cb
+    from specdemo.models import ggml_backend as gg
+    from specdemo.models import llama_ctypes
+    from specdemo.services import backend_choice as gb
+    monkeypatch.setattr(llama_ctypes, "_LIB", None)
+    monkeypatch.setattr(llama_ctypes, "_ERROR", None)
+    monkeypatch.setattr(llama_ctypes, "library_dir", lambda: None)
+    with pytest.raises(OSError) as missing:
+        llama_ctypes.library()
+    cpu, gpu = SimpleNamespace(type="cpu"), SimpleNamespace(type="cuda")
+    reasons = [str(missing.value), "not on the CPU",  # models.backends' own words
+               gg.unavailable_reason(SimpleNamespace(device=gpu, quantization=None, spec="t")),
+               gg.unavailable_reason(SimpleNamespace(device=cpu, quantization="int4", spec="t")),
+               cb.unavailable_reason(SimpleNamespace(quantization="int4", model=None)),
+               gg._no_gguf("builtin:smollm2-135m")]
+    import torch
+    from specdemo.models import cuda_graph_backend as cg
+    from specdemo.models.native import attach
+
+    def model(dtype=torch.float32, device=cpu, **config):
+        weight = SimpleNamespace(dtype=dtype, device=device)
+        return SimpleNamespace(config=SimpleNamespace(**{"model_type": "llama", **config}),
+                               parameters=lambda: iter([weight]))
+    for name in ("int8", "native"):
+        reasons += [cb.llama_reason(model(model_type="gemma3"), name),
+                    cb.llama_reason(model(attention_bias=True), name),
+                    cb.llama_reason(model(hidden_act="gelu"), name),
+                    cb.llama_reason(model(sliding_window=512), name),
+                    cb.llama_reason(model(device=gpu), name)]
+    reasons += [cb.unsupported_reason(model(torch.bfloat16)),
+                attach.unavailable_reason(SimpleNamespace(quantization="int4")),
+                cg.unavailable_reason(SimpleNamespace(quantization="int4"))]
+    assert all(reasons), reasons
+    for reason in reasons:
+        for name in ("ggml", "int8"):
+            for why in {f"{name} not available: {reason}", gb._short(f"{name} not available: {reason}")}:
+                for code in ("zh-TW", "zh-CN"):
+                    shown = sentence(why, code)
+                    left = [w for w in _english_left(shown) if not w.startswith("pip install")]
+                    assert not left and not GLUED.search(shown), (code, why, shown)
+    assert sentence(gb._short(f"ggml not available: {missing.value}"), "zh-TW") == (
+        "ggml 無法使用：找不到 llama.cpp 的共享函式庫（用 scripts/setup.sh engines 建置）")
+
+
+def test_a_duration_inside_a_sentence_reads_in_the_pages_unit():
+    """The zh page read "花了 555 ms" where it writes 毫秒 elsewhere: a value "{n} ms" (or "{n} s",
+    ``services.backend_rules``' durations) is translated by its template."""
+    from specdemo.services import backend_rules as bc
+    took, long = bc._ms(0.555), bc._ms(1.5)
+    assert took == "555 ms"
+    for code in ("zh-TW", "zh-CN"):
+        assert sentence(took, code) == "555 毫秒" and sentence(long, code) == "1.5 秒"
+    assert sentence("555 ms", "en") == "555 ms"
+    assert sentence("a few ms", "zh-TW") == "a few ms"  # only a number is a duration
+
+
+@pytest.mark.parametrize("code", ["zh-TW", "zh-CN"])
+def test_a_panes_finish_reason_is_in_the_pages_language(code):
+    """The zh pane read "完成（length）": every finish reason the engine writes has its words."""
+    import inspect
+    from specdemo.core import engine
+    from specdemo.interfaces.ui_format import FINISH_REASONS, status_line
+    written = set(re.findall(r'finish_reason = "(\w+)"', inspect.getsource(engine)))
+    assert written and written <= set(FINISH_REASONS), written
+    for reason in FINISH_REASONS:
+        s = DecodeStats(new_tokens=3, elapsed_s=1.0)
+        s.finish_reason = reason
+        view = PaneView(PLAIN, DONE, None, "x", (), (), s, 1, ())
+        shown = status_line(view, lang=code)
+        assert not re.search(r"[A-Za-z]{3,}", shown.replace("Token", "")), (reason, shown)
+        assert status_line(view) == f"done ({reason})"  # English as before
+    s.finish_reason = "tool_calls"  # an endpoint's own reason, as written
+    assert "tool_calls" in status_line(PaneView(PLAIN, DONE, None, "x", (), (), s, 1, ()), lang=code)
+
+
+def test_a_speedup_that_rounds_to_one_says_neither_faster_nor_slower():
+    """The badge read "Speedup 1.00× (speculative slower, in tokens/s)" for 102.3 against
+    102.1 tokens/s: a figure that reads 1.00× says the same speed, in every language."""
+    for speedup in (102.1 / 102.3, 1.004):
+        chip = verdict_html(race(speedup, 2), 0.0)
+        assert "1.00×" in chip and "slower" not in chip and "faster" not in chip, chip
+        assert t("speedup_same", "en", x="1.00") in chip
+        for code in ("zh-TW", "zh-CN"):
+            shown = verdict_html(race(speedup, 2), 0.0, code)
+            assert t("speedup_same", code, x="1.00") in shown
+            assert t("speedup_faster", code, x="1.00") not in shown
+            assert t("speedup_slower", code, x="1.00") not in shown
+    assert "speculative faster" in verdict_html(race(1.01, 2), 0.0)
+    assert "speculative slower" in verdict_html(race(0.99, 2), 0.0)

@@ -194,7 +194,7 @@ def preset_info(preset_name: str | None, lang: str | None = DEFAULT) -> str:
         ok, reason = True, f"(could not check this machine: {exc})"
     mark = t("fits" if ok else "fits_not", lang)
     runs = loaded_backend(preset_name)  # what the race computes in, not only the load dtype
-    runs = t("runs_on", lang, runs=runs) if runs else t("backend_at_load", lang, dtype=p.dtype)
+    runs = t("runs_on", lang, runs=sentence(runs, lang)) if runs else t("backend_at_load", lang, dtype=p.dtype)
     return (t("preset_line", lang, target=p.target, draft=p.draft, runs=runs,
               note=p.note_in(locale(lang)))
             + f"  \n{mark}{t('colon', lang)}{sentence(reason, lang)}"

@@ -217,6 +217,17 @@ def status_text(status: str, lang: str | None = DEFAULT) -> str:
     return t(STATUS_KEYS[status], lang) if status in STATUS_KEYS else status
 
 
+#: the finish reasons the engines write (``DecodeStats.finish_reason``), each with its words
+#: (``finish_<reason>``): the end-of-sequence token, max_new_tokens, a stop string, a cancel
+FINISH_REASONS = ("eos", "length", "stop", "cancelled")
+
+
+def finish_words(reason: str | None, lang: str | None = DEFAULT) -> str:
+    """``reason`` (a :data:`FINISH_REASONS` code) in ``lang``; another reason (an endpoint's
+    own finish_reason) as written."""
+    return t(f"finish_{reason}", lang) if reason in FINISH_REASONS else str(reason)
+
+
 def status_line(view: PaneView | None, step: StepView | None = None,
                 lang: str | None = DEFAULT) -> str:
     """The status under a pane, as HTML; a loading pane shows the step in progress, a lane
@@ -226,7 +237,8 @@ def status_line(view: PaneView | None, step: StepView | None = None,
     if view.status == RUNNING and getattr(view, "prefill", None) is not None:
         return prefill_html(view.prefill, lang)
     if view.status == DONE:
-        return html.escape(t("st_done", lang, reason=view.stats.finish_reason) if view.stats
+        return html.escape(t("st_done", lang, reason=finish_words(view.stats.finish_reason, lang))
+                           if view.stats
                            else t("st_done_plain", lang))
     if view.status == STOPPED:
         return html.escape(t("st_stopped", lang, n=view.stats.new_tokens if view.stats else 0))
@@ -320,7 +332,9 @@ def _speedup_chip(snap: RaceSnapshot, lang: str | None) -> str | None:
         return (f'<span class="sd-chip sd-speedup sd-noise" data-speedup="{snap.speedup:.4f}" '
                 f'data-noise="true" title="{title}">'
                 f'{html.escape(t("speedup_noise", lang, x=x, mal=f"{noise:.2f}"))}</span>')
-    words = t("speedup_faster" if snap.speedup >= 1 else "speedup_slower", lang, x=x)
+    # a figure that reads 1.00x says neither faster nor slower (102.3 against 102.1 tokens/s)
+    words = t("speedup_same" if x == f"{1:.2f}" else "speedup_faster" if snap.speedup >= 1
+              else "speedup_slower", lang, x=x)
     return (f'<span class="sd-chip sd-speedup" data-speedup="{snap.speedup:.4f}" '
             f'title="{title}">{html.escape(words)}</span>')
 

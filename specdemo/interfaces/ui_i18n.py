@@ -77,6 +77,8 @@ def t(key: str, lang: str | None = DEFAULT, **values) -> str:
 ONE_WORD = {"lane", "share", "n", "accepted", "drafted", "source", "backend", "drafter", "name",
             "best", "ms", "forward", "acc", "k", "x", "cores", "prior", "widths", "probe", "env",
             "tok", "size"}
+#: placeholders of a sentence template that stand for a number ("555", "1.2")
+NUMBER = {"num"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -88,7 +90,8 @@ def _templates() -> list[tuple[str, re.Pattern]]:
             continue
         pattern, pos = "", 0
         for m in re.finditer(r"\{(\w+)\}", text):
-            value = r"\S+?" if m.group(1) in ONE_WORD else ".+?"
+            value = (r"-?\d[\d.,]*" if m.group(1) in NUMBER
+                     else r"\S+?" if m.group(1) in ONE_WORD else ".+?")
             pattern += re.escape(text[pos:m.start()]) + f"(?P<{m.group(1)}>{value})"
             pos = m.end()
         out.append((key, re.compile(pattern + re.escape(text[pos:]) + r"\Z", re.S)))

@@ -169,7 +169,7 @@ def model_status(preset_name: str | None, draft: str | None, lang: str | None = 
                  else "models_on_send", lang)
         return t("models_not_loaded", lang, target=p.target, when=when)
     target = plain.target
-    line = t("models_loaded", lang, spec=target.spec, runs=runs_on(target), device=target.device,
+    line = t("models_loaded", lang, spec=target.spec, runs=sentence(runs_on(target), lang), device=target.device,
              seconds=f"{target.load_s:.1f}")
     offloaded = getattr(target, "offloaded_layers", {})
     if offloaded:
