@@ -78,11 +78,23 @@ def test_stop_string_on_the_real_model(capsys):
 
 
 def test_context_overflow_is_a_clear_error(capsys):
+    """A max new tokens no prompt leaves room for is refused from the target's config before
+    loading; one that only this prompt pushes past the context, after loading, before warm-up;
+    each as one sentence and the --help line, exit status 2."""
     with pytest.raises(SystemExit) as exc:
         main(["run", "--target", "builtin:smollm2-135m", "--prompt", "hi", "--max-new-tokens",
               "100000"])
     assert exc.value.code == 2
-    assert "exceeds the model's context" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "error: max new tokens must be a whole number from 1 to 8191 (builtin:smollm2-135m's "
+        "context is 8192 tokens, the prompt included), got 100000\n"
+        "(python -m specdemo run --help)\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--target", "builtin:smollm2-135m", "--prompt", "hi " * 50,
+              "--max-new-tokens", "8191"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "exceeds the model's context" in err and err.endswith("(python -m specdemo run --help)\n")
 
 
 @pytest.mark.slow
