@@ -45,6 +45,8 @@ def test_unreachable_hub_recommends_a_preset_that_runs_offline(empty_hub_cache, 
     for p in out["presets"]:
         row = next(i for i, line in enumerate(lines) if line[6:].startswith(p["name"] + " "))
         assert (here < row < hub) if p["usable_now"] else (row > hub), p["name"]
+        # a new user met the early-exit preset's warning only in --json and on the page
+        assert lines[row + 2] == f"       note: {p['note']}" if p["note"] else True, p["name"]
 
 
 def test_reachable_hub_keeps_download_presets_in_the_running(empty_hub_cache, monkeypatch, capsys):

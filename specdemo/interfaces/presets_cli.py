@@ -22,13 +22,16 @@ HUB_OFFLINE_TITLE = "hub: not usable now, {offline} ({n}):"
 
 
 def _print_preset(preset, verdict: tuple[bool, str], picked) -> None:
-    """Two lines: the marks, name, memory, target + draft and flags; then why it fits or not."""
+    """Two or three lines: the marks, name, memory, target + draft and flags; why it fits or
+    not; and the preset's note, when it has one (what to expect of it, as the page shows)."""
     ok, reason = verdict
     marks = ("*" if picked and picked.name == preset.name else " ") + ("fits" if ok else "no  ")
     flags = (" [default]" if preset.default else "") + (" [gated]" if preset.gated else "")
     print(f"{marks} {preset.name:26s} {format_bytes(preset.memory_bytes):>8s}  "
           f"{preset.target} + {preset.draft}{flags}")
     print(f"       {reason}")
+    if preset.note:
+        print(f"       note: {preset.note}")
 
 
 def _verdict(preset, hw, presets, usable, offline: str | None) -> tuple[bool, str]:
