@@ -197,7 +197,7 @@ def test_a_sampled_race_gives_no_token_verdict_and_says_why(loaded, monkeypatch,
     """``"identical": false, "first_divergence": 0`` beside ``"lossless_expected": true`` read as
     a contradiction: under sampling ``/race`` and ``compare --json`` give no token-for-token
     verdict (None, as the page's badge gives none) and ``lossless_note`` says why."""
-    from specdemo.interfaces.decode_cli import SAMPLED_NOTE
+    from specdemo.services.race import SAMPLED_NOTE
     ui_race = _capture_race(monkeypatch, loaded, {})
     raced = ui_race.race_api(PROMPT, max_new_tokens=12, temperature=1.5, seed=3,
                              draft_length="2")

@@ -417,7 +417,8 @@ def compare_lanes(args, endpoints: dict):
 def compare_endpoints(args, endpoints: dict) -> int:
     """``compare`` with a server in one lane or both: the race runs here (one lane after the
     other), each lane's error stays in that lane; exit status 2 when a lane failed."""
-    from ..services.race import Race, snapshot_dict  # lazy: imports torch; --help stays fast
+    # lazy: imports torch; --help stays fast
+    from ..services.race import Race, sampled_verdict, snapshot_dict
     lanes = compare_lanes(args, endpoints)
     race = Race(lanes, settings_from_args(args), args.system)
     race.run_here()
@@ -498,6 +499,7 @@ def cmd_compare(args) -> int:
         out, backend = comparison.as_dict(), _backend(pipe)
         for name in ("plain", "speculative"):  # both lanes ran on pipe's backend
             out[name] = lane_json(out[name], backend, name == "speculative", args.draft_length)
+        from ..services.race import sampled_verdict  # lazy: imports torch; --help stays fast
         out = sampled_verdict(out, args.temperature)
         print(json.dumps({**out, "backend": backend, "offloaded_layers": layers}))
         return 0
@@ -525,21 +527,6 @@ def cmd_compare(args) -> int:
 #: after "identical: no, ..." when sampling: not a fault
 SAMPLED = (" (expected when sampling: speculative sampling keeps the target's distribution, "
            "not the plain run's tokens; temperature 0 compares tokens)")
-
-
-#: ``lossless_note`` of a sampled race (``/race``, ``compare --json``): why it has no verdict
-SAMPLED_NOTE = ("sampled (temperature > 0): speculative sampling keeps the target's "
-                "distribution, so the outputs are equal in distribution, not token for token; "
-                "identical text is not expected and not compared (temperature 0 compares tokens)")
-
-
-def sampled_verdict(out: dict, temperature: float) -> dict:
-    """``out`` (a ``/race`` or ``compare --json`` answer) as it reads under sampling: no
-    token-for-token verdict (``identical`` and ``first_divergence`` None) and ``lossless_note``
-    saying why (:data:`SAMPLED_NOTE`), as the page's badge says; unchanged at temperature 0."""
-    if temperature > 0:
-        out.update(identical=None, first_divergence=None, lossless_note=SAMPLED_NOTE)
-    return out
 
 
 def identical_words(identical: bool, divergence: str, temperature: float) -> str:

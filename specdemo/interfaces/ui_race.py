@@ -23,7 +23,6 @@ from ..services.race import DONE, PLAIN, SPECULATIVE, STOPPED, PaneView, Race, R
 from ..services.startup import STEPS
 from .ui_format import (PANES, acceptance_frame, chat_messages, counters_html, explanation_text, not_compared,
                         race_chart, verdict_html)
-from .decode_cli import sampled_verdict
 from .ui_i18n import DEFAULT, t
 from .ui_state import (CACHE, LOAD_LOCK, AppSettings, _default_preset_name, _pairing, _presets,
                        engine_imports, model_status)
@@ -467,7 +466,7 @@ def race_api(prompt: str, preset: str | None = None, draft: str | None = None,
 
 def _race_result(race, snap, k, preset: str, draft: str) -> dict:
     """:func:`race_api`'s answer from the race's last snapshot (its Returns say the keys); a
-    sampled race has no token-for-token verdict (``decode_cli.sampled_verdict``, as the page's
+    sampled race has no token-for-token verdict (``race.sampled_verdict``, as the page's
     badge and ``compare --json``)."""
     out = {PLAIN: _pane_dict(snap.panes[PLAIN], k),
            SPECULATIVE: _pane_dict(snap.panes[SPECULATIVE], k),
@@ -480,7 +479,7 @@ def _race_result(race, snap, k, preset: str, draft: str) -> dict:
            "warnings": list(snap.warnings),
            "lossless_expected": race.lossless_expected, "lossless_note": race.lossless_note,
            "preset": preset, "draft": draft, "draft_length_setting": k}
-    return sampled_verdict(out, race.settings.temperature)
+    return racing.sampled_verdict(out, race.settings.temperature)
 
 
 def race_api_for(app: AppSettings):

@@ -795,6 +795,21 @@ def with_endpoints(lanes: list[Lane], endpoints: dict | None) -> list[Lane]:
             if endpoints.get(lane.name) is not None else lane for lane in lanes]
 
 
+#: ``lossless_note`` of a sampled race (``/race``, ``compare --json``): why it has no verdict
+SAMPLED_NOTE = ("sampled (temperature > 0): speculative sampling keeps the target's "
+                "distribution, so the outputs are equal in distribution, not token for token; "
+                "identical text is not expected and not compared (temperature 0 compares tokens)")
+
+
+def sampled_verdict(out: dict, temperature: float) -> dict:
+    """``out`` (a ``/race`` or ``compare --json`` answer) as it reads under sampling: no
+    token-for-token verdict (``identical`` and ``first_divergence`` None) and ``lossless_note``
+    saying why (:data:`SAMPLED_NOTE`), as the page's badge says; unchanged at temperature 0."""
+    if temperature > 0:
+        out.update(identical=None, first_divergence=None, lossless_note=SAMPLED_NOTE)
+    return out
+
+
 def pane_dict(view: PaneView, draft_length_setting: int | str | None = None) -> dict:
     """docs/design.md metric names plus text, token_ids, from_draft, status, error and
     ``backend`` (the forward backend the lane ran on, None for a server lane or a lane that did
