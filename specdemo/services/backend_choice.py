@@ -98,8 +98,7 @@ def omp_waiting() -> str:
     task was seen in the ~20 ms at start), which flips between two identical commands on a busy
     machine: keyed by it, every other command measured again (a new user's report), so it is
     not part of the key; the entry says what it was measured with (:func:`_omp_policy`)."""
-    from .. import _omp  # the decision made when specdemo was imported
-    decision = _omp.DECISION
+    decision = _omp.DECISION  # the decision made when specdemo was imported
     if decision is not None and decision["policy"] != "user":
         return "automatic"
     setting = {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ}
@@ -132,10 +131,6 @@ def _key_parts(loaded, candidates: tuple[str, ...], lane: bc.RaceLane) -> dict:
             # a waiting the user set changes every backend's costs (2.5-3.3x for ggml:
             # specdemo/_omp.py); specdemo's own load-driven one is not keyed (omp_waiting)
             "OpenMP waiting": omp_waiting()}
-
-
-def _choice_key(loaded, candidates: tuple[str, ...], lane: bc.RaceLane) -> str:
-    return _key_of(_key_parts(loaded, candidates, lane))
 
 
 def _key_of(parts: dict) -> str:
@@ -225,7 +220,6 @@ def _weighed(choice: BackendChoice, lane: bc.RaceLane) -> str:
 def stored_choice(loaded, lane: bc.RaceLane | None = None) -> BackendChoice | None:
     """The choice :func:`choose_backend` would read back for ``loaded`` and ``lane`` without
     measuring anything (None: it would measure, or ``auto`` has one candidate only)."""
-    lane = lane or bc.RaceLane("ngram")
     return lookup(loaded, lane)[0]
 
 
@@ -255,7 +249,7 @@ def choose_backend(loaded, lane: bc.RaceLane | None = None, facts: Facts | None 
     target; the native backends for a Llama where a C compiler is found, else int8 for a
     float32 Llama (``INT8_NOT_AUTO``). The result is stored per machine, target, candidate set
     and learned drafter (every lane not measured per backend shares one entry:
-    :func:`_choice_key`) by :mod:`.backend_store` (``SPECDEMO_BACKEND=recalibrate`` measures
+    :func:`_key_parts`) by :mod:`.backend_store` (``SPECDEMO_BACKEND=recalibrate`` measures
     again), also when other processes used more than ``machine.BUSY_SHARE`` of the CPU
     meanwhile (marked so: the reason says it when it is read back), so restarts do not pay again.
 
