@@ -241,8 +241,8 @@ class Pipeline:
         target: a loaded target (``models.LoadedModel``: model, tokenizer, vocab_size, eos_token_ids).
         draft_spec: ``none``, ``ngram``, ``self``, ``early-exit:N`` or the spec of ``draft``,
             a ``core.draft_spec.DraftSpec`` or its text (:func:`as_draft_spec`); held as
-            ``spec`` (and ``draft_spec``, the same value) and handed to ``make_drafter`` as
-            such for every decode.
+            ``spec`` (``draft_spec`` reads it too) and handed to ``make_drafter`` as such for
+            every decode.
         draft: for model specs the loaded draft model (``models.LoadedModel``), for learned
             drafters what ``models.learned.load_learned`` returned, else None.
     Raises:
@@ -251,9 +251,14 @@ class Pipeline:
 
     def __init__(self, target, draft_spec: DraftSpec | str = "none", draft=None) -> None:
         self.target = target
-        self.spec = self.draft_spec = as_draft_spec(draft_spec)
+        self.spec = as_draft_spec(draft_spec)
         self.draft = draft
         self.kv = target_kv(target)  # a core.kv.TargetKV of the target's backend
+
+    @property
+    def draft_spec(self) -> DraftSpec:
+        """:attr:`spec`, by the name the callers that print or compare the spec use."""
+        return self.spec
 
     @property
     def draft_source(self):
