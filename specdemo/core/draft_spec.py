@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 
-from .model_spec import builtin_name, looks_like_path
+from .model_spec import FrozenText, builtin_name, looks_like_path
 
 #: suffix that stacks prompt lookup over a learned drafter (``models.learned.COMBINE``)
 COMBINE = "+ngram"
@@ -50,7 +50,7 @@ class DraftSpecError(ValueError):
         self.kind = kind
 
 
-class DraftSpec(str):
+class DraftSpec(FrozenText):
     """One draft spec, parsed: the text itself (a ``str``: it compares, hashes, prints and
     serialises as its text, so argparse fields, JSON and the page's values carry it as they
     are), with what its form says. Built by :meth:`parse` (or :func:`as_draft_spec`); frozen.
@@ -73,13 +73,8 @@ class DraftSpec(str):
                 stacked: bool = False) -> DraftSpec:
         """The value of an already parsed spec (use :meth:`parse` for text)."""
         spec = super().__new__(cls, text)
-        for name, value in (("kind", kind), ("base", base), ("layers", layers),
-                            ("stacked", stacked)):
-            object.__setattr__(spec, name, value)
+        spec._fields(kind=kind, base=base, layers=layers, stacked=stacked)
         return spec
-
-    def __setattr__(self, name: str, value) -> None:
-        raise AttributeError(f"a DraftSpec is frozen: cannot set {name}")
 
     def __reduce__(self):
         return (DraftSpec, (str(self), self.kind, self.base, self.layers, self.stacked))
@@ -103,11 +98,6 @@ class DraftSpec(str):
         return cls(text, kind, base, layers, stacked)
 
     @property
-    def text(self) -> str:
-        """The spec's text as a plain ``str``."""
-        return str.__str__(self)
-
-    @property
     def is_model(self) -> bool:
         """True when something is loaded for it: a draft model or a learned drafter (mtp,
         builtin, path, hub, name), not none, ngram, self or early-exit:N."""
@@ -117,9 +107,6 @@ class DraftSpec(str):
     def is_early_exit(self) -> bool:
         """True for ``early-exit:N`` (the target's first N layers)."""
         return self.kind == EARLY_EXIT
-
-    def __str__(self) -> str:
-        return self.text
 
 
 def as_draft_spec(spec: str | DraftSpec) -> DraftSpec:

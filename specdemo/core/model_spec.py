@@ -59,7 +59,35 @@ def looks_like_path(spec: str) -> bool:
             or is_gguf(spec))
 
 
-class ModelSpec(str):
+class FrozenText(str):
+    """A ``str`` of a spec's text that carries fields read from it (:class:`ModelSpec`,
+    ``core.draft_spec.DraftSpec``): it compares, hashes, prints and serialises as its text;
+    its fields are set once, by :meth:`_fields`, and never again.
+
+    Raises:
+        AttributeError: setting an attribute after construction.
+    """
+
+    __slots__ = ()
+
+    def _fields(self, **values) -> None:
+        """Set the fields on construction (the only time they are set)."""
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"a {type(self).__name__} is frozen: cannot set {name}")
+
+    @property
+    def text(self) -> str:
+        """The spec's text as a plain ``str``."""
+        return str.__str__(self)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class ModelSpec(FrozenText):
     """One model spec: the text itself, exactly as given (a ``str``: it compares, hashes,
     prints and serialises as its text, so argparse fields, JSON, presets and the page's values
     carry it as they are), with what its form says. Frozen; pickles as its text.
@@ -88,20 +116,11 @@ class ModelSpec(str):
         gguf = name is None and is_gguf(plain)
         written = name is None and not gguf and (looks_like_path(plain)
                                                  or _DRIVE.match(plain) is not None)
-        for field, value in (("builtin", name), ("gguf", gguf), ("_written_as_path", written)):
-            object.__setattr__(spec, field, value)
+        spec._fields(builtin=name, gguf=gguf, _written_as_path=written)
         return spec
-
-    def __setattr__(self, name: str, value) -> None:
-        raise AttributeError(f"a ModelSpec is frozen: cannot set {name}")
 
     def __reduce__(self):
         return (ModelSpec, (str(self),))
-
-    @property
-    def text(self) -> str:
-        """The spec's text as a plain ``str``."""
-        return str.__str__(self)
 
     @property
     def kind(self) -> str:
@@ -125,9 +144,6 @@ class ModelSpec(str):
         """True when a file or folder of this name exists on this machine now (``~``
         expanded); False for a built-in."""
         return self.builtin is None and self.path.exists()
-
-    def __str__(self) -> str:
-        return self.text
 
 
 def as_model_spec(spec: str | ModelSpec) -> ModelSpec:
