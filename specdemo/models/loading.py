@@ -675,11 +675,11 @@ def context_limit(spec: str, *, trust_remote_code: bool = False) -> int | None:
     if loaded is not None:
         return getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None)
     del trust_remote_code  # the JSON is read as data: no code of the repository runs
-    return _explained(lambda: _context_limit(spec, False), spec,
+    return _explained(lambda: _context_limit(spec), spec,
                       "could not read the config of")
 
 
-def _context_limit(spec: str, trust_remote_code: bool) -> int | None:
+def _context_limit(spec: str) -> int | None:
     """:func:`context_limit` from the files: ``config.json`` read as JSON (no transformers
     import: milliseconds), a GGUF's metadata; None for a hub id not in the local cache (no
     download for a check)."""
